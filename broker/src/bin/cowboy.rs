@@ -1,0 +1,168 @@
+//! `cowboy`: the operator CLI. Parses arguments and calls `broker::cli`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use broker::approval::Verdict;
+use broker::cli::{self, SendArgs};
+use broker::{Config, Store};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cowboy",
+    about = "Operate the cowboy bridges: approvals, sending, status"
+)]
+struct Args {
+    /// The deployment config file.
+    #[arg(
+        long,
+        env = "COWBOY_CONFIG",
+        global = true,
+        default_value = "/etc/cowboy/cowboy.toml"
+    )]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Inspect and decide approvals.
+    Approvals {
+        #[command(subcommand)]
+        command: Approvals,
+    },
+    /// Write an outbox entry as an agent would.
+    Send {
+        #[arg(long)]
+        bridge: String,
+        /// Write to the agent's own stream `{agent}:{bridge}:outbox`.
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        channel: String,
+        #[arg(long)]
+        content: String,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long)]
+        reply_to: Option<String>,
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Streams, pending and parked counts, dead letters and liveness per bridge.
+    Status,
+}
+
+#[derive(Subcommand)]
+enum Approvals {
+    /// One line per pending approval, id first.
+    List {
+        /// Also show decided and expired approvals not yet settled.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Everything in the record, and the full content.
+    Show { id: String },
+    /// Approve (any unambiguous id prefix).
+    Approve {
+        id: String,
+        /// Who decides; must be on the approvers list as `cli:NAME`.
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+    /// Reject with a reason the agent will see.
+    Reject {
+        id: String,
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+}
+
+fn operator(given: Option<String>) -> String {
+    given
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "operator".to_string())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(broker::service::EXIT_CONFIG as u8);
+        }
+    };
+    let result = async {
+        let mut store = Store::connect(&config.redis).await?;
+        match args.command {
+            Command::Approvals { command } => match command {
+                Approvals::List { all } => cli::approvals_list(&mut store, all).await,
+                Approvals::Show { id } => cli::approvals_show(&mut store, &id).await,
+                Approvals::Approve { id, operator: who } => {
+                    cli::approvals_decide(
+                        &mut store,
+                        &config,
+                        &id,
+                        Verdict::Approved,
+                        &operator(who),
+                        "",
+                    )
+                    .await
+                }
+                Approvals::Reject {
+                    id,
+                    reason,
+                    operator: who,
+                } => {
+                    cli::approvals_decide(
+                        &mut store,
+                        &config,
+                        &id,
+                        Verdict::Rejected,
+                        &operator(who),
+                        &reason,
+                    )
+                    .await
+                }
+            },
+            Command::Send {
+                bridge,
+                agent,
+                channel,
+                content,
+                subject,
+                reply_to,
+                request_id,
+            } => {
+                let a = SendArgs {
+                    bridge,
+                    agent,
+                    channel,
+                    content,
+                    subject,
+                    reply_to,
+                    request_id,
+                };
+                cli::send(&mut store, &config, &a).await
+            }
+            Command::Status => cli::status(&mut store, &config).await,
+        }
+    }
+    .await;
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The operator commands behind the `cowboy` binary. Each returns the text to
+//! print, so the binary stays a thin argument parser.
+//!
+//! The CLI is an approval surface like any other: its decisions go through
+//! [`approval::decide`] with the approver `cli:{operator}`, which must be on the
+//! requesting bridge's `approval.approvers`.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use redis::AsyncCommands;
+
+use crate::approval::{self, Outcome, State, Verdict};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::store::Store;
+
+/// `cowboy approvals list`: one line per approval, id first. Settled-but-not-yet-
+/// deleted records are skipped; pass `all` to list decided and expired ones too.
+pub async fn approvals_list(store: &mut Store, all: bool) -> Result<String> {
+    let now = crate::now_secs_f64();
+    let mut out = String::new();
+    for id in approval::list_ids(store).await? {
+        let Some(r) = approval::load(store, &id).await? else {
+            continue;
+        };
+        let state = r.state(now);
+        if r.fields.contains_key("settled_at") || (!all && state != State::Pending) {
+            continue;
+        }
+        let preview: String = r.get("content_preview").chars().take(60).collect();
+        let _ = writeln!(
+            out,
+            "{id}  {state:<8}  {src} -> {dest}  agent={agent}  expires={exp}  {preview:?}",
+            state = state.as_str(),
+            src = r.source(),
+            dest = r.get("channel_id"),
+            agent = r.agent().unwrap_or("-"),
+            exp = match r.expires_at() {
+                0 => "never".to_string(),
+                t => t.to_string(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// `cowboy approvals show ID`: every record field and the full content.
+pub async fn approvals_show(store: &mut Store, prefix: &str) -> Result<String> {
+    let id = approval::find_by_prefix(store, prefix).await?;
+    let r = approval::load(store, &id)
+        .await?
+        .ok_or_else(|| Error::Request(format!("approval {id} was settled meanwhile")))?;
+    let mut out = format!(
+        "approval {id}\nstate: {}\n",
+        r.state(crate::now_secs_f64()).as_str()
+    );
+    let mut fields: Vec<_> = r.fields.iter().collect();
+    fields.sort();
+    for (k, v) in fields {
+        if k != "content_preview" {
+            let _ = writeln!(out, "{k}: {v}");
+        }
+    }
+    let entry = store.entry(r.get("stream"), r.get("entry_id")).await?;
+    match entry.as_ref().and_then(|e| e.get("content")) {
+        Some(content) => {
+            let sha = approval::sha256_hex(content);
+            let _ = writeln!(
+                out,
+                "--- content ({} bytes, sha256 {}{}):\n{}",
+                content.len(),
+                sha,
+                if sha == r.get("content_sha256") {
+                    ""
+                } else {
+                    ", DIFFERS FROM THE RECORD"
+                },
+                String::from_utf8_lossy(content)
+            );
+        }
+        None => out.push_str("--- content: the entry is no longer in its stream\n"),
+    }
+    Ok(out)
+}
+
+/// `cowboy approvals approve|reject ID`.
+pub async fn approvals_decide(
+    store: &mut Store,
+    config: &Config,
+    prefix: &str,
+    verdict: Verdict,
+    operator: &str,
+    reason: &str,
+) -> Result<String> {
+    let id = approval::find_by_prefix(store, prefix).await?;
+    let approver = format!("cli:{operator}");
+    match approval::decide(store, config, &id, verdict, &approver, reason).await? {
+        Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
+        Outcome::NotAllowed => Err(Error::Request(format!(
+            "{approver} is not on the approvers list of the requesting bridge"
+        ))),
+        Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
+        Outcome::Unknown => Err(Error::Request(format!("no approval {id}"))),
+    }
+}
+
+/// What `cowboy send` writes.
+#[derive(Debug, Default)]
+pub struct SendArgs {
+    pub bridge: String,
+    pub agent: Option<String>,
+    pub channel: String,
+    pub content: String,
+    pub subject: Option<String>,
+    pub reply_to: Option<String>,
+    pub request_id: Option<String>,
+}
+
+/// `cowboy send`: XADD an outbox entry as an agent would. Returns the entry id.
+pub async fn send(store: &mut Store, config: &Config, a: &SendArgs) -> Result<String> {
+    config.bridge(&a.bridge)?;
+    if let Some(agent) = &a.agent {
+        if !config.agents.contains_key(agent) {
+            return Err(Error::Request(format!("no agent `{agent}` in the config")));
+        }
+    }
+    let mut fields: Vec<(&str, &[u8])> = vec![
+        ("channel_id", a.channel.as_bytes()),
+        ("content", a.content.as_bytes()),
+    ];
+    for (k, v) in [
+        ("subject", &a.subject),
+        ("reply_to", &a.reply_to),
+        ("request_id", &a.request_id),
+    ] {
+        if let Some(v) = v {
+            fields.push((k, v.as_bytes()));
+        }
+    }
+    let stream = keys::outbox_for(a.agent.as_deref(), &a.bridge);
+    let id = store.xadd(&stream, &fields).await?;
+    Ok(format!("{stream} {id}\n"))
+}
+
+/// `cowboy status`: per bridge, its streams, pending and parked counts, dead
+/// letters and the age of each service's heartbeat.
+pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
+    let now = crate::now_secs();
+    let mut parked: HashMap<String, usize> = HashMap::new();
+    for id in approval::list_ids(store).await? {
+        if let Some(r) = approval::load(store, &id).await? {
+            *parked.entry(r.source().to_string()).or_default() += 1;
+        }
+    }
+    let mut out = String::new();
+    for (name, bridge) in &config.bridges {
+        let _ = writeln!(out, "bridge {name} ({})", bridge.kind);
+        let mut streams = vec![(keys::outbox(name), Some(keys::outbox_group(name)))];
+        streams.push((keys::inbox(name), Some(keys::ping_group(name))));
+        for agent in config.agent_names() {
+            streams.push((
+                keys::agent_outbox(agent, name),
+                Some(keys::outbox_group(name)),
+            ));
+            streams.push((keys::agent_inbox(agent, name), Some(keys::ping_group(name))));
+        }
+        streams.push((keys::dead(name), None));
+        for (stream, group) in streams {
+            let len: u64 = store
+                .conn
+                .xlen(&stream)
+                .await
+                .map_err(|e| Error::from_redis("XLEN", e))?;
+            let pending = match group {
+                Some(g) => group_pending(store, &stream, &g).await?,
+                None => None,
+            };
+            let _ = writeln!(
+                out,
+                "  {stream:<32} length {len:>6}{}",
+                pending
+                    .map(|(g, p, lag)| format!("  group {g}: pending {p}, lag {lag}"))
+                    .unwrap_or_default()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  parked approvals: {}",
+            parked.get(name).copied().unwrap_or(0)
+        );
+        let beats: HashMap<String, u64> = store
+            .conn
+            .hgetall(keys::heartbeat(name))
+            .await
+            .map_err(|e| Error::from_redis("HGETALL heartbeat", e))?;
+        for service in ["ingest", "outbox", "ping"] {
+            let line = match beats.get(service) {
+                Some(t) => format!("alive ({}s ago)", now.saturating_sub(*t)),
+                None => "down (no heartbeat)".to_string(),
+            };
+            let _ = writeln!(out, "  {service:<7} {line}");
+        }
+    }
+    Ok(out)
+}
+
+/// (group, pending, lag) of a group on a stream, when both exist.
+async fn group_pending(
+    store: &mut Store,
+    stream: &str,
+    group: &str,
+) -> Result<Option<(String, u64, String)>> {
+    let reply: redis::RedisResult<Vec<HashMap<String, redis::Value>>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(&mut store.conn)
+        .await;
+    let Ok(groups) = reply else {
+        return Ok(None); // no such stream yet
+    };
+    for g in groups {
+        let name = g
+            .get("name")
+            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
+        if name.as_deref() == Some(group) {
+            let pending = g
+                .get("pending")
+                .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok());
+            let lag = g
+                .get("lag")
+                .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "?".into());
+            return Ok(Some((group.to_string(), pending.unwrap_or(0), lag)));
+        }
+    }
+    Ok(None)
+}

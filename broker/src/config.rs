@@ -1,0 +1,418 @@
+//! The deployment config: one TOML file, one schema, shared by every binary and
+//! rendered by the NixOS module.
+//!
+//! Invariants enforced by [`Config::load`], each failing with the key named:
+//! unknown keys are refused; every bridge has a known `type`; `approval.notify`
+//! names a configured bridge; `approval.required` demands a `notify_channel` and
+//! at least one approver; approvers are qualified identities (`type:id`); agent
+//! and bridge names are plain words that cannot collide in the key schema.
+//! Secrets never sit in this file: only paths to them (`*_file`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+
+/// Bridge types this workspace ships. An unknown `type` fails the load.
+pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email"];
+
+/// Surfaces an approver identity may come from: the bridge types plus the operator CLI.
+pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli"];
+
+/// A whole deployment.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// How to reach Redis.
+    #[serde(default)]
+    pub redis: RedisConfig,
+    /// Agents whose per-agent streams (`{agent}:{bridge}:outbox|inbox`) every bridge serves.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// The bridges of this deployment, by name.
+    #[serde(default)]
+    pub bridges: BTreeMap<String, BridgeConfig>,
+}
+
+/// `[redis]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// Connection URL, e.g. `redis://127.0.0.1:6379`. Keep passwords out of it:
+    /// use `username` and `password_file`.
+    #[serde(default = "default_redis_url")]
+    pub url: String,
+    /// ACL user to authenticate as (overrides the URL's).
+    #[serde(default)]
+    pub username: Option<String>,
+    /// File holding that user's password (systemd `LoadCredential` friendly).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: default_redis_url(),
+            username: None,
+            password_file: None,
+        }
+    }
+}
+
+fn default_redis_url() -> String {
+    "redis://127.0.0.1:6379".to_string()
+}
+
+/// `[agents.NAME]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// File holding the agent's Redis password (used by `cowboy acl`).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// `[bridges.NAME]`: the keys every bridge has, plus its type's own settings.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BridgeConfig {
+    /// Which platform: one of [`BRIDGE_TYPES`].
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The approval gate of this bridge (the protocol's `approval` options).
+    #[serde(default)]
+    pub approval: ApprovalConfig,
+    /// The inbox-side wake-up command.
+    #[serde(default)]
+    pub ping: PingConfig,
+    /// Destinations (`channel_id` values) this bridge may deliver to. Empty: none.
+    /// An entry ending in `*` matches by prefix; `"*"` alone allows any.
+    #[serde(default)]
+    pub destinations: Vec<String>,
+    /// Largest accepted `content`, in bytes.
+    #[serde(default = "default_max_content_bytes")]
+    pub max_content_bytes: usize,
+    /// Outbox entries read per round trip.
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+    /// The type's own settings (validated by the bridge crate, which refuses unknown keys).
+    #[serde(flatten)]
+    pub settings: toml::Table,
+}
+
+fn default_max_content_bytes() -> usize {
+    64 * 1024
+}
+
+fn default_batch() -> usize {
+    64
+}
+
+/// `approval = { required, notify, notify_channel, timeout, approvers }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalConfig {
+    /// Hold outbound messages until a human approves them.
+    #[serde(default)]
+    pub required: bool,
+    /// Which bridge's outbox carries the approval notifications (default: this bridge).
+    #[serde(default)]
+    pub notify: Option<String>,
+    /// Destination within the notify bridge (channel id, address, ...).
+    #[serde(default)]
+    pub notify_channel: String,
+    /// Seconds before a pending approval reads as expired; 0 means never.
+    #[serde(default = "default_timeout")]
+    pub timeout: u64,
+    /// Who may decide, as `type:id` (`discord:1234`, `email:ann@example.org`,
+    /// `console:ann`, `cli:ann`). Empty: nobody can approve.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+}
+
+impl Default for ApprovalConfig {
+    fn default() -> Self {
+        ApprovalConfig {
+            required: false,
+            notify: None,
+            notify_channel: String::new(),
+            timeout: default_timeout(),
+            approvers: Vec::new(),
+        }
+    }
+}
+
+fn default_timeout() -> u64 {
+    3600
+}
+
+/// `ping = { command = [...], debounce_ms = 250 }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PingConfig {
+    /// argv of the wake command; the newest entry's fields arrive as environment variables.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// How long to gather a burst before running the command once.
+    #[serde(default = "default_debounce")]
+    pub debounce_ms: u64,
+}
+
+impl Default for PingConfig {
+    fn default() -> Self {
+        PingConfig {
+            command: Vec::new(),
+            debounce_ms: default_debounce(),
+        }
+    }
+}
+
+fn default_debounce() -> u64 {
+    250
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates config text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for name in self.agents.keys() {
+            check_name(&format!("agents.{name}"), name)?;
+        }
+        for (name, bridge) in &self.bridges {
+            let at = format!("bridges.{name}");
+            check_name(&at, name)?;
+            if self.agents.contains_key(name) {
+                return Err(ConfigError::invalid(
+                    at,
+                    "a bridge and an agent cannot share a name (their keys would overlap)",
+                ));
+            }
+            if !BRIDGE_TYPES.contains(&bridge.kind.as_str()) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.type"),
+                    format!(
+                        "unknown bridge type `{}` (known: {})",
+                        bridge.kind,
+                        BRIDGE_TYPES.join(", ")
+                    ),
+                ));
+            }
+            if bridge.max_content_bytes == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_content_bytes"),
+                    "must be at least 1",
+                ));
+            }
+            if bridge.batch == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.batch"),
+                    "must be at least 1",
+                ));
+            }
+            let approval = &bridge.approval;
+            let notify = self.notify_bridge(name);
+            if !self.bridges.contains_key(notify) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.notify"),
+                    format!("names no configured bridge: `{notify}`"),
+                ));
+            }
+            for (i, who) in approval.approvers.iter().enumerate() {
+                let ok = who
+                    .split_once(':')
+                    .is_some_and(|(kind, id)| APPROVER_KINDS.contains(&kind) && !id.is_empty());
+                if !ok {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.approvers[{i}]"),
+                        format!(
+                            "`{who}` is not `type:id` with type one of {}",
+                            APPROVER_KINDS.join(", ")
+                        ),
+                    ));
+                }
+            }
+            if approval.required {
+                if approval.notify_channel.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.notify_channel"),
+                        "required = true needs a notify_channel",
+                    ));
+                }
+                if approval.approvers.is_empty() {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.approvers"),
+                        "required = true needs at least one approver",
+                    ));
+                }
+            }
+            if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.ping.command"),
+                    "the program name is empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bridge called `name`, or an error naming the missing key.
+    pub fn bridge(&self, name: &str) -> Result<&BridgeConfig, ConfigError> {
+        self.bridges
+            .get(name)
+            .ok_or_else(|| ConfigError::invalid(format!("bridges.{name}"), "no such bridge"))
+    }
+
+    /// The bridge that carries `name`'s approval notifications.
+    pub fn notify_bridge<'a>(&'a self, name: &'a str) -> &'a str {
+        self.bridges
+            .get(name)
+            .and_then(|b| b.approval.notify.as_deref())
+            .unwrap_or(name)
+    }
+
+    /// Agent names, in a stable order.
+    pub fn agent_names(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+}
+
+impl BridgeConfig {
+    /// Whether `channel_id` is on this bridge's destination allow-list.
+    pub fn allows_destination(&self, channel_id: &str) -> bool {
+        self.destinations
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => channel_id.starts_with(prefix),
+                None => pattern == channel_id,
+            })
+    }
+
+    /// Deserializes the type's own settings; unknown keys are refused by `T`.
+    pub fn settings<T: serde::de::DeserializeOwned>(&self, bridge: &str) -> Result<T, ConfigError> {
+        toml::Value::Table(self.settings.clone())
+            .try_into()
+            .map_err(|e: toml::de::Error| {
+                ConfigError::invalid(format!("bridges.{bridge}"), e.message().to_string())
+            })
+    }
+}
+
+impl ApprovalConfig {
+    /// Whether a qualified identity (`type:id`) may decide. Fails closed on an empty list.
+    pub fn allows(&self, identity: &str) -> bool {
+        self.approvers.iter().any(|a| identity_eq(a, identity))
+    }
+}
+
+/// Identities compare exactly, except email addresses, which compare case-insensitively.
+fn identity_eq(a: &str, b: &str) -> bool {
+    match (a.split_once(':'), b.split_once(':')) {
+        (Some(("email", x)), Some(("email", y))) => x.eq_ignore_ascii_case(y),
+        _ => a == b,
+    }
+}
+
+fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(
+            key,
+            "names may use only ASCII letters, digits, `-` and `_`",
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        Config::parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn minimal_config_loads_with_protocol_defaults() {
+        let c = Config::parse("[bridges.c]\ntype = \"console\"\n").unwrap();
+        let b = c.bridge("c").unwrap();
+        assert!(!b.approval.required);
+        assert_eq!(b.approval.timeout, 3600);
+        assert_eq!(c.notify_bridge("c"), "c");
+        assert!(b.destinations.is_empty());
+    }
+
+    #[test]
+    fn bad_config_names_the_key() {
+        assert!(err("[bridges.c]\ntype = \"fax\"\n").contains("bridges.c.type"));
+        assert!(
+            err("[bridges.c]\ntype = \"console\"\napproval = { notify = \"nope\" }\n")
+                .contains("bridges.c.approval.notify")
+        );
+        assert!(err(
+            "[bridges.c]\ntype = \"console\"\napproval = { required = true, approvers = [\"cli:a\"] }\n"
+        )
+        .contains("bridges.c.approval.notify_channel"));
+        assert!(err(
+            "[bridges.c]\ntype = \"console\"\napproval = { required = true, notify_channel = \"x\" }\n"
+        )
+        .contains("bridges.c.approval.approvers"));
+        assert!(
+            err("[bridges.c]\ntype = \"console\"\napproval = { approvers = [\"ann\"] }\n")
+                .contains("bridges.c.approval.approvers[0]")
+        );
+        assert!(err("[redis]\nurl = \"redis://x\"\nport = 1\n").contains("port"));
+        assert!(err("[agents.c]\n[bridges.c]\ntype = \"console\"\n").contains("bridges.c"));
+        assert!(err("[bridges.\"a:b\"]\ntype = \"console\"\n").contains("bridges.a:b"));
+    }
+
+    #[test]
+    fn approvers_fail_closed() {
+        let mut a = ApprovalConfig::default();
+        assert!(!a.allows("cli:root"));
+        a.approvers = vec!["email:Ann@Example.org".into(), "discord:42".into()];
+        assert!(a.allows("email:ann@example.org"));
+        assert!(a.allows("discord:42"));
+        assert!(!a.allows("console:42"));
+        assert!(!a.allows("discord:4"));
+    }
+
+    #[test]
+    fn destinations_are_an_allow_list() {
+        let mut c = Config::parse("[bridges.c]\ntype = \"console\"\n").unwrap();
+        let b = c.bridges.get_mut("c").unwrap();
+        assert!(!b.allows_destination("x"));
+        b.destinations = vec!["ops-*".into(), "exact".into()];
+        assert!(b.allows_destination("ops-1"));
+        assert!(b.allows_destination("exact"));
+        assert!(!b.allows_destination("exactly"));
+    }
+}

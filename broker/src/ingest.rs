@@ -1,0 +1,87 @@
+//! What every bridge's ingest shares: writing inbound messages to the right inbox,
+//! and turning a human's answer to a notification into `resolve_approval`.
+//!
+//! Invariants: an answer's approver is always qualified with the bridge type
+//! (`discord:1234`), so an id from one platform never approves on another; the
+//! source passed to `resolve_approval` is this bridge's name, the owner of
+//! `approval:{name}_map`.
+
+use std::sync::Arc;
+
+use crate::approval::{self, Outcome, Verdict};
+use crate::config::Config;
+use crate::error::Result;
+use crate::keys;
+use crate::store::Store;
+
+/// The ingest side of one bridge.
+pub struct Ingest {
+    config: Arc<Config>,
+    name: String,
+    kind: String,
+    /// Redis, for bridges that keep their own state (cursors).
+    pub store: Store,
+}
+
+impl Ingest {
+    pub fn new(config: Arc<Config>, name: &str, store: Store) -> Result<Ingest> {
+        let kind = config.bridge(name)?.kind.clone();
+        Ok(Ingest {
+            config,
+            name: name.to_string(),
+            kind,
+            store,
+        })
+    }
+
+    /// This bridge's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Writes an inbound message to the agent's inbox (the flat inbox when `agent`
+    /// is not a configured agent). `kind = message` is added first.
+    pub async fn inbound(
+        &mut self,
+        agent: Option<&str>,
+        fields: &[(&str, &[u8])],
+    ) -> Result<String> {
+        let agent = agent.filter(|a| self.config.agents.contains_key(*a));
+        let stream = keys::inbox_for(agent, &self.name);
+        let mut all: Vec<(&str, &[u8])> = vec![("kind", b"message")];
+        all.extend(fields.iter().filter(|(k, _)| *k != "kind"));
+        self.store.xadd(&stream, &all).await
+    }
+
+    /// A human answered the notification this bridge delivered as `external_id`.
+    /// `user` is the platform's id of the human, without the type prefix.
+    pub async fn answer(
+        &mut self,
+        external_id: &str,
+        verdict: Verdict,
+        user: &str,
+        reason: &str,
+    ) -> Result<Outcome> {
+        let approver = format!("{}:{user}", self.kind);
+        let outcome = approval::resolve_approval(
+            &mut self.store,
+            &self.config,
+            &self.name,
+            external_id,
+            verdict,
+            &approver,
+            reason,
+        )
+        .await?;
+        tracing::info!(bridge = %self.name, external_id, approver, ?outcome, "answer to a notification");
+        Ok(outcome)
+    }
+
+    /// Refreshes this bridge's ingest heartbeat.
+    pub async fn heartbeat(&mut self) -> Result<()> {
+        let name = self.name.clone();
+        self.store
+            .heartbeat(&name, "ingest", crate::outbox::HEARTBEAT_EVERY * 3)
+            .await
+    }
+}

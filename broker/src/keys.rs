@@ -1,0 +1,124 @@
+//! The Redis key schema: the one place that formats key, group and consumer names.
+//!
+//! Every other module asks this one for a name, so the public contract of
+//! DESIGN.md ("Redis keys") can be read, and changed, in a single file.
+//!
+//! Names chosen by the broker beyond that contract (`{bridge}:decisions`,
+//! `{bridge}:heartbeat`, `{bridge}:ingest:cursor`) all start with the bridge
+//! name, so an agent's ACL patterns (`{agent}:*`) never reach them as long as
+//! agent and bridge names differ, which the config loader enforces.
+
+/// Flat outbox of a bridge: broker notifications and, on a shared Redis, agents.
+pub fn outbox(bridge: &str) -> String {
+    format!("{bridge}:outbox")
+}
+
+/// Per-agent outbox, written by the agent under its own ACL user.
+pub fn agent_outbox(agent: &str, bridge: &str) -> String {
+    format!("{agent}:{bridge}:outbox")
+}
+
+/// Flat inbox of a bridge.
+pub fn inbox(bridge: &str) -> String {
+    format!("{bridge}:inbox")
+}
+
+/// Per-agent inbox: inbound messages and notices for that agent.
+pub fn agent_inbox(agent: &str, bridge: &str) -> String {
+    format!("{agent}:{bridge}:inbox")
+}
+
+/// The inbox that answers a given outbox stream: notices go where the agent reads.
+pub fn inbox_for(agent: Option<&str>, bridge: &str) -> String {
+    match agent {
+        Some(agent) => agent_inbox(agent, bridge),
+        None => inbox(bridge),
+    }
+}
+
+/// The outbox a given agent (or nobody: the flat stream) writes for a bridge.
+pub fn outbox_for(agent: Option<&str>, bridge: &str) -> String {
+    match agent {
+        Some(agent) => agent_outbox(agent, bridge),
+        None => outbox(bridge),
+    }
+}
+
+/// Dead letters: entries refused as invalid, with the reason.
+pub fn dead(bridge: &str) -> String {
+    format!("{bridge}:dead")
+}
+
+/// Wake-up stream of a requesting bridge: one entry per decision taken on one
+/// of its approvals, read in the same blocking call as its outbox streams.
+pub fn decisions(bridge: &str) -> String {
+    format!("{bridge}:decisions")
+}
+
+/// Liveness hash of a bridge: one field per running service, with an expiry.
+pub fn heartbeat(bridge: &str) -> String {
+    format!("{bridge}:heartbeat")
+}
+
+/// Where an ingest that reads a local source (the console file) keeps its position.
+pub fn ingest_cursor(bridge: &str) -> String {
+    format!("{bridge}:ingest:cursor")
+}
+
+/// The prefix every approval key starts with.
+pub const APPROVAL_PREFIX: &str = "approval:";
+
+/// Approval record of one parked entry.
+pub fn approval(id: &str) -> String {
+    format!("{APPROVAL_PREFIX}{id}")
+}
+
+/// External message id → approval id, owned by the notify bridge `source`.
+pub fn approval_map(source: &str) -> String {
+    format!("{APPROVAL_PREFIX}{source}_map")
+}
+
+/// The approval id inside an `approval:*` key, when the key is a record (not a map).
+pub fn approval_id_of(key: &str) -> Option<&str> {
+    let id = key.strip_prefix(APPROVAL_PREFIX)?;
+    (!id.ends_with("_map")).then_some(id)
+}
+
+/// Consumer group of every outbox stream of a bridge (and of its decisions stream).
+pub fn outbox_group(bridge: &str) -> String {
+    format!("{bridge}-outbox")
+}
+
+/// The outbox service's consumer within [`outbox_group`].
+pub fn outbox_consumer(bridge: &str) -> String {
+    format!("{bridge}-worker")
+}
+
+/// Consumer group of the ping service on the bridge's inbox streams.
+pub fn ping_group(bridge: &str) -> String {
+    format!("{bridge}-ping")
+}
+
+/// The ping service's consumer within [`ping_group`].
+pub fn ping_consumer(bridge: &str) -> String {
+    format!("{bridge}-pinger")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_keys_are_not_records() {
+        assert_eq!(approval_id_of(&approval("abc")), Some("abc"));
+        assert_eq!(approval_id_of(&approval_map("discord")), None);
+        assert_eq!(approval_id_of("discord:outbox"), None);
+    }
+
+    #[test]
+    fn notices_follow_the_stream_layout() {
+        assert_eq!(inbox_for(Some("ann"), "mail"), "ann:mail:inbox");
+        assert_eq!(inbox_for(None, "mail"), "mail:inbox");
+        assert_eq!(outbox_for(Some("ann"), "mail"), "ann:mail:outbox");
+    }
+}

@@ -1,0 +1,57 @@
+//! `broker`: the Outbox Approval Protocol over Redis Streams.
+//!
+//! Agents write to outbox streams; a bridge's outbox service delivers each entry
+//! through the bridge's [`outbox::Sender`], or first parks it behind an
+//! `approval:{uuid}` record and asks a human through another bridge. Inbound
+//! traffic and notices flow back into inbox streams. Everything a bridge shares
+//! with the others (groups, parking, expiry, maps, notices, dead letters, pings,
+//! liveness) lives here; a bridge crate only talks to its platform.
+//!
+//! # Layout
+//!
+//! - [`keys`]: the Redis key schema, the only place that formats key names.
+//! - [`config`]: the deployment TOML, validated at start-up with keys named.
+//! - [`store`]: connections and stream primitives.
+//! - [`entry`]: outbox entry validation and notices to agents.
+//! - [`approval`]: records, lazy expiry, `resolve_approval`, notification text.
+//! - [`outbox`]: the outbox service (park, notify, settle, deliver).
+//! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
+//! - [`ping`]: the inbox-side wake-up service and liveness.
+//! - [`cli`]: the operator commands behind `cowboy`.
+//! - [`service`]: what every binary shares: arguments, tracing, exit codes.
+//! - [`shutdown`]: the shutdown signal passed into every loop.
+
+pub mod approval;
+pub mod cli;
+pub mod config;
+pub mod entry;
+pub mod error;
+pub mod ingest;
+pub mod keys;
+pub mod outbox;
+pub mod ping;
+pub mod service;
+pub mod shutdown;
+pub mod store;
+
+pub use config::Config;
+pub use error::{Error, Result};
+pub use outbox::{OutboxService, Outgoing, SendError, Sender};
+pub use shutdown::Shutdown;
+pub use store::Store;
+
+/// Unix time in whole seconds.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Unix time in fractional seconds (deadline comparisons).
+pub fn now_secs_f64() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}

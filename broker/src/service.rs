@@ -1,0 +1,123 @@
+//! What every bridge binary shares: arguments, tracing, signals and exit codes.
+//!
+//! A binary's `main` is one call to [`main`] with the bridge type it serves and
+//! the library function to run. Exit codes follow sysexits so a supervisor can
+//! tell "fix the config" ([`EXIT_CONFIG`]) from "a dependency went away"
+//! ([`EXIT_UNAVAILABLE`]).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+
+use crate::config::Config;
+use crate::error::{ConfigError, Error};
+use crate::shutdown::Shutdown;
+
+/// Bad configuration or permissions: restarting will not help.
+pub const EXIT_CONFIG: i32 = 78;
+/// Redis or the platform stayed unreachable.
+pub const EXIT_UNAVAILABLE: i32 = 69;
+/// Anything else.
+pub const EXIT_SOFTWARE: i32 = 70;
+
+/// Arguments every bridge binary takes.
+#[derive(Debug, Parser)]
+pub struct BridgeArgs {
+    /// The deployment config file.
+    #[arg(long, env = "COWBOY_CONFIG")]
+    pub config: PathBuf,
+    /// Which `[bridges.NAME]` to serve.
+    #[arg(long, env = "COWBOY_BRIDGE")]
+    pub bridge: String,
+}
+
+/// Starts tracing: `RUST_LOG` filters (default `info`); JSON lines when
+/// `COWBOY_LOG_FORMAT=json`, which suits a log shipper or the journal.
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if std::env::var("COWBOY_LOG_FORMAT").as_deref() == Ok("json") {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// The exit code for an error.
+pub fn exit_code(e: &Error) -> i32 {
+    match e {
+        Error::Config(_) | Error::Permission { .. } => EXIT_CONFIG,
+        e if e.is_retriable() => EXIT_UNAVAILABLE,
+        _ => EXIT_SOFTWARE,
+    }
+}
+
+/// Loads the config and checks that bridge `name` exists and has type `kind`.
+pub fn load_for(
+    path: &std::path::Path,
+    name: &str,
+    kind: &str,
+) -> Result<Arc<Config>, ConfigError> {
+    let config = Config::load(path)?;
+    let bridge = config.bridge(name)?;
+    if bridge.kind != kind {
+        return Err(ConfigError::Invalid {
+            key: format!("bridges.{name}.type"),
+            message: format!(
+                "is `{}`, but this binary serves `{kind}` bridges",
+                bridge.kind
+            ),
+        });
+    }
+    Ok(Arc::new(config))
+}
+
+/// The whole `main` of a bridge binary: parse, load, run until a signal, exit.
+pub fn main<F, Fut>(kind: &str, run: F) -> !
+where
+    F: FnOnce(Arc<Config>, String, Shutdown) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
+    let args = BridgeArgs::parse();
+    init_tracing();
+    let code = match load_for(&args.config, &args.bridge, kind) {
+        Err(e) => {
+            tracing::error!("{e}");
+            EXIT_CONFIG
+        }
+        Ok(config) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!("cannot start the runtime: {e}");
+                    std::process::exit(EXIT_SOFTWARE);
+                }
+            };
+            runtime.block_on(async move {
+                let (shutdown, _signals) = match Shutdown::from_signals() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::error!("cannot install signal handlers: {e}");
+                        return EXIT_SOFTWARE;
+                    }
+                };
+                match run(config, args.bridge, shutdown).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        exit_code(&e)
+                    }
+                }
+            })
+        }
+    };
+    std::process::exit(code)
+}

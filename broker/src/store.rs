@@ -1,0 +1,304 @@
+//! Connections to Redis and the few stream primitives every service uses.
+//!
+//! Two kinds of connection: [`Store::conn`] for ordinary commands (it reconnects
+//! by itself and times out slow replies), and [`Store::blocking`] for `XREADGROUP
+//! BLOCK`, which must not share a pipeline with other commands nor time out
+//! before the server answers.
+//!
+//! Stream entries are kept as raw bytes ([`Entry`]): whether a value is valid
+//! UTF-8 is a validation question for the caller, not a parse failure here.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Value};
+
+use crate::config::RedisConfig;
+use crate::error::{ConfigError, Error, Result};
+
+/// One stream entry: its id and its fields in the order they were written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    pub id: String,
+    pub fields: Vec<(String, Vec<u8>)>,
+}
+
+impl Entry {
+    /// The raw value of a field.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// A field as text, when present and valid UTF-8.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// What one `XREADGROUP`/`XREAD` returned: entries per stream. An entry whose
+/// body was deleted while pending comes back with `fields = None`.
+pub type StreamBatch = Vec<(String, Vec<(String, Option<Vec<(String, Vec<u8>)>>)>)>;
+
+/// A handle on Redis for one service.
+#[derive(Clone)]
+pub struct Store {
+    client: redis::Client,
+    /// The general-purpose connection (multiplexed, reconnecting).
+    pub conn: ConnectionManager,
+}
+
+impl Store {
+    /// Connects using `[redis]`, reading the password from its file.
+    pub async fn connect(config: &RedisConfig) -> Result<Store> {
+        let client = client_for(config)?;
+        let conn = ConnectionManager::new_with_config(
+            client.clone(),
+            redis::aio::ConnectionManagerConfig::new()
+                .set_response_timeout(Some(Duration::from_secs(10)))
+                .set_connection_timeout(Some(Duration::from_secs(5)))
+                .set_number_of_retries(3),
+        )
+        .await?;
+        Ok(Store { client, conn })
+    }
+
+    /// A dedicated connection for blocking reads (no response timeout).
+    pub async fn blocking(&self) -> Result<redis::aio::MultiplexedConnection> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        Ok(self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    /// Creates a consumer group (and its stream) unless it exists. New groups start
+    /// at the beginning, so entries written before the first start are not skipped.
+    pub async fn ensure_group(&mut self, stream: &str, group: &str) -> Result<()> {
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(stream)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn)
+            .await;
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+            Err(e) => Err(Error::from_redis(
+                &format!("XGROUP CREATE {stream} {group}"),
+                e,
+            )),
+        }
+    }
+
+    /// Appends an entry and returns its id.
+    pub async fn xadd(&mut self, stream: &str, fields: &[(&str, &[u8])]) -> Result<String> {
+        self.conn
+            .xadd(stream, "*", fields)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))
+    }
+
+    /// Acknowledges entries of one stream.
+    pub async fn ack(&mut self, stream: &str, group: &str, ids: &[&str]) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let _: i64 = self
+            .conn
+            .xack(stream, group, ids)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XACK {stream}"), e))?;
+        Ok(())
+    }
+
+    /// Reads one entry by id, if it still exists.
+    pub async fn entry(&mut self, stream: &str, id: &str) -> Result<Option<Entry>> {
+        let v: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(id)
+            .arg(id)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XRANGE {stream}"), e))?;
+        Ok(parse_entries(v)
+            .into_iter()
+            .find_map(|(eid, f)| f.map(|fields| Entry { id: eid, fields })))
+    }
+
+    /// Entries of a stream between two ids (inclusive), at most `count`.
+    pub async fn range(
+        &mut self,
+        stream: &str,
+        start: &str,
+        end: &str,
+        count: usize,
+    ) -> Result<Vec<Entry>> {
+        let v: Value = redis::cmd("XRANGE")
+            .arg(stream)
+            .arg(start)
+            .arg(end)
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XRANGE {stream}"), e))?;
+        Ok(parse_entries(v)
+            .into_iter()
+            .filter_map(|(id, f)| f.map(|fields| Entry { id, fields }))
+            .collect())
+    }
+
+    /// Marks a service alive in the bridge's heartbeat hash for `ttl`.
+    pub async fn heartbeat(&mut self, bridge: &str, service: &str, ttl: Duration) -> Result<()> {
+        let key = crate::keys::heartbeat(bridge);
+        let _: () = redis::pipe()
+            .hset(&key, service, crate::now_secs())
+            .ignore()
+            .expire(&key, ttl.as_secs() as i64)
+            .ignore()
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
+        Ok(())
+    }
+}
+
+/// Reads a group's entries: `ids` is `>` for new ones or `0` for this consumer's
+/// pending list. `block` of `None` returns at once.
+#[allow(clippy::too_many_arguments)]
+pub async fn read_group(
+    conn: &mut redis::aio::MultiplexedConnection,
+    group: &str,
+    consumer: &str,
+    streams: &[String],
+    ids: &[&str],
+    count: usize,
+    block: Option<Duration>,
+) -> Result<StreamBatch> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count);
+    if let Some(block) = block {
+        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+    }
+    cmd.arg("STREAMS").arg(streams).arg(ids);
+    let v: Value = cmd
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XREADGROUP {}", streams.join(" ")), e))?;
+    Ok(parse_read(v))
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn parse_fields(v: Value) -> Option<Vec<(String, Vec<u8>)>> {
+    let items = match v {
+        Value::Array(items) => items,
+        Value::Map(pairs) => pairs.into_iter().flat_map(|(k, v)| [k, v]).collect(),
+        _ => return None,
+    };
+    let mut fields = Vec::with_capacity(items.len() / 2);
+    let mut it = items.into_iter();
+    while let (Some(k), Some(v)) = (it.next(), it.next()) {
+        let key = match k {
+            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            other => text(&other)?,
+        };
+        let value = match v {
+            Value::BulkString(b) => b,
+            Value::SimpleString(s) => s.into_bytes(),
+            Value::Int(i) => i.to_string().into_bytes(),
+            _ => return None,
+        };
+        fields.push((key, value));
+    }
+    Some(fields)
+}
+
+/// Parses an XRANGE-style list of `[id, fields]`.
+#[allow(clippy::type_complexity)]
+pub fn parse_entries(v: Value) -> Vec<(String, Option<Vec<(String, Vec<u8>)>>)> {
+    let Value::Array(items) = v else {
+        return Vec::new();
+    };
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let Value::Array(mut pair) = item else {
+                return None;
+            };
+            if pair.is_empty() {
+                return None;
+            }
+            let fields = if pair.len() > 1 {
+                parse_fields(pair.remove(1))
+            } else {
+                None
+            };
+            Some((text(&pair[0])?, fields))
+        })
+        .collect()
+}
+
+fn parse_read(v: Value) -> StreamBatch {
+    let streams: Vec<(Value, Value)> = match v {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|s| match s {
+                Value::Array(mut kv) if kv.len() == 2 => {
+                    let entries = kv.pop()?;
+                    Some((kv.pop()?, entries))
+                }
+                _ => None,
+            })
+            .collect(),
+        Value::Map(pairs) => pairs,
+        _ => Vec::new(),
+    };
+    streams
+        .into_iter()
+        .filter_map(|(k, entries)| Some((text(&k)?, parse_entries(entries))))
+        .collect()
+}
+
+/// Builds a client from `[redis]`: the URL, then `username` / `password_file` on top.
+pub fn client_for(config: &RedisConfig) -> Result<redis::Client> {
+    let mut info: redis::ConnectionInfo = config
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| ConfigError::invalid("redis.url", e.to_string()))?;
+    let mut redis_info = info.redis_settings().clone();
+    if let Some(user) = &config.username {
+        redis_info = redis_info.set_username(user.clone());
+    }
+    if let Some(path) = &config.password_file {
+        let password = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::invalid(
+                "redis.password_file",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+        redis_info = redis_info.set_password(password.trim_end_matches(['\r', '\n']));
+    }
+    info = info.set_redis_settings(redis_info);
+    Ok(redis::Client::open(info)?)
+}
+
+use redis::IntoConnectionInfo;
