@@ -1,1 +1,285 @@
+//! `harness`: what the integration tests share.
+//!
+//! - [`RedisServer`]: a private `redis-server` on a free loopback port, killed on
+//!   drop. Tests never touch the machine's shared Redis on 6379.
+//! - [`Deployment`]: a temp dir with a config file pointing at that server, and
+//!   helpers to run the console bridge's services as tasks or as real binaries.
+//! - [`wait_until`]: bounded waiting on a condition, with a clear failure message.
 
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use broker::shutdown::Trigger;
+use broker::{Config, Shutdown, Store};
+use console::send::Delivered;
+use redis::AsyncCommands;
+
+/// A private redis-server, stopped when dropped.
+pub struct RedisServer {
+    child: Child,
+    pub port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server with no persistence.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra arguments (e.g. `--aclfile PATH`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for attempt in 0..5 {
+            let port = free_port();
+            let mut child = match Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+            {
+                Ok(c) => c,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                    "redis-server is not installed; install it (Debian: apt-get install -y redis-server)"
+                ),
+                Err(e) => panic!("cannot start redis-server: {e}"),
+            };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return RedisServer {
+                        child,
+                        port,
+                        _dir: dir,
+                    };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // port taken meanwhile: try another
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!("redis-server attempt {attempt} on port {port} failed; retrying");
+        }
+        panic!("redis-server did not start after 5 attempts");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (to test behaviour when Redis goes away).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Waits until `check` returns `Some`, or panics after `timeout` naming `what`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {timeout:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A running service task and the trigger that stops it.
+pub struct Running {
+    trigger: Trigger,
+    task: tokio::task::JoinHandle<broker::Result<()>>,
+}
+
+impl Running {
+    /// Stops the service gracefully and returns its result.
+    pub async fn stop(self) -> broker::Result<()> {
+        self.trigger.fire();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("service did not stop within 10 s")
+            .expect("service task panicked")
+    }
+
+    /// Kills the task without letting it finish (a crash, as far as Redis can tell).
+    pub fn crash(self) {
+        self.task.abort();
+    }
+}
+
+/// A config in a temp dir, pointing at a private Redis.
+pub struct Deployment {
+    pub redis: RedisServer,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub config: Arc<Config>,
+}
+
+impl Deployment {
+    /// Starts Redis and writes `body` (the config without `[redis]`) to `cowboy.toml`.
+    /// `{dir}` in `body` is replaced by the temp dir.
+    pub fn new(body: &str) -> Deployment {
+        let redis = RedisServer::start();
+        Self::with_redis(redis, body)
+    }
+
+    pub fn with_redis(redis: RedisServer, body: &str) -> Deployment {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let text = format!(
+            "[redis]\nurl = \"{}\"\n\n{}",
+            redis.url(),
+            body.replace("{dir}", &dir.path().display().to_string())
+        );
+        let config_path = dir.path().join("cowboy.toml");
+        std::fs::write(&config_path, &text).expect("write config");
+        let config = Arc::new(Config::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}")));
+        Deployment {
+            redis,
+            dir,
+            config_path,
+            config,
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub async fn store(&self) -> Store {
+        Store::connect(&self.config.redis)
+            .await
+            .expect("connect to the test redis")
+    }
+
+    /// Runs a console service (`outbox`, `ingest` or `ping`) of bridge `name` as a task.
+    pub fn spawn(&self, service: &str, name: &str) -> Running {
+        let (trigger, shutdown) = Shutdown::new();
+        let config = self.config.clone();
+        let name = name.to_string();
+        let task = match service {
+            "outbox" => tokio::spawn(console::run_outbox(config, name, shutdown)),
+            "ingest" => tokio::spawn(console::run_ingest(config, name, shutdown)),
+            "ping" => tokio::spawn(console::run_ping(config, name, shutdown)),
+            other => panic!("no service {other}"),
+        };
+        Running { trigger, task }
+    }
+
+    /// Lines delivered to a console output file.
+    pub fn delivered(&self, file: &str) -> Vec<Delivered> {
+        read_delivered(&self.path(file))
+    }
+
+    /// Appends one JSON line to a console input file.
+    pub fn write_input(&self, file: &str, line: serde_json::Value) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(file))
+            .expect("open input");
+        writeln!(f, "{line}").expect("write input");
+    }
+
+    /// Runs the `cowboy` CLI against this deployment.
+    pub fn cowboy(&self, args: &[&str]) -> std::process::Output {
+        Command::new(binary("cowboy"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .output()
+            .expect("run cowboy")
+    }
+}
+
+/// Reads a console output file (missing file: nothing delivered).
+pub fn read_delivered(path: &Path) -> Vec<Delivered> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad output line {l}: {e}")))
+        .collect()
+}
+
+/// Path of a workspace binary, built by `cargo test --workspace`.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/debug/deps/it-HASH -> target/debug/NAME
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run the tests with `cargo test --workspace` so the binaries are built",
+        path.display()
+    );
+    path
+}
+
+/// Field values of every entry of a stream, as text.
+pub async fn stream(
+    store: &mut Store,
+    key: &str,
+) -> Vec<std::collections::HashMap<String, String>> {
+    store
+        .range(key, "-", "+", 10_000)
+        .await
+        .expect("XRANGE")
+        .into_iter()
+        .map(|e| {
+            e.fields
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                .collect()
+        })
+        .collect()
+}
+
+/// Number of entries pending in a group on a stream.
+pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
+    let v: redis::Value = redis::cmd("XPENDING")
+        .arg(key)
+        .arg(group)
+        .query_async(&mut store.conn)
+        .await
+        .expect("XPENDING");
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n as usize,
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// All fields of a hash.
+pub async fn hash(store: &mut Store, key: &str) -> std::collections::HashMap<String, String> {
+    store.conn.hgetall(key).await.expect("HGETALL")
+}

@@ -1,0 +1,15 @@
+//! `[bridges.NAME]` settings of a console bridge (beside the common keys).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+/// The console bridge's own keys; any other key fails the start-up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSettings {
+    /// JSON-lines file every delivered message is appended to.
+    pub output: PathBuf,
+    /// JSON-lines file the ingest follows for messages and reactions.
+    pub input: PathBuf,
+}

@@ -1,0 +1,209 @@
+//! Ingest: follows the `input` file and turns each new line into an inbox entry
+//! or an answer to a notification.
+//!
+//! Invariants: the byte offset of the last handled line is kept in Redis
+//! (`{bridge}:ingest:cursor`) and advanced after each line, so a restart neither
+//! re-reads handled lines nor skips unread ones; a partial last line waits until
+//! its newline arrives; a file that shrank was replaced and is read from its start.
+//! A line that cannot be understood is logged and skipped, never fatal.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use broker::approval::Verdict;
+use broker::ingest::Ingest;
+use broker::{keys, Error, Result, Shutdown};
+use redis::AsyncCommands;
+use serde::Deserialize;
+
+/// How often the input file is checked for new lines.
+const POLL: Duration = Duration::from_millis(100);
+
+/// One line of the input file.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Line {
+    /// Someone wrote in a channel.
+    Message {
+        channel_id: String,
+        author: String,
+        content: String,
+        #[serde(default)]
+        message_id: Option<String>,
+        /// Deliver to this configured agent's inbox instead of the flat one.
+        #[serde(default)]
+        agent: Option<String>,
+        #[serde(default)]
+        reply_to: Option<String>,
+    },
+    /// Someone reacted to a delivered message (`message_id` is its external id).
+    Reaction {
+        message_id: String,
+        emoji: String,
+        user: String,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+}
+
+/// What an emoji means for an approval, skin tones and presentation selectors ignored.
+pub fn verdict_of(emoji: &str) -> Option<Verdict> {
+    let bare: String = emoji
+        .chars()
+        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
+        .collect();
+    match bare.as_str() {
+        "✅" | "✔" | "👍" => Some(Verdict::Approved),
+        "❌" | "✖" | "👎" => Some(Verdict::Rejected),
+        _ => None,
+    }
+}
+
+/// Follows the input file until shutdown.
+pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> Result<()> {
+    let cursor_key = keys::ingest_cursor(ingest.name());
+    let mut offset: u64 = ingest
+        .store
+        .conn
+        .get::<_, Option<u64>>(&cursor_key)
+        .await
+        .map_err(|e| Error::from_redis(&format!("GET {cursor_key}"), e))?
+        .unwrap_or(0);
+    let mut last_beat: Option<Instant> = None;
+    tracing::info!(input = %input.display(), offset, "console ingest following");
+    loop {
+        if last_beat.is_none_or(|t| t.elapsed() >= broker::outbox::HEARTBEAT_EVERY) {
+            ingest.heartbeat().await?;
+            last_beat = Some(Instant::now());
+        }
+        let (lines, len) = read_new_lines(&input, offset)?;
+        if len < offset && !lines.is_empty() {
+            tracing::warn!("input file shrank; reading it from the start");
+        }
+        for (line, end) in lines {
+            handle_line(&mut ingest, &line).await?;
+            offset = end;
+            let _: () = ingest
+                .store
+                .conn
+                .set(&cursor_key, offset)
+                .await
+                .map_err(|e| Error::from_redis(&format!("SET {cursor_key}"), e))?;
+        }
+        if !shutdown.sleep(POLL).await {
+            return Ok(());
+        }
+    }
+}
+
+/// Complete lines after `offset` with the offset just past each; the second value
+/// is the file's length (smaller than `offset` when the file was replaced).
+fn read_new_lines(path: &std::path::Path, offset: u64) -> Result<(Vec<(String, u64)>, u64)> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), offset)),
+        Err(e) => return Err(e.into()),
+    };
+    let len = file.metadata()?.len();
+    let start = if len < offset { 0 } else { offset };
+    if len == start {
+        return Ok((Vec::new(), len));
+    }
+    file.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::new();
+    file.read_to_end(&mut buf)?;
+    let mut lines = Vec::new();
+    let mut pos = 0usize;
+    while let Some(nl) = buf[pos..].iter().position(|b| *b == b'\n') {
+        let raw = &buf[pos..pos + nl];
+        pos += nl + 1;
+        lines.push((
+            String::from_utf8_lossy(raw).into_owned(),
+            start + pos as u64,
+        ));
+    }
+    Ok((lines, len))
+}
+
+async fn handle_line(ingest: &mut Ingest, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    let line: Line = match serde_json::from_str(text) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, line = text, "input line skipped");
+            return Ok(());
+        }
+    };
+    match line {
+        Line::Message {
+            channel_id,
+            author,
+            content,
+            message_id,
+            agent,
+            reply_to,
+        } => {
+            let now = broker::now_secs().to_string();
+            let mut fields: Vec<(&str, &[u8])> = vec![
+                ("channel_id", channel_id.as_bytes()),
+                ("author", author.as_bytes()),
+                ("content", content.as_bytes()),
+                ("timestamp", now.as_bytes()),
+            ];
+            if let Some(id) = &message_id {
+                fields.push(("message_id", id.as_bytes()));
+            }
+            if let Some(r) = &reply_to {
+                fields.push(("reply_to", r.as_bytes()));
+            }
+            ingest.inbound(agent.as_deref(), &fields).await?;
+        }
+        Line::Reaction {
+            message_id,
+            emoji,
+            user,
+            reason,
+        } => match verdict_of(&emoji) {
+            Some(verdict) => {
+                ingest
+                    .answer(&message_id, verdict, &user, reason.as_deref().unwrap_or(""))
+                    .await?;
+            }
+            None => tracing::debug!(emoji, "reaction without meaning ignored"),
+        },
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emoji_variants_normalise() {
+        assert_eq!(verdict_of("✅"), Some(Verdict::Approved));
+        assert_eq!(verdict_of("👍🏽"), Some(Verdict::Approved));
+        assert_eq!(verdict_of("✔\u{FE0F}"), Some(Verdict::Approved));
+        assert_eq!(verdict_of("❌"), Some(Verdict::Rejected));
+        assert_eq!(verdict_of("🎉"), None);
+    }
+
+    #[test]
+    fn partial_lines_wait_for_their_newline() {
+        let dir = std::env::temp_dir().join(format!("cowboy-console-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("in.jsonl");
+        std::fs::write(&path, "one\ntw").unwrap();
+        let (lines, len) = read_new_lines(&path, 0).unwrap();
+        assert_eq!(lines, vec![("one".to_string(), 4)]);
+        assert_eq!(len, 6);
+        let (lines, _) = read_new_lines(&path, 4).unwrap();
+        assert!(lines.is_empty());
+        std::fs::write(&path, "x\n").unwrap();
+        let (lines, len) = read_new_lines(&path, 4).unwrap();
+        assert_eq!((lines, len), (vec![("x".to_string(), 2)], 2));
+    }
+}

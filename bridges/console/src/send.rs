@@ -1,0 +1,90 @@
+//! Delivery: one JSON line per message appended to the `output` file.
+//!
+//! The external id is derived from the delivery key, so it is unique per stream
+//! entry and the same on a retry; on a retry the file is searched first, which
+//! makes a repeated delivery after a crash impossible.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use broker::outbox::{Outgoing, SendError, Sender};
+use serde::{Deserialize, Serialize};
+
+/// One delivered message, as written to the output file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Delivered {
+    pub external_id: String,
+    pub channel_id: String,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_id: Option<String>,
+}
+
+/// Appends to a file.
+pub struct ConsoleSender {
+    output: PathBuf,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl ConsoleSender {
+    pub fn new(output: PathBuf) -> Self {
+        ConsoleSender {
+            output,
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+/// The external id of a delivery key.
+pub fn external_id(delivery_key: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::uuid!("5e0c7d52-3f4b-4a6e-8d2c-0b9e1f7a6c43");
+    format!(
+        "console-{}",
+        uuid::Uuid::new_v5(&NAMESPACE, delivery_key.as_bytes()).simple()
+    )
+}
+
+impl Sender for ConsoleSender {
+    async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
+        let _guard = self.lock.lock().await;
+        let id = external_id(out.delivery_key);
+        if out.retry && already_written(&self.output, &id)? {
+            return Ok(id);
+        }
+        let m = out.message;
+        let line = Delivered {
+            external_id: id.clone(),
+            channel_id: m.channel_id.clone(),
+            content: m.content.clone(),
+            subject: m.subject.clone(),
+            reply_to: m.reply_to.clone(),
+            approval_id: m.approval_id.clone(),
+        };
+        let mut text =
+            serde_json::to_string(&line).map_err(|e| SendError::Permanent(e.to_string()))?;
+        text.push('\n');
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.output)
+            .map_err(|e| SendError::Transient(format!("{}: {e}", self.output.display())))?;
+        // One write on an O_APPEND file: the line lands whole or not at all.
+        file.write_all(text.as_bytes())
+            .map_err(|e| SendError::Uncertain(format!("{}: {e}", self.output.display())))?;
+        Ok(id)
+    }
+}
+
+fn already_written(path: &std::path::Path, id: &str) -> Result<bool, SendError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text
+            .lines()
+            .any(|l| serde_json::from_str::<Delivered>(l).is_ok_and(|d| d.external_id == id))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(SendError::Transient(format!("{}: {e}", path.display()))),
+    }
+}

@@ -1,0 +1,530 @@
+//! The approval loop end to end: park, notify, decide, settle.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use broker::{approval, keys};
+use harness::{hash, pending, stream, wait_until, Deployment};
+use serde_json::json;
+
+use crate::{approval_config, SOON};
+
+/// Writes an entry to ann's outbox for `mail`, as the agent would.
+async fn agent_sends(d: &Deployment, content: &str, request_id: &str) -> String {
+    let mut store = d.store().await;
+    store
+        .xadd(
+            &keys::agent_outbox("ann", "mail"),
+            &[
+                ("channel_id", b"bob@example.org"),
+                ("content", content.as_bytes()),
+                ("request_id", request_id.as_bytes()),
+            ],
+        )
+        .await
+        .unwrap()
+}
+
+/// Waits for the n-th notification on desk's output and returns (approval id, external id).
+async fn notification(d: &Deployment, n: usize) -> (String, String) {
+    let line = wait_until("an approval notification on desk.out", SOON, || async {
+        d.delivered("desk.out").get(n).cloned()
+    })
+    .await;
+    (
+        line.approval_id.expect("notification carries approval_id"),
+        line.external_id,
+    )
+}
+
+fn react(d: &Deployment, external_id: &str, emoji: &str, user: &str, reason: &str) {
+    d.write_input(
+        "desk.in",
+        json!({"kind": "reaction", "message_id": external_id, "emoji": emoji, "user": user, "reason": reason}),
+    );
+}
+
+async fn inbox_notices(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
+    let mut store = d.store().await;
+    stream(&mut store, key).await
+}
+
+/// Approval on: the entry is parked with every record field, the notification
+/// carries the approval id and the full content, and nothing is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parks_with_a_complete_record_and_notification() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let content = format!("line one\n{}", "x".repeat(500));
+    let entry_id = agent_sends(&d, &content, "req-7").await;
+    let (id, external) = notification(&d, 0).await;
+
+    let mut store = d.store().await;
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    let want = [
+        ("status", "pending".to_string()),
+        ("source", "mail".into()),
+        ("channel_id", "bob@example.org".into()),
+        ("content_preview", content.chars().take(200).collect()),
+        ("stream", "ann:mail:outbox".into()),
+        ("entry_id", entry_id.clone()),
+        ("agent", "ann".into()),
+        ("notify", "desk".into()),
+        ("notify_channel", "ops".into()),
+        ("content_sha256", approval::sha256_hex(content.as_bytes())),
+        ("content_bytes", content.len().to_string()),
+    ];
+    for (field, value) in want {
+        assert_eq!(record.get(field), Some(&value), "record field {field}");
+    }
+    let created: u64 = record["created_at"].parse().unwrap();
+    let expires: u64 = record["expires_at"].parse().unwrap();
+    assert_eq!(expires, created + 3600);
+    assert!(!record.contains_key("approver"));
+    assert_eq!(id, approval::id_for("ann:mail:outbox", &entry_id));
+
+    let note = &d.delivered("desk.out")[0];
+    assert_eq!(note.channel_id, "ops");
+    assert!(
+        note.content.contains(&content),
+        "full content in the notification"
+    );
+    assert!(note.content.contains(&record["content_sha256"]));
+    assert!(note.content.contains("bob@example.org"));
+    assert_eq!(
+        hash(&mut store, &keys::approval_map("desk"))
+            .await
+            .get(&external),
+        Some(&id),
+        "the notify bridge maps its message to the approval"
+    );
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "nothing leaves before a decision"
+    );
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        1,
+        "parked entry stays pending"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// ✅ by an approver delivers exactly once and removes the record and the map entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_by_an_approver_is_delivered_once() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "ship it", "r1").await;
+    let (id, external) = notification(&d, 0).await;
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("delivery on mail.out", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(
+        (sent.channel_id.as_str(), sent.content.as_str()),
+        ("bob@example.org", "ship it")
+    );
+    let mut store = d.store().await;
+    wait_until("the record is deleted", SOON, || {
+        let mut store = store.clone();
+        let id = id.clone();
+        async move {
+            hash(&mut store, &keys::approval(&id))
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1, "delivered exactly once");
+    assert!(hash(&mut store, &keys::approval_map("desk"))
+        .await
+        .is_empty());
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+    assert!(
+        inbox_notices(&d, "ann:mail:inbox").await.is_empty(),
+        "no notice on success"
+    );
+}
+
+/// ✅ from someone not on the approvers list changes nothing; the real approver
+/// can still decide afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stranger_cannot_approve() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "secret", "r1").await;
+    let (id, external) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    // The console ingest answers in file order: once the cursor passes the
+    // stranger's line, it has been handled.
+    react(&d, &external, "✅", "mallory", "");
+    react(&d, &external, "✅", "", "");
+    let end = std::fs::metadata(d.path("desk.in")).unwrap().len();
+    wait_until("the ingest handled both lines", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let at: Option<u64> =
+                redis::AsyncCommands::get(&mut store.conn, keys::ingest_cursor("desk"))
+                    .await
+                    .unwrap();
+            (at == Some(end)).then_some(())
+        }
+    })
+    .await;
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["status"], "pending");
+    assert!(!record.contains_key("approver"));
+    assert_eq!(
+        hash(&mut store, &keys::approval_map("desk"))
+            .await
+            .get(&external),
+        Some(&id),
+        "map entry kept"
+    );
+    assert!(d.delivered("mail.out").is_empty());
+    react(&d, &external, "✅", "boss", "");
+    wait_until("delivery after the real approval", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// ❌ with a reason: nothing is sent and the agent's notice carries the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejection_reaches_the_agent_with_its_reason() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let entry_id = agent_sends(&d, "rude words", "req-42").await;
+    let (id, external) = notification(&d, 0).await;
+    react(&d, &external, "❌", "boss", "too rude");
+    let notice = wait_until("a notice on ann:mail:inbox", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["kind"], "notice");
+    assert_eq!(notice["status"], "rejected");
+    assert_eq!(notice["reason"], "too rude");
+    assert_eq!(notice["approver"], "console:boss");
+    assert_eq!(notice["approval_id"], id);
+    assert_eq!(notice["entry_id"], entry_id);
+    assert_eq!(notice["request_id"], "req-42");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    let mut store = d.store().await;
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "a rejected entry is never sent"
+    );
+    assert!(hash(&mut store, &keys::approval(&id)).await.is_empty());
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+}
+
+/// `timeout = 1`: the approval expires into a notice; a late ✅ changes nothing
+/// but its map entry is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
+    let d = Deployment::new(&approval_config(1));
+    let outbox = d.spawn("outbox", "mail");
+    let desk = d.spawn("outbox", "desk");
+    agent_sends(&d, "too slow", "r9").await;
+    let (id, external) = notification(&d, 0).await;
+    let notice = wait_until("an expiry notice", Duration::from_secs(10), || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "expired");
+    assert_eq!(notice["approval_id"], id);
+    assert!(notice["reason"].contains("1 seconds"));
+    outbox.stop().await.unwrap();
+    desk.stop().await.unwrap();
+
+    // A late answer arrives for an approval the requesting side already settled
+    // (its map entry restored here, as if the settle had not cleaned it up).
+    let mut store = d.store().await;
+    let _: () =
+        redis::AsyncCommands::hset(&mut store.conn, keys::approval_map("desk"), &external, &id)
+            .await
+            .unwrap();
+    let outcome = approval::resolve_approval(
+        &mut store,
+        &d.config,
+        "desk",
+        &external,
+        approval::Verdict::Approved,
+        "console:boss",
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, approval::Outcome::Late("missing".into()));
+    assert!(
+        hash(&mut store, &keys::approval_map("desk"))
+            .await
+            .is_empty(),
+        "map entry dropped"
+    );
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// A late ✅ on a record that is past its deadline but not yet settled is ignored:
+/// the deadline is read before the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_after_the_deadline_do_not_count() {
+    let d = Deployment::new(&approval_config(1));
+    let desk = d.spawn("outbox", "desk");
+    // No requesting service runs after parking, so nothing settles the record.
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "late", "r").await;
+    let (id, external) = notification(&d, 0).await;
+    outbox.crash();
+    let mut store = d.store().await;
+    let expires: f64 = hash(&mut store, &keys::approval(&id)).await["expires_at"]
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs_f64(
+        (expires - broker::now_secs_f64()).max(0.0) + 0.05,
+    ))
+    .await;
+    let outcome = approval::resolve_approval(
+        &mut store,
+        &d.config,
+        "desk",
+        &external,
+        approval::Verdict::Approved,
+        "console:boss",
+        "",
+    )
+    .await
+    .unwrap();
+    assert_eq!(outcome, approval::Outcome::Late("expired".into()));
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["status"],
+        "pending",
+        "expired is never written"
+    );
+    assert!(!hash(&mut store, &keys::approval_map("desk"))
+        .await
+        .contains_key(&external));
+    // The restarted service settles it as expired, never as approved.
+    let outbox = d.spawn("outbox", "mail");
+    let notice = wait_until("an expiry notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "expired");
+    outbox.stop().await.unwrap();
+    desk.stop().await.unwrap();
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// A restart while parked sends no second notification and still delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_parked_resumes_without_a_second_notification() {
+    let d = Deployment::new(&approval_config(0));
+    let desk = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "survive me", "r").await;
+    let (id, external) = notification(&d, 0).await;
+    outbox.crash();
+    let mut store = d.store().await;
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["expires_at"],
+        "0",
+        "timeout 0 never expires"
+    );
+    // Also simulate a crash between writing the notification and recording it.
+    let _: () = redis::AsyncCommands::hdel(&mut store.conn, keys::approval(&id), "notified")
+        .await
+        .unwrap();
+
+    let outbox = d.spawn("outbox", "mail");
+    wait_until(
+        "the restarted service finds the notification again",
+        SOON,
+        || {
+            let mut store = store.clone();
+            let id = id.clone();
+            async move {
+                hash(&mut store, &keys::approval(&id))
+                    .await
+                    .contains_key("notified")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        stream(&mut store, "desk:outbox").await.len(),
+        1,
+        "one notification only"
+    );
+    react(&d, &external, "✅", "boss", "");
+    wait_until("delivery after restart", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    for s in desk {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("desk.out").len(), 1);
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// A decision wakes the requesting service at once, not at its next timer tick
+/// (the longest block is 5 s; the delivery must come well before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_wakes_the_requesting_service() {
+    let d = Deployment::new(&approval_config(0));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "now please", "r").await;
+    let (id, _) = notification(&d, 0).await;
+    // Let the service settle into its blocking read.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut store = d.store().await;
+    approval::decide(
+        &mut store,
+        &d.config,
+        &id,
+        approval::Verdict::Approved,
+        "cli:op",
+        "",
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "delivery within 2 s of the decision",
+        Duration::from_secs(2),
+        || async { d.delivered("mail.out").first().cloned() },
+    )
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// The bytes sent must be the bytes approved: a record whose sha256 does not
+/// match the entry refuses the send with a notice and a dead letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_mismatch_refuses_the_send() {
+    let d = Deployment::new(&approval_config(0));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "approved text", "r").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let _: () = redis::AsyncCommands::hset(
+        &mut store.conn,
+        keys::approval(&id),
+        "content_sha256",
+        "0".repeat(64),
+    )
+    .await
+    .unwrap();
+    approval::decide(
+        &mut store,
+        &d.config,
+        &id,
+        approval::Verdict::Approved,
+        "cli:op",
+        "",
+    )
+    .await
+    .unwrap();
+    let notice = wait_until("a failure notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert!(
+        notice["reason"].contains("differs from the approved"),
+        "{}",
+        notice["reason"]
+    );
+    let dead = stream(&mut store, "mail:dead").await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["field:content"], "approved text");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// Without approval, entries are delivered and acked, from both stream layouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_off_delivers_and_acks() {
+    let d = Deployment::new(
+        "[agents.ann]\n[bridges.mail]\ntype = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\"\ndestinations = [\"*\"]\n",
+    );
+    let outbox = d.spawn("outbox", "mail");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "mail:outbox",
+            &[
+                ("channel_id", b"c1"),
+                ("content", b"flat"),
+                ("subject", b"s"),
+                ("reply_to", b"m0"),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"c2"), ("content", b"per-agent")],
+        )
+        .await
+        .unwrap();
+    let sent = wait_until("two deliveries", SOON, || async {
+        let d2 = d.delivered("mail.out");
+        (d2.len() == 2).then_some(d2)
+    })
+    .await;
+    let mut contents: Vec<_> = sent.iter().map(|s| s.content.as_str()).collect();
+    contents.sort();
+    assert_eq!(contents, ["flat", "per-agent"]);
+    let flat = sent.iter().find(|s| s.content == "flat").unwrap();
+    assert_eq!(
+        (flat.subject.as_deref(), flat.reply_to.as_deref()),
+        (Some("s"), Some("m0"))
+    );
+    assert_ne!(sent[0].external_id, sent[1].external_id);
+    outbox.stop().await.unwrap();
+    assert_eq!(pending(&mut store, "mail:outbox", "mail-outbox").await, 0);
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+    assert!(hash(&mut store, "approval:mail_map").await.is_empty());
+}

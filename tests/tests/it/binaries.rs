@@ -1,0 +1,189 @@
+//! The real binaries: the operator CLI and the console services as processes.
+
+use std::process::{Command, Stdio};
+
+use broker::keys;
+use harness::{binary, wait_until, Deployment};
+use serde_json::json;
+
+use crate::{approval_config, SOON};
+
+fn text(o: &std::process::Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// The whole loop with every service a separate process: `cowboy send`, park,
+/// a ✅ line in the notify bridge's input file, delivery; `cowboy status` sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_runs_with_real_processes() {
+    let d = Deployment::new(&approval_config(0));
+    let mut children = Vec::new();
+    for (service, bridge) in [
+        ("outbox", "mail"),
+        ("outbox", "desk"),
+        ("ingest", "desk"),
+        ("ping", "desk"),
+    ] {
+        children.push(
+            Command::new(binary(&format!("cowboy-console-{service}")))
+                .args(["--bridge", bridge])
+                .env("COWBOY_CONFIG", &d.config_path)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    let out = d.cowboy(&[
+        "send",
+        "--bridge",
+        "mail",
+        "--agent",
+        "ann",
+        "--channel",
+        "bob@example.org",
+        "--content",
+        "from the cli",
+    ]);
+    assert!(out.status.success(), "{:?}", text(&out));
+    let note = wait_until("a notification", SOON, || async {
+        d.delivered("desk.out").first().cloned()
+    })
+    .await;
+    let list = d.cowboy(&["approvals", "list"]);
+    let (stdout, _) = text(&list);
+    let id = note.approval_id.clone().unwrap();
+    assert!(stdout.starts_with(&id), "list starts with the id: {stdout}");
+    d.write_input(
+        "desk.in",
+        json!({"kind": "reaction", "message_id": note.external_id, "emoji": "✅", "user": "boss"}),
+    );
+    let sent = wait_until("delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "from the cli");
+    let status = wait_until(
+        "status shows all three desk services alive",
+        SOON,
+        || async {
+            let (s, _) = text(&d.cowboy(&["status"]));
+            let desk = s.split("bridge mail").next().unwrap_or("").to_string();
+            (desk.matches("alive").count() == 3).then_some(s)
+        },
+    )
+    .await;
+    assert!(status.contains("ann:mail:outbox"), "{status}");
+    for mut c in children {
+        // SIGTERM: each service finishes what it holds and exits 0.
+        Command::new("kill")
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
+        let code = c.wait().unwrap();
+        assert!(code.success(), "graceful exit, got {code}");
+    }
+}
+
+/// `approvals show|approve|reject` take any unambiguous id prefix; an ambiguous or
+/// unknown one is an error with a non-zero exit, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_ids_by_prefix() {
+    let d = Deployment::new(&approval_config(0));
+    let mut store = d.store().await;
+    // Two records whose ids share a prefix, written as the outbox would.
+    for id in ["abc111", "abc222"] {
+        let _: () = redis::AsyncCommands::hset_multiple(
+            &mut store.conn,
+            keys::approval(id),
+            &[
+                ("status", "pending"),
+                ("source", "mail"),
+                ("expires_at", "0"),
+                ("channel_id", "x"),
+                ("stream", "ann:mail:outbox"),
+                ("entry_id", "1-0"),
+            ],
+        )
+        .await
+        .unwrap();
+    }
+    let ambiguous = d.cowboy(&["approvals", "approve", "abc", "--as", "op"]);
+    assert!(!ambiguous.status.success());
+    assert!(
+        text(&ambiguous).1.contains("ambiguous"),
+        "{:?}",
+        text(&ambiguous)
+    );
+    let unknown = d.cowboy(&["approvals", "show", "zzz"]);
+    assert!(!unknown.status.success());
+    assert!(text(&unknown).1.contains("no approval matches"));
+    let stranger = d.cowboy(&["approvals", "approve", "abc1", "--as", "eve"]);
+    assert!(!stranger.status.success(), "cli:eve is not an approver");
+    assert_eq!(
+        harness::hash(&mut store, "approval:abc111").await["status"],
+        "pending"
+    );
+    let show = d.cowboy(&["approvals", "show", "abc1"]);
+    assert!(
+        text(&show).0.contains("approval abc111"),
+        "{:?}",
+        text(&show)
+    );
+    let reject = d.cowboy(&[
+        "approvals",
+        "reject",
+        "abc2",
+        "--as",
+        "op",
+        "--reason",
+        "no",
+    ]);
+    assert!(reject.status.success(), "{:?}", text(&reject));
+    let rec = harness::hash(&mut store, "approval:abc222").await;
+    assert_eq!(
+        (
+            rec["status"].as_str(),
+            rec["approver"].as_str(),
+            rec["reason"].as_str()
+        ),
+        ("rejected", "cli:op", "no")
+    );
+    let again = d.cowboy(&["approvals", "approve", "abc2", "--as", "op"]);
+    assert!(
+        !again.status.success(),
+        "a decided approval cannot be decided again"
+    );
+}
+
+/// Bad config fails at start-up with exit code 78 and the offending key named.
+#[test]
+fn bad_config_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[bridges.a]\ntype = \"fax\"\n", "bridges.a.type"),
+        ("[bridges.a]\ntype = \"console\"\noutput = \"o\"\ninput = \"i\"\napproval = { notify = \"ghost\" }\n", "bridges.a.approval.notify"),
+        ("[bridges.a]\ntype = \"console\"\noutput = \"o\"\ninput = \"i\"\napproval = { required = true, approvers = [\"cli:x\"] }\n", "bridges.a.approval.notify_channel"),
+        ("[bridges.a]\ntype = \"console\"\noutput = \"o\"\ninput = \"i\"\ncolour = \"red\"\n", "colour"),
+        ("[bridges.a]\ntype = \"console\"\ninput = \"i\"\n", "output"),
+        ("[bridges.a]\ntype = \"console\"\noutput = \"o\"\ninput = \"i\"\n[bridges.a.approval]\ntimeout = \"soon\"\n", "timeout"),
+    ];
+    for (body, key) in cases {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, body).unwrap();
+        let out = Command::new(binary("cowboy-console-outbox"))
+            .args(["--bridge", "a", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{body}: {stderr}");
+        assert!(
+            stderr.contains(key),
+            "{body}: stderr does not name {key}: {stderr}"
+        );
+    }
+}
