@@ -88,7 +88,7 @@ pub struct BridgeConfig {
     #[serde(default)]
     pub ping: PingConfig,
     /// Destinations (`channel_id` values) this bridge may deliver to. Empty: none.
-    /// An entry ending in `*` matches by prefix; `"*"` alone allows any.
+    /// `*` matches any run of characters (`"*@example.org"`, `"ops-*"`); `"*"` allows any.
     #[serde(default)]
     pub destinations: Vec<String>,
     /// Largest accepted `content`, in bytes.
@@ -306,10 +306,7 @@ impl BridgeConfig {
     pub fn allows_destination(&self, channel_id: &str) -> bool {
         self.destinations
             .iter()
-            .any(|pattern| match pattern.strip_suffix('*') {
-                Some(prefix) => channel_id.starts_with(prefix),
-                None => pattern == channel_id,
-            })
+            .any(|pattern| glob(pattern, channel_id))
     }
 
     /// Deserializes the type's own settings; unknown keys are refused by `T`.
@@ -335,6 +332,26 @@ fn identity_eq(a: &str, b: &str) -> bool {
         (Some(("email", x)), Some(("email", y))) => x.eq_ignore_ascii_case(y),
         _ => a == b,
     }
+}
+
+/// `*`-only glob matching: the parts between stars must appear in order.
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let first = parts.next().unwrap_or("");
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no star: exact match
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
@@ -410,8 +427,18 @@ mod tests {
         let mut c = Config::parse("[bridges.c]\ntype = \"console\"\n").unwrap();
         let b = c.bridges.get_mut("c").unwrap();
         assert!(!b.allows_destination("x"));
-        b.destinations = vec!["ops-*".into(), "exact".into()];
+        b.destinations = vec![
+            "ops-*".into(),
+            "exact".into(),
+            "*@example.org".into(),
+            "a*b*c".into(),
+        ];
         assert!(b.allows_destination("ops-1"));
+        assert!(b.allows_destination("ann@example.org"));
+        assert!(!b.allows_destination("ann@example.org.evil"));
+        assert!(b.allows_destination("abc"));
+        assert!(b.allows_destination("a-b-c"));
+        assert!(!b.allows_destination("a-c-b"));
         assert!(b.allows_destination("exact"));
         assert!(!b.allows_destination("exactly"));
     }
