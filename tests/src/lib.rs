@@ -229,17 +229,31 @@ pub fn read_delivered(path: &Path) -> Vec<Delivered> {
         .collect()
 }
 
-/// Path of a workspace binary, built by `cargo test --workspace`.
+/// Path of a workspace binary. `cargo test` builds only the binaries of the package
+/// under test, so the first call builds the workspace's binaries (once per test run).
 pub fn binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");
-    // target/debug/deps/it-HASH -> target/debug/NAME
+    // target/<profile>/deps/it-HASH -> target/<profile>/NAME
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: run the tests with `cargo test --workspace` so the binaries are built",
-        path.display()
-    );
+    let built = BUILT.get_or_init(|| {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--workspace", "--bins", "--quiet"])
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        if dir.file_name().is_some_and(|p| p == "release") {
+            cmd.arg("--release");
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => Ok(()),
+            Ok(s) => Err(format!("cargo build --workspace --bins failed: {s}")),
+            Err(e) => Err(format!("cannot run cargo: {e}")),
+        }
+    });
+    if let Err(e) = built {
+        panic!("{e}");
+    }
+    assert!(path.exists(), "{} is missing after building the workspace", path.display());
     path
 }
 
