@@ -97,6 +97,10 @@ pub struct BridgeConfig {
     /// Outbox entries read per round trip.
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// Password files of this bridge's own Redis users (`cowboy-{bridge}-{service}`).
+    /// A service with a file here authenticates as its own user; `cowboy acl` renders it.
+    #[serde(default)]
+    pub redis_password_files: ServicePasswords,
     /// The type's own settings (validated by the bridge crate, which refuses unknown keys).
     #[serde(flatten)]
     pub settings: toml::Table,
@@ -108,6 +112,52 @@ fn default_max_content_bytes() -> usize {
 
 fn default_batch() -> usize {
     64
+}
+
+/// `redis_password_files = { ingest = PATH, outbox = PATH, ping = PATH }`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServicePasswords {
+    /// Password file of `cowboy-{bridge}-ingest`.
+    #[serde(default)]
+    pub ingest: Option<PathBuf>,
+    /// Password file of `cowboy-{bridge}-outbox`.
+    #[serde(default)]
+    pub outbox: Option<PathBuf>,
+    /// Password file of `cowboy-{bridge}-ping`.
+    #[serde(default)]
+    pub ping: Option<PathBuf>,
+}
+
+impl ServicePasswords {
+    /// The file of one service (`ingest`, `outbox` or `ping`).
+    pub fn of(&self, service: Service) -> Option<&PathBuf> {
+        match service {
+            Service::Ingest => self.ingest.as_ref(),
+            Service::Outbox => self.outbox.as_ref(),
+            Service::Ping => self.ping.as_ref(),
+        }
+    }
+}
+
+/// The three services of a bridge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Service {
+    Ingest,
+    Outbox,
+    Ping,
+}
+
+impl Service {
+    pub const ALL: [Service; 3] = [Service::Ingest, Service::Outbox, Service::Ping];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Service::Ingest => "ingest",
+            Service::Outbox => "outbox",
+            Service::Ping => "ping",
+        }
+    }
 }
 
 /// `approval = { required, notify, notify_channel, timeout, approvers }`.
@@ -295,6 +345,37 @@ impl Config {
             .unwrap_or(name)
     }
 
+    /// The Redis settings a service of bridge `name` connects with: its own ACL user
+    /// (`cowboy-{bridge}-{service}`) when it has a password file, else `[redis]`.
+    /// `COWBOY_REDIS_USERNAME` / `COWBOY_REDIS_PASSWORD_FILE` override both (for
+    /// supervisors that hand each unit its own credential path).
+    pub fn redis_for(&self, name: &str, service: Service) -> RedisConfig {
+        let mut redis = self.redis.clone();
+        if let Some(file) = self
+            .bridges
+            .get(name)
+            .and_then(|b| b.redis_password_files.of(service))
+        {
+            redis.username = Some(crate::keys::service_user(name, service.as_str()));
+            redis.password_file = Some(file.clone());
+        }
+        if let Ok(user) = std::env::var("COWBOY_REDIS_USERNAME") {
+            redis.username = Some(user);
+        }
+        if let Ok(file) = std::env::var("COWBOY_REDIS_PASSWORD_FILE") {
+            redis.password_file = Some(file.into());
+        }
+        redis
+    }
+
+    /// The bridges whose approvals are notified through `name`.
+    pub fn requesters_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.bridges
+            .keys()
+            .map(String::as_str)
+            .filter(move |b| self.notify_bridge(b) == name)
+    }
+
     /// Agent names, in a stable order.
     pub fn agent_names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
@@ -355,6 +436,12 @@ fn glob(pattern: &str, text: &str) -> bool {
 }
 
 fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    if name.starts_with("cowboy-") {
+        return Err(ConfigError::invalid(
+            key,
+            "names starting with `cowboy-` are reserved for service users",
+        ));
+    }
     let ok = !name.is_empty()
         && name
             .chars()

@@ -104,6 +104,17 @@ pub fn ping_consumer(bridge: &str) -> String {
     format!("{bridge}-pinger")
 }
 
+/// Consumer group an agent reads its inbox with (created by the ping service,
+/// since the agent's ACL user may not create groups).
+pub fn agent_group(agent: &str) -> String {
+    agent.to_string()
+}
+
+/// Redis ACL user of one service of a bridge.
+pub fn service_user(bridge: &str, service: &str) -> String {
+    format!("cowboy-{bridge}-{service}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

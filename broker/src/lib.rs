@@ -9,6 +9,7 @@
 //!
 //! # Layout
 //!
+//! - [`acl`]: Redis ACL users rendered from the config, and the probes that check them.
 //! - [`keys`]: the Redis key schema, the only place that formats key names.
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
 //! - [`store`]: connections and stream primitives.
@@ -21,6 +22,7 @@
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 
+pub mod acl;
 pub mod approval;
 pub mod cli;
 pub mod config;

@@ -55,8 +55,13 @@ impl PingService {
     /// Creates the groups (readiness point).
     pub async fn prepare(&mut self) -> Result<()> {
         let group = keys::ping_group(&self.name);
-        for (stream, _) in &self.streams {
+        for (stream, agent) in &self.streams {
             self.store.ensure_group(stream, &group).await?;
+            if let Some(agent) = agent {
+                self.store
+                    .ensure_group(stream, &keys::agent_group(agent))
+                    .await?;
+            }
         }
         Ok(())
     }

@@ -54,6 +54,7 @@ impl Store {
     /// Connects using `[redis]`, reading the password from its file.
     pub async fn connect(config: &RedisConfig) -> Result<Store> {
         let client = client_for(config)?;
+        let user = config.username.clone().unwrap_or_else(|| "default".into());
         let conn = ConnectionManager::new_with_config(
             client.clone(),
             redis::aio::ConnectionManagerConfig::new()
@@ -61,7 +62,17 @@ impl Store {
                 .set_connection_timeout(Some(Duration::from_secs(5)))
                 .set_number_of_retries(3),
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            if e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS") {
+                Error::Permission {
+                    command: format!("AUTH as {user}"),
+                    message: e.to_string(),
+                }
+            } else {
+                Error::Redis(e)
+            }
+        })?;
         Ok(Store { client, conn })
     }
 

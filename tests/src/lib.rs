@@ -152,9 +152,15 @@ impl Deployment {
     }
 
     pub fn with_redis(redis: RedisServer, body: &str) -> Deployment {
+        Self::build(redis, "", body)
+    }
+
+    /// Like [`Self::with_redis`], with extra lines for the `[redis]` table
+    /// (`username`, `password_file`).
+    pub fn build(redis: RedisServer, redis_extra: &str, body: &str) -> Deployment {
         let dir = tempfile::tempdir().expect("temp dir");
         let text = format!(
-            "[redis]\nurl = \"{}\"\n\n{}",
+            "[redis]\nurl = \"{}\"\n{redis_extra}\n\n{}",
             redis.url(),
             body.replace("{dir}", &dir.path().display().to_string())
         );
@@ -253,7 +259,11 @@ pub fn binary(name: &str) -> PathBuf {
     if let Err(e) = built {
         panic!("{e}");
     }
-    assert!(path.exists(), "{} is missing after building the workspace", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing after building the workspace",
+        path.display()
+    );
     path
 }
 

@@ -16,6 +16,7 @@ pub mod send;
 
 use std::sync::Arc;
 
+use broker::config::Service;
 use broker::ingest::Ingest;
 use broker::ping::PingService;
 use broker::{Config, OutboxService, Result, Shutdown, Store};
@@ -33,7 +34,7 @@ fn settings(config: &Config, name: &str) -> Result<ConsoleSettings> {
 /// Runs the outbox service of console bridge `name`.
 pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
     let s = settings(&config, &name)?;
-    let store = Store::connect(&config.redis).await?;
+    let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
     OutboxService::new(config, &name, ConsoleSender::new(s.output), store, shutdown)?
         .run()
         .await
@@ -42,7 +43,7 @@ pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -
 /// Runs the ingest of console bridge `name`.
 pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
     let s = settings(&config, &name)?;
-    let store = Store::connect(&config.redis).await?;
+    let store = Store::connect(&config.redis_for(&name, Service::Ingest)).await?;
     let ingest = Ingest::new(config, &name, store)?;
     ingest::follow(ingest, s.input, shutdown).await
 }
@@ -50,7 +51,7 @@ pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -
 /// Runs the ping service of console bridge `name`.
 pub async fn run_ping(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
     settings(&config, &name)?;
-    let store = Store::connect(&config.redis).await?;
+    let store = Store::connect(&config.redis_for(&name, Service::Ping)).await?;
     PingService::new(config, &name, store, shutdown)?
         .run()
         .await

@@ -53,6 +53,25 @@ enum Command {
     },
     /// Streams, pending and parked counts, dead letters and liveness per bridge.
     Status,
+    /// Render the Redis ACL users of the deployment, or check them on a live server.
+    Acl {
+        /// `aclfile` (a users file) or `commands` (ACL SETUSER lines for redis-cli).
+        #[arg(long, default_value = "aclfile")]
+        format: String,
+        #[command(subcommand)]
+        command: Option<AclCommand>,
+    },
+}
+
+#[derive(Subcommand)]
+enum AclCommand {
+    /// Connect as every configured user and verify what it can and cannot do.
+    Check {
+        /// Run destructive forbidden commands for real instead of `ACL DRYRUN`
+        /// (only on a throwaway server: a broken ACL would let them through).
+        #[arg(long)]
+        real: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -98,6 +117,30 @@ async fn main() -> ExitCode {
             return ExitCode::from(broker::service::EXIT_CONFIG as u8);
         }
     };
+    if let Command::Acl {
+        format,
+        command: None,
+    } = &args.command
+    {
+        let format = match format.as_str() {
+            "aclfile" => broker::acl::Format::Aclfile,
+            "commands" => broker::acl::Format::Commands,
+            other => {
+                eprintln!("error: unknown format `{other}` (aclfile, commands)");
+                return ExitCode::FAILURE;
+            }
+        };
+        return match broker::acl::render(&config, format) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(broker::service::EXIT_CONFIG as u8)
+            }
+        };
+    }
     let result = async {
         let mut store = Store::connect(&config.redis).await?;
         match args.command {
@@ -152,6 +195,21 @@ async fn main() -> ExitCode {
                 cli::send(&mut store, &config, &a).await
             }
             Command::Status => cli::status(&mut store, &config).await,
+            Command::Acl { command: None, .. } => unreachable!("rendered above"),
+            Command::Acl {
+                command: Some(AclCommand::Check { real }),
+                ..
+            } => {
+                let (table, ok) = broker::acl::check(&config, &mut store, real).await?;
+                if ok {
+                    Ok(table)
+                } else {
+                    print!("{table}");
+                    Err(broker::Error::Request(
+                        "some permissions are not as expected (SURPRISE rows)".into(),
+                    ))
+                }
+            }
         }
     }
     .await;

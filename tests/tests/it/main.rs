@@ -1,6 +1,7 @@
 //! One integration-test binary (fewer links, shared harness). Every test starts
 //! its own private redis-server, so they run in parallel and never share state.
 
+mod acl;
 mod approval;
 mod binaries;
 mod invalid;

@@ -1,0 +1,720 @@
+//! Redis ACL rules for a deployment, and the probes that prove them.
+//!
+//! Rendered from the config: `user default off`; the operator (`[redis] username`)
+//! with full access; one user per agent, allowed only `XADD` to its own outbox
+//! streams and reading/acking its own inbox streams; one user per bridge service
+//! (`cowboy-{bridge}-{service}`) with only the keys and commands its job uses.
+//!
+//! Invariants:
+//! - Commands and keys are paired with selectors (`(...)`), never in one flat rule
+//!   set: a flat set would let a user run any of its commands on any of its keys
+//!   (e.g. an agent `XACK`ing the broker's group on its own outbox).
+//! - Every key pattern starts with a name (`ann:`, `mail:`, `approval:`): a bare `*`
+//!   pattern would match the literal key `STREAMS` that Redis before 7.2.16 checks
+//!   for a consumer named `STREAMS`.
+//! - Passwords never appear: rules carry `#<sha256>` of the password read from
+//!   its file, so the users file can be world-readable. No `#` comment lines are
+//!   written (Redis refuses to start with one in an aclfile).
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use crate::config::{Config, Service};
+use crate::error::{ConfigError, Error, Result};
+use crate::keys;
+use crate::store::Store;
+
+/// Commands every user may run: connection set-up and liveness only.
+const BASE: &str = "+ping +auth +hello";
+
+/// One Redis user and its rules (without the `user NAME` head).
+#[derive(Debug, Clone, PartialEq)]
+pub struct User {
+    pub name: String,
+    pub rules: String,
+}
+
+/// Output formats of `cowboy acl`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// An `aclfile` users file.
+    Aclfile,
+    /// `ACL SETUSER` commands for `redis-cli`.
+    Commands,
+}
+
+fn password_hash(key: &str, path: &Path) -> Result<String, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError::invalid(key, format!("cannot read {}: {e}", path.display())))?;
+    let password = text.trim_end_matches(['\r', '\n']);
+    if password.is_empty() || password.chars().any(char::is_whitespace) {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{} must hold one password without spaces", path.display()),
+        ));
+    }
+    Ok(crate::approval::sha256_hex(password.as_bytes()))
+}
+
+fn selector(keys: &[String], commands: &str) -> String {
+    format!("({} resetchannels -@all {commands})", keys.join(" "))
+}
+
+/// The rules of an agent: XADD its outboxes; read and ack its inboxes.
+pub fn agent_rules(agent: &str, hash: &str) -> String {
+    format!(
+        "on #{hash} resetkeys resetchannels -@all {BASE} %W~{agent}:*:outbox +xadd {}",
+        selector(
+            &[format!("~{agent}:*:inbox")],
+            "+xreadgroup +xack +xread +xrange +xrevrange +xlen +xinfo|stream +xinfo|groups +xpending"
+        )
+    )
+}
+
+/// The rules of one service of bridge `name`.
+pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) -> String {
+    let agents: Vec<&str> = config.agent_names().collect();
+    let each =
+        |f: &dyn Fn(&str) -> String| -> Vec<String> { agents.iter().map(|a| f(a)).collect() };
+    let heartbeat = selector(&[format!("%W~{}", keys::heartbeat(name))], "+hset +expire");
+    let mut sels = Vec::new();
+    match service {
+        Service::Outbox => {
+            let mut read = vec![
+                format!("~{}", keys::outbox(name)),
+                format!("~{}", keys::decisions(name)),
+            ];
+            read.extend(each(&|a| format!("~{}", keys::agent_outbox(a, name))));
+            sels.push(selector(&read, "+xreadgroup +xack +xgroup|create +xrange"));
+            let mut write = vec![
+                format!("%W~{}", keys::inbox(name)),
+                format!("%W~{}", keys::dead(name)),
+            ];
+            write.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
+            sels.push(selector(&write, "+xadd"));
+            let notify = keys::outbox(config.notify_bridge(name));
+            sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
+            sels.push(selector(
+                &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                "+hgetall +hget +hset +hdel +del +exists +hmget +expire +evalsha +eval +script|load +multi +exec",
+            ));
+        }
+        Service::Ingest => {
+            let mut inboxes = vec![format!("%W~{}", keys::inbox(name))];
+            inboxes.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
+            sels.push(selector(&inboxes, "+xadd"));
+            sels.push(selector(
+                &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                "+hget +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
+            ));
+            let wake: Vec<String> = config
+                .requesters_of(name)
+                .map(|r| format!("%W~{}", keys::decisions(r)))
+                .collect();
+            if !wake.is_empty() {
+                sels.push(selector(&wake, "+xadd"));
+            }
+            sels.push(selector(
+                &[format!("~{}", keys::ingest_cursor(name))],
+                "+get +set",
+            ));
+        }
+        Service::Ping => {
+            let mut inboxes = vec![format!("~{}", keys::inbox(name))];
+            inboxes.extend(each(&|a| format!("~{}", keys::agent_inbox(a, name))));
+            sels.push(selector(&inboxes, "+xreadgroup +xack +xgroup|create"));
+        }
+    }
+    sels.push(heartbeat);
+    format!(
+        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        sels.join(" ")
+    )
+}
+
+/// Every user of the deployment. Fails naming the key of a missing password file.
+pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
+    let mut users = vec![User {
+        name: "default".into(),
+        rules: "off resetkeys resetchannels -@all".into(),
+    }];
+    let operator = config.redis.username.as_ref().ok_or_else(|| {
+        ConfigError::invalid(
+            "redis.username",
+            "the operator's user is needed: the rendered rules turn `default` off",
+        )
+    })?;
+    let file = config.redis.password_file.as_ref().ok_or_else(|| {
+        ConfigError::invalid(
+            "redis.password_file",
+            "the operator's password file is needed",
+        )
+    })?;
+    let hash = password_hash("redis.password_file", file)?;
+    users.push(User {
+        name: operator.clone(),
+        rules: format!("on #{hash} ~* &* +@all"),
+    });
+    for (agent, a) in &config.agents {
+        let key = format!("agents.{agent}.password_file");
+        let file = a
+            .password_file
+            .as_ref()
+            .ok_or_else(|| ConfigError::invalid(&key, "every agent needs a password file"))?;
+        users.push(User {
+            name: agent.clone(),
+            rules: agent_rules(agent, &password_hash(&key, file)?),
+        });
+    }
+    for (name, bridge) in &config.bridges {
+        for service in Service::ALL {
+            let key = format!("bridges.{name}.redis_password_files.{}", service.as_str());
+            let file = bridge
+                .redis_password_files
+                .of(service)
+                .ok_or_else(|| ConfigError::invalid(&key, "every service needs a password file"))?;
+            users.push(User {
+                name: keys::service_user(name, service.as_str()),
+                rules: service_rules(config, name, service, &password_hash(&key, file)?),
+            });
+        }
+    }
+    Ok(users)
+}
+
+/// Renders the users in the chosen format.
+pub fn render(config: &Config, format: Format) -> Result<String, ConfigError> {
+    let mut out = String::new();
+    for u in users(config)? {
+        let _ = match format {
+            Format::Aclfile => writeln!(out, "user {} {}", u.name, u.rules),
+            Format::Commands => writeln!(out, "ACL SETUSER {} reset {}", u.name, u.rules),
+        };
+    }
+    Ok(out)
+}
+
+/// Whether a probe must be allowed or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    Allowed,
+    Refused,
+}
+
+/// One command tried as one user.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    pub user: String,
+    pub expect: Expect,
+    pub args: Vec<String>,
+    /// Would change or damage state if wrongly allowed: `cowboy acl check` asks
+    /// `ACL DRYRUN` instead of running it.
+    pub destructive: bool,
+}
+
+fn probe(user: &str, expect: Expect, destructive: bool, args: &[&str]) -> Probe {
+    Probe {
+        user: user.to_string(),
+        expect,
+        args: args.iter().map(|s| s.to_string()).collect(),
+        destructive,
+    }
+}
+
+/// The probe stream keys: within the agent's patterns, but read by no service
+/// (bridge names may not start with `cowboy-`).
+pub fn probe_outbox(agent: &str) -> String {
+    keys::agent_outbox(agent, "cowboy-acl-check")
+}
+
+/// See [`probe_outbox`].
+pub fn probe_inbox(agent: &str) -> String {
+    keys::agent_inbox(agent, "cowboy-acl-check")
+}
+
+/// What an agent must be able to do and must never do. `other` is another
+/// agent's name (it need not exist), `bridge` a configured bridge.
+pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
+    use Expect::*;
+    let id = "00000000-0000-4000-8000-000000000000";
+    let rec = keys::approval(id);
+    let map = keys::approval_map(bridge);
+    let own_in = probe_inbox(agent);
+    let own_out = probe_outbox(agent);
+    let flat = keys::outbox(bridge);
+    let their_out = keys::agent_outbox(other, bridge);
+    let their_in = keys::agent_inbox(other, bridge);
+    let group = keys::agent_group(agent);
+    let mut p = vec![
+        probe(
+            agent,
+            Allowed,
+            false,
+            &["XADD", &own_out, "*", "acl_check", "1"],
+        ),
+        probe(
+            agent,
+            Allowed,
+            false,
+            &[
+                "XREADGROUP",
+                "GROUP",
+                &group,
+                "probe",
+                "COUNT",
+                "1",
+                "STREAMS",
+                &own_in,
+                ">",
+            ],
+        ),
+        probe(agent, Allowed, false, &["XLEN", &own_in]),
+    ];
+    for key in [&rec, &map] {
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["HSET", key, "status", "approved"],
+        ));
+        p.push(probe(agent, Refused, false, &["HGET", key, "status"]));
+        p.push(probe(agent, Refused, false, &["HGETALL", key]));
+        p.push(probe(agent, Refused, true, &["DEL", key]));
+        p.push(probe(agent, Refused, true, &["EXPIRE", key, "1"]));
+    }
+    for key in [&flat, &their_out, &their_in] {
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["XADD", key, "*", "channel_id", "x", "content", "forged"],
+        ));
+    }
+    for key in [&their_out, &their_in] {
+        p.push(probe(
+            agent,
+            Refused,
+            false,
+            &["XREADGROUP", "GROUP", &group, "probe", "STREAMS", key, ">"],
+        ));
+        p.push(probe(agent, Refused, false, &["XRANGE", key, "-", "+"]));
+    }
+    // Multi-stream reads mixing an allowed and a forbidden key, in both orders.
+    p.push(probe(
+        agent,
+        Refused,
+        false,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            &group,
+            "probe",
+            "STREAMS",
+            &own_in,
+            &their_in,
+            ">",
+            ">",
+        ],
+    ));
+    p.push(probe(
+        agent,
+        Refused,
+        false,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            &group,
+            "probe",
+            "STREAMS",
+            &their_in,
+            &own_in,
+            ">",
+            ">",
+        ],
+    ));
+    p.push(probe(
+        agent,
+        Refused,
+        false,
+        &["XREAD", "STREAMS", &own_in, &flat, "0", "0"],
+    ));
+    let broker_group = keys::outbox_group(bridge);
+    // Its real outbox first: acking the broker's group there would release a parked entry.
+    let real_out = keys::agent_outbox(agent, bridge);
+    for key in [&real_out, &own_out, &flat, &their_in] {
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["XACK", key, &broker_group, "0-1"],
+        ));
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["XGROUP", "DESTROY", key, &broker_group],
+        ));
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["XCLAIM", key, &broker_group, "probe", "0", "0-1"],
+        ));
+        p.push(probe(
+            agent,
+            Refused,
+            true,
+            &["XAUTOCLAIM", key, &broker_group, "probe", "0", "0"],
+        ));
+        p.push(probe(agent, Refused, true, &["XTRIM", key, "MAXLEN", "0"]));
+        p.push(probe(agent, Refused, true, &["XDEL", key, "0-1"]));
+    }
+    let admin: &[&[&str]] = &[
+        &["KEYS", "*"],
+        &["SCAN", "0"],
+        &["FLUSHALL"],
+        &["FLUSHDB"],
+        &["CONFIG", "GET", "*"],
+        &["CONFIG", "SET", "appendonly", "no"],
+        &["ACL", "WHOAMI"],
+        &["ACL", "SETUSER", agent, "+@all"],
+        &["EVAL", "return 1", "0"],
+        &["EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "0"],
+        &["FUNCTION", "LIST"],
+        &["SCRIPT", "FLUSH"],
+        &["MODULE", "LIST"],
+        &["DEBUG", "SLEEP", "0"],
+        &["SHUTDOWN", "NOSAVE"],
+        &["CLIENT", "KILL", "TYPE", "normal"],
+        &["MONITOR"],
+        &["SUBSCRIBE", "anything"],
+        &["PSUBSCRIBE", "*"],
+        &["SELECT", "1"],
+        &["MIGRATE", "127.0.0.1", "1", &own_out, "0", "1"],
+        &["RENAME", &own_out, &flat],
+        &["COPY", &own_out, &flat],
+    ];
+    for args in admin {
+        p.push(probe(agent, Refused, true, args));
+    }
+    p
+}
+
+/// What one service user must be able to do, and a few things it must not.
+pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Probe> {
+    use Expect::*;
+    let user = keys::service_user(name, service.as_str());
+    let u = user.as_str();
+    let mut p = vec![probe(
+        u,
+        Allowed,
+        true,
+        &["HSET", &keys::heartbeat(name), service.as_str(), "0"],
+    )];
+    let first_agent = config.agent_names().next();
+    match service {
+        Service::Outbox => {
+            p.push(probe(
+                u,
+                Allowed,
+                false,
+                &["XRANGE", &keys::outbox(name), "-", "+", "COUNT", "1"],
+            ));
+            p.push(probe(
+                u,
+                Allowed,
+                true,
+                &["XADD", &keys::dead(name), "*", "acl_check", "1"],
+            ));
+            p.push(probe(
+                u,
+                Allowed,
+                false,
+                &["HGETALL", &keys::approval("acl-check")],
+            ));
+            p.push(probe(
+                u,
+                Allowed,
+                true,
+                &[
+                    "XADD",
+                    &keys::outbox(config.notify_bridge(name)),
+                    "*",
+                    "acl_check",
+                    "1",
+                ],
+            ));
+            p.push(probe(u, Refused, true, &["FLUSHALL"]));
+            p.push(probe(u, Refused, false, &["KEYS", "*"]));
+            p.push(probe(
+                u,
+                Refused,
+                true,
+                &["CONFIG", "SET", "appendonly", "no"],
+            ));
+            p.push(probe(u, Refused, true, &["DEL", &keys::outbox(name)]));
+            if let Some(a) = first_agent {
+                p.push(probe(
+                    u,
+                    Refused,
+                    true,
+                    &["XADD", &keys::agent_outbox(a, name), "*", "acl_check", "1"],
+                ));
+            }
+        }
+        Service::Ingest => {
+            p.push(probe(
+                u,
+                Allowed,
+                true,
+                &["XADD", &keys::inbox(name), "*", "acl_check", "1"],
+            ));
+            p.push(probe(
+                u,
+                Allowed,
+                false,
+                &["HGET", &keys::approval_map(name), "acl-check"],
+            ));
+            p.push(probe(
+                u,
+                Refused,
+                false,
+                &["XRANGE", &keys::outbox(name), "-", "+"],
+            ));
+            p.push(probe(
+                u,
+                Refused,
+                true,
+                &["DEL", &keys::approval("acl-check")],
+            ));
+            p.push(probe(u, Refused, true, &["FLUSHALL"]));
+            p.push(probe(
+                u,
+                Refused,
+                true,
+                &[
+                    "XACK",
+                    &keys::outbox(name),
+                    &keys::outbox_group(name),
+                    "0-1",
+                ],
+            ));
+        }
+        Service::Ping => {
+            p.push(probe(
+                u,
+                Allowed,
+                false,
+                &[
+                    "XREADGROUP",
+                    "GROUP",
+                    &keys::ping_group(name),
+                    "acl-check",
+                    "COUNT",
+                    "0",
+                    "STREAMS",
+                    &keys::inbox(name),
+                    "0",
+                ],
+            ));
+            p.push(probe(
+                u,
+                Refused,
+                false,
+                &["HGETALL", &keys::approval("acl-check")],
+            ));
+            p.push(probe(
+                u,
+                Refused,
+                true,
+                &["XADD", &keys::outbox(name), "*", "acl_check", "1"],
+            ));
+            p.push(probe(u, Refused, true, &["FLUSHALL"]));
+        }
+    }
+    p
+}
+
+/// Every probe of the deployment.
+pub fn all_probes(config: &Config) -> Vec<Probe> {
+    let mut probes = Vec::new();
+    let agents: Vec<&str> = config.agent_names().collect();
+    let bridge = config
+        .bridges
+        .keys()
+        .next()
+        .map(String::as_str)
+        .unwrap_or("none");
+    for (i, agent) in agents.iter().enumerate() {
+        let other = agents
+            .get(i + 1)
+            .or(agents.first())
+            .filter(|o| *o != agent)
+            .copied()
+            .unwrap_or("cowboy-nobody");
+        probes.extend(agent_probes(agent, other, bridge));
+    }
+    for name in config.bridges.keys() {
+        for service in Service::ALL {
+            probes.extend(service_probes(config, name, service));
+        }
+    }
+    probes
+}
+
+/// The result of one probe.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub probe: Probe,
+    /// `ok`, `NOPERM ...`, or the other error.
+    pub got: String,
+    pub allowed: bool,
+    pub as_expected: bool,
+}
+
+/// Whether a reply means "the ACL refused it".
+pub fn is_refusal(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOPERM") || e.to_string().contains("NOPERM")
+}
+
+/// Runs one probe as its user over `conn`. Destructive probes go through
+/// `ACL DRYRUN` on `admin` unless `real` is set.
+pub async fn run_probe(
+    probe: &Probe,
+    conn: &mut redis::aio::MultiplexedConnection,
+    admin: &mut Store,
+    real: bool,
+) -> Verdict {
+    let result: redis::RedisResult<redis::Value> = if probe.destructive && !real {
+        redis::cmd("ACL")
+            .arg("DRYRUN")
+            .arg(&probe.user)
+            .arg(&probe.args)
+            .query_async(&mut admin.conn)
+            .await
+            .and_then(|v| match v {
+                redis::Value::Okay => Ok(v),
+                redis::Value::SimpleString(ref s) if s == "OK" => Ok(v),
+                other => Err(redis::RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+                    "NOPERM",
+                    format!("{other:?}"),
+                ))),
+            })
+    } else {
+        let mut cmd = redis::cmd(&probe.args[0]);
+        cmd.arg(&probe.args[1..]);
+        cmd.query_async(conn).await
+    };
+    let (allowed, got) = match result {
+        Ok(_) => (true, "ok".to_string()),
+        Err(e) if is_refusal(&e) => (false, "NOPERM".to_string()),
+        // Another error (no such group, wrong type...) means the ACL let it through.
+        Err(e) => (true, format!("passed the ACL, then: {e}")),
+    };
+    let as_expected = allowed == (probe.expect == Expect::Allowed);
+    Verdict {
+        probe: probe.clone(),
+        got,
+        allowed,
+        as_expected,
+    }
+}
+
+/// Connects as `user` with the password in `file`.
+pub async fn connect_as(
+    config: &Config,
+    user: &str,
+    file: &Path,
+) -> Result<redis::aio::MultiplexedConnection> {
+    let mut redis = config.redis.clone();
+    redis.username = Some(user.to_string());
+    redis.password_file = Some(file.to_path_buf());
+    let client = crate::store::client_for(&redis)?;
+    let conn = client
+        .get_multiplexed_async_connection_with_config(
+            &redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(std::time::Duration::from_secs(5))),
+        )
+        .await
+        .map_err(|e| Error::Permission {
+            command: format!("AUTH as {user}"),
+            message: e.to_string(),
+        })?;
+    Ok(conn)
+}
+
+/// `cowboy acl check`: connects as every configured user and runs its probes.
+/// Returns the table and whether everything was as expected.
+pub async fn check(config: &Config, admin: &mut Store, real: bool) -> Result<(String, bool)> {
+    // The probe inbox gives the agents something real to read and ack.
+    for agent in config.agent_names() {
+        let inbox = probe_inbox(agent);
+        admin
+            .ensure_group(&inbox, &keys::agent_group(agent))
+            .await?;
+        admin.xadd(&inbox, &[("acl_check", b"1")]).await?;
+    }
+    let mut table = format!(
+        "{:<28} {:<8} {:<10} {:<8} {}\n",
+        "user", "expect", "got", "result", "command"
+    );
+    let mut all_ok = true;
+    let mut current: Option<(String, redis::aio::MultiplexedConnection)> = None;
+    for probe in all_probes(config) {
+        if current.as_ref().map(|(u, _)| u) != Some(&probe.user) {
+            let file = password_file_of(config, &probe.user)
+                .ok_or_else(|| Error::Request(format!("no password file for {}", probe.user)))?;
+            current = Some((
+                probe.user.clone(),
+                connect_as(config, &probe.user, &file).await?,
+            ));
+        }
+        let Some((_, conn)) = current.as_mut() else {
+            continue;
+        };
+        let v = run_probe(&probe, conn, admin, real).await;
+        all_ok &= v.as_expected;
+        let _ = writeln!(
+            table,
+            "{:<28} {:<8} {:<10} {:<8} {}",
+            v.probe.user,
+            match v.probe.expect {
+                Expect::Allowed => "allowed",
+                Expect::Refused => "refused",
+            },
+            if v.allowed { "allowed" } else { "refused" },
+            if v.as_expected { "ok" } else { "SURPRISE" },
+            v.probe.args.join(" ")
+                + if v.probe.destructive && !real {
+                    "  (dry run)"
+                } else {
+                    ""
+                },
+        );
+    }
+    for agent in config.agent_names() {
+        let _: () = redis::cmd("DEL")
+            .arg(probe_inbox(agent))
+            .arg(probe_outbox(agent))
+            .query_async(&mut admin.conn)
+            .await
+            .map_err(|e| Error::from_redis("DEL probe streams", e))?;
+    }
+    Ok((table, all_ok))
+}
+
+/// The password file configured for a user name.
+pub fn password_file_of(config: &Config, user: &str) -> Option<std::path::PathBuf> {
+    if let Some(a) = config.agents.get(user) {
+        return a.password_file.clone();
+    }
+    for (name, bridge) in &config.bridges {
+        for service in Service::ALL {
+            if keys::service_user(name, service.as_str()) == user {
+                return bridge.redis_password_files.of(service).cloned();
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,466 @@
+//! Per-agent and per-service Redis ACLs, on a private redis-server started with
+//! the users file `cowboy acl` renders (the `default` user off).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use broker::acl::{self, Expect};
+use broker::config::Service;
+use broker::{keys, Config, Store};
+use harness::{binary, stream, wait_until, Deployment, RedisServer};
+use serde_json::json;
+
+use crate::SOON;
+
+/// Password files for the operator, two agents and every service of two bridges,
+/// and the config body that names them.
+struct Secrets {
+    dir: tempfile::TempDir,
+}
+
+impl Secrets {
+    fn new() -> Secrets {
+        let dir = tempfile::tempdir().unwrap();
+        let mut users = vec!["admin".to_string(), "ann".into(), "bob".into()];
+        for b in ["mail", "desk"] {
+            for s in Service::ALL {
+                users.push(keys::service_user(b, s.as_str()));
+            }
+        }
+        for u in users {
+            std::fs::write(
+                dir.path().join(&u),
+                format!("pw-{u}-{}\n", std::process::id()),
+            )
+            .unwrap();
+        }
+        Secrets { dir }
+    }
+
+    fn file(&self, user: &str) -> String {
+        self.dir.path().join(user).display().to_string()
+    }
+
+    fn redis_extra(&self) -> String {
+        format!(
+            "username = \"admin\"\npassword_file = \"{}\"\n",
+            self.file("admin")
+        )
+    }
+
+    fn body(&self) -> String {
+        let services = |b: &str| {
+            format!(
+                "redis_password_files = {{ ingest = \"{}\", outbox = \"{}\", ping = \"{}\" }}",
+                self.file(&keys::service_user(b, "ingest")),
+                self.file(&keys::service_user(b, "outbox")),
+                self.file(&keys::service_user(b, "ping")),
+            )
+        };
+        format!(
+            r#"
+[agents.ann]
+password_file = "{ann}"
+
+[agents.bob]
+password_file = "{bob}"
+
+[bridges.mail]
+type = "console"
+output = "{{dir}}/mail.out"
+input = "{{dir}}/mail.in"
+destinations = ["*"]
+approval = {{ required = true, notify = "desk", notify_channel = "ops", timeout = 0, approvers = ["console:boss"] }}
+{mail}
+
+[bridges.desk]
+type = "console"
+output = "{{dir}}/desk.out"
+input = "{{dir}}/desk.in"
+destinations = ["ops"]
+{desk}
+"#,
+            ann = self.file("ann"),
+            bob = self.file("bob"),
+            mail = services("mail"),
+            desk = services("desk"),
+        )
+    }
+
+    /// Renders the users file and starts a server with it.
+    fn start_redis(&self) -> (RedisServer, String) {
+        let text = format!(
+            "[redis]\n{}\n{}",
+            self.redis_extra(),
+            self.body().replace("{dir}", "/nonexistent")
+        );
+        let config = Config::parse(&text).unwrap();
+        let aclfile = acl::render(&config, acl::Format::Aclfile).unwrap();
+        let path = self.dir.path().join("users.acl");
+        std::fs::write(&path, &aclfile).unwrap();
+        let redis = RedisServer::start_with(&[
+            "--aclfile",
+            path.to_str().unwrap(),
+            "--enable-debug-command",
+            "yes",
+        ]);
+        (redis, aclfile)
+    }
+
+    fn deployment(&self) -> (Deployment, String) {
+        let (redis, aclfile) = self.start_redis();
+        (
+            Deployment::build(redis, &self.redis_extra(), &self.body()),
+            aclfile,
+        )
+    }
+}
+
+/// Every key and its serialized value, for "state unchanged" assertions.
+async fn snapshot(admin: &mut Store, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Vec<u8>> {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut admin.conn)
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for k in keys.into_iter().filter(|k| !skip(k)) {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(&k)
+            .query_async(&mut admin.conn)
+            .await
+            .unwrap();
+        out.insert(k, dump);
+    }
+    out
+}
+
+async fn seed_state(admin: &mut Store) {
+    let _: () = redis::AsyncCommands::hset_multiple(
+        &mut admin.conn,
+        keys::approval("00000000-0000-4000-8000-000000000000"),
+        &[
+            ("status", "pending"),
+            ("source", "mail"),
+            ("expires_at", "0"),
+        ],
+    )
+    .await
+    .unwrap();
+    let _: () = redis::AsyncCommands::hset(&mut admin.conn, keys::approval_map("mail"), "ext", "x")
+        .await
+        .unwrap();
+    for key in [
+        "mail:outbox",
+        "ann:mail:outbox",
+        "bob:mail:outbox",
+        "bob:mail:inbox",
+    ] {
+        admin.ensure_group(key, "mail-outbox").await.unwrap();
+        admin
+            .xadd(key, &[("channel_id", b"c"), ("content", b"seed")])
+            .await
+            .unwrap();
+    }
+    admin.ensure_group("bob:mail:inbox", "ann").await.unwrap();
+}
+
+/// The rendered users file: `default` off, no comment lines, no passwords, hashes only.
+#[test]
+fn the_users_file_holds_no_secrets() {
+    let secrets = Secrets::new();
+    let (_redis, aclfile) = secrets.start_redis();
+    assert!(
+        aclfile.lines().any(|l| l.starts_with("user default off")),
+        "{aclfile}"
+    );
+    assert!(
+        aclfile.lines().all(|l| l.starts_with("user ")),
+        "only user lines: {aclfile}"
+    );
+    assert!(!aclfile.contains("pw-"), "a password leaked: {aclfile}");
+    let ann_hash =
+        broker::approval::sha256_hex(format!("pw-ann-{}", std::process::id()).as_bytes());
+    assert!(aclfile.contains(&format!("user ann on #{ann_hash} ")));
+    for u in [
+        "cowboy-mail-outbox",
+        "cowboy-desk-ingest",
+        "cowboy-desk-ping",
+        "admin",
+    ] {
+        assert!(aclfile.contains(&format!("user {u} on #")), "{u} missing");
+    }
+}
+
+/// An agent can XADD its outbox and read and ack its inbox, and every forbidden
+/// command of issue 5's list fails with NOPERM, leaving Redis state unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_reaches_its_own_streams_and_nothing_else() {
+    let secrets = Secrets::new();
+    let (d, _) = secrets.deployment();
+    let mut admin = d.store().await;
+    seed_state(&mut admin).await;
+    let probe_keys = |k: &str| k.contains("cowboy-acl-check");
+    let before = snapshot(&mut admin, &probe_keys).await;
+    admin
+        .ensure_group(&acl::probe_inbox("ann"), "ann")
+        .await
+        .unwrap();
+    admin
+        .xadd(&acl::probe_inbox("ann"), &[("kind", b"message")])
+        .await
+        .unwrap();
+
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    let probes = acl::agent_probes("ann", "bob", "mail");
+    assert!(probes.len() > 60, "the whole forbidden list is probed");
+    let mut surprises = Vec::new();
+    for p in &probes {
+        let v = acl::run_probe(p, &mut ann, &mut admin, true).await;
+        if !v.as_expected {
+            surprises.push(format!("{:?} -> {}", p.args, v.got));
+        }
+        if p.expect == Expect::Refused {
+            assert_eq!(v.got, "NOPERM", "{:?} must fail with NOPERM", p.args);
+        }
+    }
+    assert!(
+        surprises.is_empty(),
+        "unexpected permissions: {surprises:#?}"
+    );
+    // XACK of the inbox entry its allowed XREADGROUP probe read.
+    let inbox = acl::probe_inbox("ann");
+    let first = admin.range(&inbox, "-", "+", 1).await.unwrap()[0]
+        .id
+        .clone();
+    let acked: i64 = redis::cmd("XACK")
+        .arg(&inbox)
+        .arg("ann")
+        .arg(&first)
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "the agent acks its own inbox entry");
+    let after = snapshot(&mut admin, &probe_keys).await;
+    assert_eq!(
+        before.keys().collect::<Vec<_>>(),
+        after.keys().collect::<Vec<_>>(),
+        "no key created or deleted"
+    );
+    assert!(before == after, "no value changed by a refused command");
+}
+
+/// Each service user can do its job's commands and not the forbidden ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_service_user_has_only_what_its_job_needs() {
+    let secrets = Secrets::new();
+    let (d, _) = secrets.deployment();
+    let mut admin = d.store().await;
+    seed_state(&mut admin).await;
+    let mut surprises = Vec::new();
+    for bridge in ["mail", "desk"] {
+        for service in Service::ALL {
+            let user = keys::service_user(bridge, service.as_str());
+            let mut conn = acl::connect_as(&d.config, &user, Path::new(&secrets.file(&user)))
+                .await
+                .unwrap();
+            for p in acl::service_probes(&d.config, bridge, service) {
+                let v = acl::run_probe(&p, &mut conn, &mut admin, true).await;
+                if !v.as_expected {
+                    surprises.push(format!("{user}: {:?} -> {}", p.args, v.got));
+                }
+            }
+        }
+    }
+    assert!(
+        surprises.is_empty(),
+        "unexpected permissions: {surprises:#?}"
+    );
+}
+
+/// `cowboy acl check` passes on the rendered rules and reports a widened user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_check_reports_surprises() {
+    let secrets = Secrets::new();
+    let (d, _) = secrets.deployment();
+    let out = d.cowboy(&["acl", "check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ann")
+            && stdout.contains("cowboy-desk-ingest")
+            && !stdout.contains("SURPRISE")
+    );
+    let mut admin = d.store().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "bob", "~*", "+@all"])
+        .query_async(&mut admin.conn)
+        .await
+        .unwrap();
+    let out = d.cowboy(&["acl", "check"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("bob") && l.contains("SURPRISE")),
+        "{stdout}"
+    );
+    assert!(
+        stream(&mut admin, "mail:outbox").await.is_empty(),
+        "dry runs kept the widened user from writing anything"
+    );
+}
+
+/// The whole approval flow with every component on its own ACL user and the
+/// `default` user off: park, notify, ✅ by console reaction, delivery; ❌ gives
+/// a notice; an agent's forged `approval_id` is dead-lettered, not obeyed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_flow_runs_under_least_privilege() {
+    let secrets = Secrets::new();
+    let (d, _) = secrets.deployment();
+    let default_user = redis::Client::open(d.redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await;
+    match default_user {
+        Err(_) => {}
+        Ok(mut c) => {
+            let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
+            assert!(r.is_err(), "the default user is off");
+        }
+    }
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+        d.spawn("ping", "mail"),
+    ];
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    for content in ["approve me", "reject me"] {
+        let _: String = redis::cmd("XADD")
+            .arg(&[
+                "ann:mail:outbox",
+                "*",
+                "channel_id",
+                "bob@example.org",
+                "content",
+                content,
+            ])
+            .query_async(&mut ann)
+            .await
+            .unwrap();
+    }
+    let notes = wait_until("two notifications", SOON, || async {
+        let n = d.delivered("desk.out");
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    for (note, emoji) in notes.iter().zip(["✅", "❌"]) {
+        d.write_input(
+            "desk.in",
+            json!({"kind": "reaction", "message_id": note.external_id, "emoji": emoji, "user": "boss", "reason": "no"}),
+        );
+    }
+    let sent = wait_until("one delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "approve me");
+    // The agent reads its notice through its own group with its own user.
+    let notice: redis::Value = wait_until("a notice readable by ann", SOON, || {
+        let mut ann = ann.clone();
+        async move {
+            let v: redis::Value = redis::cmd("XREADGROUP")
+                .arg(&[
+                    "GROUP",
+                    "ann",
+                    "ann-1",
+                    "COUNT",
+                    "10",
+                    "STREAMS",
+                    "ann:mail:inbox",
+                    ">",
+                ])
+                .query_async(&mut ann)
+                .await
+                .unwrap();
+            (v != redis::Value::Nil).then_some(v)
+        }
+    })
+    .await;
+    assert!(format!("{notice:?}").contains("rejected"), "{notice:?}");
+    // A forged approval id, written by the agent, is refused.
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "channel_id",
+            "x",
+            "content",
+            "forged",
+            "approval_id",
+            "anything",
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    let mut admin = d.store().await;
+    let dead = wait_until("the forged entry dead-lettered", SOON, || {
+        let mut admin = admin.clone();
+        async move { stream(&mut admin, "mail:dead").await.into_iter().next() }
+    })
+    .await;
+    assert!(dead["reason"].contains("reserved"));
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert!(harness::hash(&mut admin, "approval:desk_map")
+        .await
+        .is_empty());
+}
+
+/// A service running with too few permissions fails at start-up with exit code
+/// 78, naming the refused command and key, instead of retrying forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_permission_is_a_start_up_error() {
+    let secrets = Secrets::new();
+    let (d, _) = secrets.deployment();
+    let out = Command::new(binary("cowboy-console-outbox"))
+        .args(["--bridge", "mail", "--config"])
+        .arg(&d.config_path)
+        .env("COWBOY_REDIS_USERNAME", "cowboy-mail-ping")
+        .env(
+            "COWBOY_REDIS_PASSWORD_FILE",
+            secrets.file("cowboy-mail-ping"),
+        )
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("XGROUP CREATE mail:outbox"), "{stderr}");
+    let wrong = Command::new(binary("cowboy-console-outbox"))
+        .args(["--bridge", "mail", "--config"])
+        .arg(&d.config_path)
+        .env("COWBOY_REDIS_PASSWORD_FILE", secrets.file("ann"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        wrong.status.code(),
+        Some(78),
+        "{}",
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("AUTH as cowboy-mail-outbox"));
+}
