@@ -22,18 +22,29 @@ pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email"];
 pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli"];
 
 /// A whole deployment.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// How to reach Redis.
-    #[serde(default)]
     pub redis: RedisConfig,
     /// Agents whose per-agent streams (`{agent}:{bridge}:outbox|inbox`) every bridge serves.
-    #[serde(default)]
     pub agents: BTreeMap<String, AgentConfig>,
     /// The bridges of this deployment, by name.
-    #[serde(default)]
     pub bridges: BTreeMap<String, BridgeConfig>,
+}
+
+/// The file as written; bridges are split into common keys and settings afterwards.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[redis]`.
+    #[serde(default)]
+    pub redis: RedisConfig,
+    /// `[agents.NAME]`.
+    #[serde(default)]
+    pub agents: BTreeMap<String, AgentConfig>,
+    /// `[bridges.NAME]`.
+    #[serde(default)]
+    pub bridges: BTreeMap<String, toml::Table>,
 }
 
 /// `[redis]`.
@@ -75,9 +86,32 @@ pub struct AgentConfig {
     pub password_file: Option<PathBuf>,
 }
 
-/// `[bridges.NAME]`: the keys every bridge has, plus its type's own settings.
-#[derive(Debug, Clone, Deserialize)]
+/// `[bridges.NAME]`: the keys every bridge has ([`BridgeCommon`]), plus its type's own
+/// settings, kept apart so the bridge crate can refuse the keys it does not know.
+#[derive(Debug, Clone)]
 pub struct BridgeConfig {
+    pub common: BridgeCommon,
+    /// The type's own settings (validated by the bridge crate, which refuses unknown keys).
+    pub settings: toml::Table,
+}
+
+impl std::ops::Deref for BridgeConfig {
+    type Target = BridgeCommon;
+    fn deref(&self) -> &BridgeCommon {
+        &self.common
+    }
+}
+
+impl std::ops::DerefMut for BridgeConfig {
+    fn deref_mut(&mut self) -> &mut BridgeCommon {
+        &mut self.common
+    }
+}
+
+/// The keys every bridge has, whatever its type.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BridgeCommon {
     /// Which platform: one of [`BRIDGE_TYPES`].
     #[serde(rename = "type")]
     pub kind: String,
@@ -101,9 +135,24 @@ pub struct BridgeConfig {
     /// A service with a file here authenticates as its own user; `cowboy acl` renders it.
     #[serde(default)]
     pub redis_password_files: ServicePasswords,
-    /// The type's own settings (validated by the bridge crate, which refuses unknown keys).
-    #[serde(flatten)]
-    pub settings: toml::Table,
+}
+
+impl BridgeConfig {
+    /// Splits a `[bridges.NAME]` table into the common keys and the type's settings.
+    fn from_table(name: &str, mut table: toml::Table) -> Result<BridgeConfig, ConfigError> {
+        let mut common = toml::Table::new();
+        for key in crate::schema::field_names::<BridgeCommon>() {
+            if let Some(v) = table.remove(*key) {
+                common.insert(key.to_string(), v);
+            }
+        }
+        let common: BridgeCommon = serde_path_to_error::deserialize(toml::Value::Table(common))
+            .map_err(|e| located(&format!("bridges.{name}"), e))?;
+        Ok(BridgeConfig {
+            common,
+            settings: table,
+        })
+    }
 }
 
 fn default_max_content_bytes() -> usize {
@@ -241,10 +290,20 @@ impl Config {
 
     /// Parses and validates config text.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::new(),
             message: e.to_string(),
         })?;
+        let mut bridges = BTreeMap::new();
+        for (name, table) in raw.bridges {
+            let bridge = BridgeConfig::from_table(&name, table)?;
+            bridges.insert(name, bridge);
+        }
+        let config = Config {
+            redis: raw.redis,
+            agents: raw.agents,
+            bridges,
+        };
         config.validate()?;
         Ok(config)
     }
@@ -392,11 +451,8 @@ impl BridgeConfig {
 
     /// Deserializes the type's own settings; unknown keys are refused by `T`.
     pub fn settings<T: serde::de::DeserializeOwned>(&self, bridge: &str) -> Result<T, ConfigError> {
-        toml::Value::Table(self.settings.clone())
-            .try_into()
-            .map_err(|e: toml::de::Error| {
-                ConfigError::invalid(format!("bridges.{bridge}"), e.message().to_string())
-            })
+        serde_path_to_error::deserialize(toml::Value::Table(self.settings.clone()))
+            .map_err(|e| located(&format!("bridges.{bridge}"), e))
     }
 }
 
@@ -413,6 +469,17 @@ fn identity_eq(a: &str, b: &str) -> bool {
         (Some(("email", x)), Some(("email", y))) => x.eq_ignore_ascii_case(y),
         _ => a == b,
     }
+}
+
+/// A deserialization error inside table `prefix`, with the full key path named.
+fn located(prefix: &str, e: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+    let path = e.path().to_string();
+    let key = if path == "." || path.is_empty() {
+        prefix.to_string()
+    } else {
+        format!("{prefix}.{path}")
+    };
+    ConfigError::invalid(key, e.into_inner().message().to_string())
 }
 
 /// `*`-only glob matching: the parts between stars must appear in order.

@@ -19,6 +19,7 @@
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
 //! - [`ping`]: the inbox-side wake-up service and liveness.
 //! - [`cli`]: the operator commands behind `cowboy`.
+//! - [`schema`]: the config schema as data (key names read from serde).
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 
@@ -32,6 +33,7 @@ pub mod ingest;
 pub mod keys;
 pub mod outbox;
 pub mod ping;
+pub mod schema;
 pub mod service;
 pub mod shutdown;
 pub mod store;
