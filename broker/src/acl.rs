@@ -44,13 +44,11 @@ pub enum Format {
 }
 
 fn password_hash(key: &str, path: &Path) -> Result<String, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ConfigError::invalid(key, format!("cannot read {}: {e}", path.display())))?;
-    let password = text.trim_end_matches(['\r', '\n']);
-    if password.is_empty() || password.chars().any(char::is_whitespace) {
+    let password = crate::config::read_secret(key, path)?;
+    if password.chars().any(char::is_whitespace) {
         return Err(ConfigError::invalid(
             key,
-            format!("{} must hold one password without spaces", path.display()),
+            "the password may not contain spaces",
         ));
     }
     Ok(crate::approval::sha256_hex(password.as_bytes()))

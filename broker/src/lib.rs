@@ -21,6 +21,7 @@
 //! - [`cli`]: the operator commands behind `cowboy`.
 //! - [`schema`]: the config schema as data (key names read from serde).
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
+//! - [`systemd`]: readiness, watchdog and stopping notifications.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 
 pub mod acl;
@@ -37,6 +38,7 @@ pub mod schema;
 pub mod service;
 pub mod shutdown;
 pub mod store;
+pub mod systemd;
 
 pub use config::Config;
 pub use error::{Error, Result};

@@ -41,6 +41,7 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store};
+use crate::systemd::{self, Watchdog};
 
 /// How often parked records are re-read in case a wake-up was lost.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
@@ -120,6 +121,7 @@ pub struct OutboxService<S> {
     parked: HashMap<String, Parked>,
     deadlines: BTreeSet<(u64, String)>,
     shutdown: Shutdown,
+    watchdog: Watchdog,
 }
 
 impl<S: Sender> OutboxService<S> {
@@ -161,6 +163,7 @@ impl<S: Sender> OutboxService<S> {
             parked: HashMap::new(),
             deadlines: BTreeSet::new(),
             shutdown,
+            watchdog: Watchdog::from_env(),
         })
     }
 
@@ -179,6 +182,7 @@ impl<S: Sender> OutboxService<S> {
         self.prepare().await?;
         let mut blocking = self.store.blocking().await?;
         self.recover(&mut blocking).await?;
+        systemd::ready();
         tracing::info!(bridge = %self.name, parked = self.parked.len(), "outbox service running");
         let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
         let new_ids = vec![">"; keys.len()];
@@ -186,6 +190,7 @@ impl<S: Sender> OutboxService<S> {
         let mut last_beat: Option<Instant> = None;
         let mut failures = 0u32;
         while !self.shutdown.is_set() {
+            self.watchdog.tick();
             if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
                 self.store
                     .heartbeat(&self.name, "outbox", HEARTBEAT_EVERY * 3)
@@ -237,6 +242,9 @@ impl<S: Sender> OutboxService<S> {
 
     fn block_for(&self, last_sweep: Instant) -> Duration {
         let mut block = MAX_BLOCK.min(SWEEP_EVERY.saturating_sub(last_sweep.elapsed()));
+        if let Some(w) = self.watchdog.interval() {
+            block = block.min(w);
+        }
         if let Some((deadline, _)) = self.deadlines.first() {
             let until = *deadline as f64 - crate::now_secs_f64();
             block = block.min(Duration::from_secs_f64(until.max(0.0)));
@@ -753,6 +761,7 @@ impl<S: Sender> OutboxService<S> {
             match self.sender.send(out).await {
                 Ok(id) => return Ok(Delivery::Sent(id)),
                 Err(SendError::Transient(why)) => {
+                    self.watchdog.tick();
                     attempt += 1;
                     tracing::warn!(attempt, error = %why, "send failed; retrying");
                     if !self.shutdown.sleep(backoff(attempt)).await {

@@ -90,7 +90,14 @@ impl PingService {
         );
         let news = vec![">"; keys.len()];
         let mut last_beat: Option<Instant> = None;
+        let mut watchdog = crate::systemd::Watchdog::from_env();
+        let block = watchdog
+            .interval()
+            .unwrap_or(Duration::from_secs(5))
+            .min(Duration::from_secs(5));
+        crate::systemd::ready();
         loop {
+            watchdog.tick();
             if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
                 self.store
                     .heartbeat(&self.name, "ping", HEARTBEAT_EVERY * 3)
@@ -100,7 +107,7 @@ impl PingService {
             if pending.is_empty() {
                 let read = tokio::select! {
                     _ = self.shutdown.wait() => break,
-                    r = read_group(&mut blocking, &group, &consumer, &keys, &news, 1000, Some(Duration::from_secs(5))) => r?,
+                    r = read_group(&mut blocking, &group, &consumer, &keys, &news, 1000, Some(block)) => r?,
                 };
                 merge(&mut pending, read);
                 if pending.is_empty() {

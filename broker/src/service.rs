@@ -36,10 +36,24 @@ pub struct BridgeArgs {
 /// Starts tracing: `RUST_LOG` filters (default `info`); JSON lines when
 /// `COWBOY_LOG_FORMAT=json`, which suits a log shipper or the journal.
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
+    if crate::systemd::under_journal() {
+        // Structured fields (bridge=, approval=, ...) straight into the journal.
+        if let Ok(journald) = tracing_journald::layer() {
+            use tracing_subscriber::layer::SubscriberExt;
+            use tracing_subscriber::util::SubscriberInitExt;
+            let _ = tracing_subscriber::registry()
+                .with(filter())
+                .with(journald)
+                .try_init();
+            return;
+        }
+    }
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(filter())
         .with_writer(std::io::stderr);
     let _ = if std::env::var("COWBOY_LOG_FORMAT").as_deref() == Ok("json") {
         builder.json().try_init()
@@ -109,7 +123,8 @@ where
                         return EXIT_SOFTWARE;
                     }
                 };
-                match run(config, args.bridge, shutdown).await {
+                let result = run(config, args.bridge, shutdown).await;
+                match result {
                     Ok(()) => 0,
                     Err(e) => {
                         tracing::error!("{e}");
@@ -120,4 +135,39 @@ where
         }
     };
     std::process::exit(code)
+}
+
+/// `cowboy service SERVICE --bridge NAME`: replaces this process with the bridge
+/// type's binary (`cowboy-{type}-{service}`, beside this one or on `PATH`), so one
+/// unit template serves every bridge type and the supervisor keeps the same pid.
+/// Returns only on failure.
+pub fn exec_service(
+    config_path: &std::path::Path,
+    config: &Config,
+    service: &str,
+    bridge: &str,
+) -> Error {
+    use std::os::unix::process::CommandExt;
+    if !["ingest", "outbox", "ping"].contains(&service) {
+        return Error::Request(format!(
+            "unknown service `{service}` (ingest, outbox, ping)"
+        ));
+    }
+    let kind = match config.bridge(bridge) {
+        Ok(b) => b.kind.clone(),
+        Err(e) => return e.into(),
+    };
+    let name = format!("cowboy-{kind}-{service}");
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(&name)))
+        .filter(|p| p.exists());
+    let program = beside.unwrap_or_else(|| name.clone().into());
+    let err = std::process::Command::new(&program)
+        .arg("--config")
+        .arg(config_path)
+        .arg("--bridge")
+        .arg(bridge)
+        .exec();
+    Error::Request(format!("cannot run {}: {err}", program.display()))
 }

@@ -52,6 +52,7 @@ impl Shutdown {
                 _ = int.recv() => {}
             }
             tracing::info!("shutdown requested; finishing the entry in hand");
+            crate::systemd::stopping();
             trigger.fire();
         });
         Ok((shutdown, task))

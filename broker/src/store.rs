@@ -300,13 +300,8 @@ pub fn client_for(config: &RedisConfig) -> Result<redis::Client> {
         redis_info = redis_info.set_username(user.clone());
     }
     if let Some(path) = &config.password_file {
-        let password = std::fs::read_to_string(path).map_err(|e| {
-            ConfigError::invalid(
-                "redis.password_file",
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })?;
-        redis_info = redis_info.set_password(password.trim_end_matches(['\r', '\n']));
+        let password = crate::config::read_secret("redis.password_file", path)?;
+        redis_info = redis_info.set_password(password);
     }
     info = info.set_redis_settings(redis_info);
     Ok(redis::Client::open(info)?)

@@ -71,8 +71,11 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
         .map_err(|e| Error::from_redis(&format!("GET {cursor_key}"), e))?
         .unwrap_or(0);
     let mut last_beat: Option<Instant> = None;
+    let mut watchdog = broker::systemd::Watchdog::from_env();
     tracing::info!(input = %input.display(), offset, "console ingest following");
+    broker::systemd::ready();
     loop {
+        watchdog.tick();
         if last_beat.is_none_or(|t| t.elapsed() >= broker::outbox::HEARTBEAT_EVERY) {
             ingest.heartbeat().await?;
             last_beat = Some(Instant::now());

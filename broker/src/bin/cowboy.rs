@@ -53,6 +53,13 @@ enum Command {
     },
     /// Streams, pending and parked counts, dead letters and liveness per bridge.
     Status,
+    /// Run one service of a bridge (exec's `cowboy-{type}-{service}`), for unit templates.
+    Service {
+        /// ingest, outbox or ping.
+        service: String,
+        #[arg(long)]
+        bridge: String,
+    },
     /// Render the Redis ACL users of the deployment, or check them on a live server.
     Acl {
         /// `aclfile` (a users file) or `commands` (ACL SETUSER lines for redis-cli).
@@ -117,6 +124,11 @@ async fn main() -> ExitCode {
             return ExitCode::from(broker::service::EXIT_CONFIG as u8);
         }
     };
+    if let Command::Service { service, bridge } = &args.command {
+        let err = broker::service::exec_service(&args.config, &config, service, bridge);
+        eprintln!("error: {err}");
+        return ExitCode::from(broker::service::EXIT_CONFIG as u8);
+    }
     if let Command::Acl {
         format,
         command: None,
@@ -195,7 +207,9 @@ async fn main() -> ExitCode {
                 cli::send(&mut store, &config, &a).await
             }
             Command::Status => cli::status(&mut store, &config).await,
-            Command::Acl { command: None, .. } => unreachable!("rendered above"),
+            Command::Acl { command: None, .. } | Command::Service { .. } => {
+                unreachable!("handled above")
+            }
             Command::Acl {
                 command: Some(AclCommand::Check { real }),
                 ..

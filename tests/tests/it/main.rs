@@ -6,6 +6,7 @@ mod approval;
 mod binaries;
 mod invalid;
 mod ping;
+mod supervisor;
 
 use std::time::Duration;
 
