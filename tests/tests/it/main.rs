@@ -4,6 +4,7 @@
 mod acl;
 mod approval;
 mod binaries;
+mod deploy;
 mod invalid;
 mod ping;
 mod supervisor;

@@ -1,0 +1,18 @@
+# Every option the module renders, set: the test suite checks that this covers
+# every key of the Rust schema (so a new Rust key fails until the module has it).
+{
+  redis = { url = "redis://127.0.0.1:6390"; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
+  agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
+  bridges.all = {
+    type = "console";
+    destinations = [ "*" ];
+    max_content_bytes = 1000;
+    batch = 8;
+
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; };
+    ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
+    redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
+    secrets = { "token_file" = "/etc/cowboy/secrets/token"; };
+    settings = { output = "/o"; input = "/i"; };
+  };
+}

@@ -1,0 +1,226 @@
+# NixOS module: services.cowboy.bridges.<name> -> three hardened units per bridge
+# (cowboy-<name>-ingest, -outbox, -ping) under cowboy.target, a dedicated Redis
+# with the ACL users file that `cowboy acl` renders, and the one config file of
+# the Rust loader, rendered by ./render.nix.
+{ config, lib, pkgs, ... }:
+
+let
+  inherit (lib) mkOption mkEnableOption mkIf mkDefault types mapAttrs mapAttrs' nameValuePair
+    filterAttrs attrNames concatMap mapAttrsToList optional optionalAttrs literalExpression;
+
+  cfg = config.services.cowboy;
+  render = import ./render.nix;
+  services = [ "ingest" "outbox" "ping" ];
+  enabledBridges = filterAttrs (_: b: b.enable) cfg.bridges;
+
+  approvalOptions = {
+    required = mkOption { type = types.bool; default = false; description = "Hold outbound messages until a human approves them."; };
+    notify = mkOption { type = types.nullOr types.str; default = null; description = "Bridge whose outbox carries the approval notifications (default: this bridge)."; };
+    notify_channel = mkOption { type = types.str; default = ""; description = "Destination within the notify bridge (channel id, address)."; };
+    timeout = mkOption { type = types.ints.unsigned; default = 3600; description = "Seconds before a pending approval expires; 0 = never."; };
+    approvers = mkOption {
+      type = types.listOf types.str; default = [ ];
+      example = [ "discord:80351110224678912" "email:ann@example.org" ];
+      description = "Who may decide, as `type:id`. Empty: nobody can approve.";
+    };
+  };
+
+  # The alias keeps the protocol's second spelling; null means "not set here".
+  aliasApprovalOptions = mapAttrs (_: o: mkOption { type = types.nullOr o.type; default = null; description = o.description; }) approvalOptions;
+
+  bridgeModule = { name, ... }: {
+    options = {
+      enable = mkEnableOption "the cowboy bridge ${name}" // { default = true; };
+      type = mkOption { type = types.enum [ "console" "discord" "email" ]; description = "Platform of this bridge."; };
+      approval = approvalOptions;
+      destinations = mkOption { type = types.listOf types.str; default = [ ]; description = "Allowed channel_id values (`*` globs). Empty: nothing may be sent."; };
+      max_content_bytes = mkOption { type = types.ints.positive; default = 65536; description = "Largest accepted content."; };
+      batch = mkOption { type = types.ints.positive; default = 64; description = "Outbox entries read per round trip."; };
+      ping = {
+        command = mkOption { type = types.listOf types.str; default = [ ]; description = "argv run once per burst of inbox entries."; };
+        debounce_ms = mkOption { type = types.ints.unsigned; default = 250; description = "How long a burst is gathered."; };
+      };
+      settings = mkOption {
+        type = (pkgs.formats.toml { }).type; default = { };
+        example = literalExpression ''{ channels = [ "123" ]; dms = false; }'';
+        description = "The bridge type's own keys (see the README). Secrets do not belong here: use `tokenFile`/`secrets`.";
+      };
+      tokenFile = mkOption { type = types.nullOr types.path; default = null; description = "File with the platform token (rendered as token_file, passed with LoadCredential)."; };
+      secrets = mkOption {
+        type = types.attrsOf types.path; default = { };
+        example = { "smtp.password_file" = "/run/keys/smtp"; "imap.password_file" = "/run/keys/imap"; };
+        description = "Secret files by config key; each reaches only this bridge's units, with LoadCredential.";
+      };
+      redisPasswordFiles = mkOption {
+        type = types.attrsOf types.path; default = { };
+        description = "Password file of each service's Redis user (ingest, outbox, ping).";
+      };
+    };
+  };
+
+  bridgeInput = name: b: {
+    inherit (b) type approval destinations max_content_bytes batch ping settings redisPasswordFiles;
+    secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
+  };
+
+  # dir = null renders the secrets' source paths (for root-run tools).
+  renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
+    redis = { url = cfg.redis.url; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
+    agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
+    bridges = mapAttrs bridgeInput enabledBridges;
+    credentialsDirectory = dir;
+  });
+  # Units read secrets from their credentials directory; the operator CLI and
+  # `cowboy acl` read the source files.
+  serviceConfigFile = renderWith "$CREDENTIALS_DIRECTORY";
+  operatorConfigFile = renderWith null;
+
+  hardening = {
+    CapabilityBoundingSet = "";
+    LockPersonality = true;
+    MemoryDenyWriteExecute = true;
+    NoNewPrivileges = true;
+    PrivateDevices = true;
+    PrivateTmp = true;
+    PrivateUsers = true;
+    ProcSubset = "pid";
+    ProtectClock = true;
+    ProtectControlGroups = true;
+    ProtectHome = true;
+    ProtectHostname = true;
+    ProtectKernelLogs = true;
+    ProtectKernelModules = true;
+    ProtectKernelTunables = true;
+    ProtectProc = "invisible";
+    ProtectSystem = "strict";
+    RemoveIPC = true;
+    RestrictAddressFamilies = [ "AF_INET" "AF_INET6" "AF_UNIX" ];
+    RestrictNamespaces = true;
+    RestrictRealtime = true;
+    RestrictSUIDSGID = true;
+    SystemCallArchitectures = "native";
+    SystemCallFilter = [ "@system-service" "~@privileged @resources" ];
+    UMask = "0077";
+  };
+
+  unitFor = name: b: svc: nameValuePair "cowboy-${name}-${svc}" {
+    description = "cowboy ${svc} of bridge ${name} (${b.type})";
+    partOf = [ "cowboy.target" ];
+    wantedBy = [ "cowboy.target" ];
+    after = [ "network-online.target" ] ++ optional cfg.redis.createLocally "redis-cowboy.service";
+    wants = [ "network-online.target" ];
+    requires = optional cfg.redis.createLocally "redis-cowboy.service";
+    environment = optionalAttrs (b.redisPasswordFiles ? ${svc}) {
+      COWBOY_REDIS_USERNAME = "cowboy-${name}-${svc}";
+      COWBOY_REDIS_PASSWORD_FILE = "%d/redis-password";
+    };
+    serviceConfig = mapAttrs (_: mkDefault) hardening // {
+      Type = "notify";
+      NotifyAccess = "main";
+      ExecStart = "${cfg.package}/bin/cowboy-${b.type}-${svc} --config ${serviceConfigFile} --bridge ${name}";
+      WatchdogSec = 30;
+      Restart = "always";
+      RestartSec = 2;
+      RestartSteps = 6;
+      RestartMaxDelaySec = 120;
+      RestartPreventExitStatus = 78;
+      # The console bridge shares files between its units, so it runs as one static user.
+      DynamicUser = b.type != "console";
+      User = mkIf (b.type == "console") "cowboy";
+      StateDirectory = "cowboy";
+      StateDirectoryMode = "0750";
+      LoadCredential =
+        optional (b.redisPasswordFiles ? ${svc}) "redis-password:${b.redisPasswordFiles.${svc}}"
+        ++ mapAttrsToList (k: path: "${k}:${path}") (bridgeInput name b).secrets;
+    };
+  };
+
+  secretLike = k: builtins.match ".*(token|password|secret|key).*" k != null && builtins.match ".*_file" k == null;
+in
+{
+  options.services.cowboy = {
+    enable = mkEnableOption "cowboy, the Redis Streams message bridges between agents and the world";
+    package = mkOption { type = types.package; description = "The cowboy workspace (binaries cowboy and cowboy-<type>-<service>)."; };
+
+    redis = {
+      createLocally = mkOption { type = types.bool; default = true; description = "Run a dedicated services.redis.servers.cowboy."; };
+      port = mkOption { type = types.port; default = 6390; description = "Port of the dedicated Redis."; };
+      url = mkOption { type = types.str; default = "redis://127.0.0.1:${toString cfg.redis.port}"; defaultText = literalExpression ''"redis://127.0.0.1:''${toString port}"''; description = "Redis to use (an external one when createLocally is false)."; };
+      acl = mkOption { type = types.bool; default = true; description = "Render ACL users with `cowboy acl` and turn the default user off."; };
+      operator = mkOption { type = types.str; default = "cowboy-admin"; description = "Redis user of the operator CLI."; };
+      operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };
+    };
+
+    agents = mkOption {
+      type = types.attrsOf (types.submodule {
+        options.passwordFile = mkOption { type = types.nullOr types.path; default = null; description = "The agent's Redis password file."; };
+      });
+      default = { };
+      description = "Agents whose per-agent streams ({agent}:{bridge}:outbox|inbox) every bridge serves.";
+    };
+
+    bridges = mkOption { type = types.attrsOf (types.submodule bridgeModule); default = { }; description = "Bridges, by name."; };
+
+    pubsub.sources = mkOption {
+      type = types.attrsOf (types.submodule { options.approval = aliasApprovalOptions; });
+      default = { };
+      description = "Alias of services.cowboy.bridges.<name>.approval (the protocol's second spelling).";
+    };
+  };
+
+  config = mkIf cfg.enable {
+    services.cowboy.bridges = mapAttrs (_: s: { approval = filterAttrs (_: v: v != null) s.approval; }) cfg.pubsub.sources;
+
+    assertions = concatMap (name:
+      let b = cfg.bridges.${name}; notify = if b.approval.notify == null then name else b.approval.notify; in [
+        { assertion = !b.approval.required || b.approval.notify_channel != ""; message = "services.cowboy.bridges.${name}.approval.required needs approval.notify_channel."; }
+        { assertion = !b.approval.required || b.approval.approvers != [ ]; message = "services.cowboy.bridges.${name}.approval.required needs at least one approver (type:id)."; }
+        { assertion = enabledBridges ? ${notify}; message = "services.cowboy.bridges.${name}.approval.notify = \"${notify}\" names no enabled bridge."; }
+        { assertion = !(builtins.any secretLike (attrNames b.settings)); message = "services.cowboy.bridges.${name}.settings holds a secret inline (${toString (builtins.filter secretLike (attrNames b.settings))}); use tokenFile or secrets, which stay out of the Nix store."; }
+        { assertion = !cfg.redis.acl || builtins.all (s: b.redisPasswordFiles ? ${s}) services; message = "services.cowboy.bridges.${name}.redisPasswordFiles needs ingest, outbox and ping when redis.acl is on."; }
+      ]) (attrNames enabledBridges)
+      ++ [
+        { assertion = !cfg.redis.acl || cfg.redis.operatorPasswordFile != null; message = "services.cowboy.redis.operatorPasswordFile is needed when redis.acl is on (the default user is turned off)."; }
+        { assertion = !cfg.redis.acl || builtins.all (a: a.passwordFile != null) (builtins.attrValues cfg.agents); message = "every services.cowboy.agents.<name>.passwordFile is needed when redis.acl is on."; }
+      ];
+
+    users.users.cowboy = { isSystemUser = true; group = "cowboy"; };
+    users.groups.cowboy = { };
+
+    environment.systemPackages = [ cfg.package ];
+    environment.etc."cowboy/cowboy.toml".source = operatorConfigFile;
+
+    services.redis.servers.cowboy = mkIf cfg.redis.createLocally {
+      enable = true;
+      port = cfg.redis.port;
+      bind = "127.0.0.1";
+      save = [ ];
+      settings = optionalAttrs cfg.redis.acl { aclfile = "/run/cowboy-acl/users.acl"; };
+    };
+
+    systemd.services = {
+      # Renders the users file from the secret files before Redis starts; only
+      # password hashes land in it.
+      cowboy-acl = mkIf (cfg.redis.createLocally && cfg.redis.acl) {
+        description = "Render the cowboy Redis ACL users file";
+        before = [ "redis-cowboy.service" ];
+        requiredBy = [ "redis-cowboy.service" ];
+        serviceConfig = {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          RuntimeDirectory = "cowboy-acl";
+          RuntimeDirectoryPreserve = true;
+        };
+        script = ''
+          ${cfg.package}/bin/cowboy --config ${operatorConfigFile} acl > /run/cowboy-acl/users.acl
+          chmod 0644 /run/cowboy-acl/users.acl
+        '';
+      };
+    } // builtins.listToAttrs (concatMap (name: map (unitFor name enabledBridges.${name}) services) (attrNames enabledBridges));
+
+    systemd.targets.cowboy = {
+      description = "cowboy bridges";
+      wantedBy = [ "multi-user.target" ];
+    };
+  };
+}

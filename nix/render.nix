@@ -1,0 +1,82 @@
+# Renders the cowboy config file (the one TOML schema every binary reads) from
+# the NixOS module's option values. Pure: builtins only, so it can be evaluated
+# and tested without nixpkgs:
+#   nix-instantiate --eval --strict --json -E 'import ./render.nix (import ./examples/minimal.nix)'
+#
+# Keys are mapped one by one (never passed through), so a key the Rust schema
+# gains is missing here until the module can express it; the test suite compares
+# the two. Only `settings`, the bridge type's own keys, is freeform.
+#
+# Secrets are never rendered: a bridge's `secrets` name a key and a source file,
+# and the key is rendered as `$CREDENTIALS_DIRECTORY/<credential>`, which each
+# unit receives through LoadCredential (the loader expands the variable). With
+# `credentialsDirectory = null` the source paths are rendered instead, for tools
+# run by root (the operator CLI, `cowboy acl`).
+{ redis ? { }, agents ? { }, bridges ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
+let
+  inherit (builtins) attrNames concatStringsSep filter isAttrs isBool isFloat isInt isList isPath isString map match replaceStrings typeOf;
+
+  nonNull = as: removeAttrs as (filter (n: as.${n} == null) (attrNames as));
+  esc = s: replaceStrings [ "\\" "\"" "\n" "\r" "\t" ] [ "\\\\" "\\\"" "\\n" "\\r" "\\t" ] s;
+  key = k: if match "[A-Za-z0-9_-]+" k != null then k else "\"${esc k}\"";
+  value = v:
+    if isString v || isPath v then "\"${esc (toString v)}\""
+    else if isBool v then (if v then "true" else "false")
+    else if isInt v || isFloat v then toString v
+    else if isList v then "[" + concatStringsSep ", " (map value v) + "]"
+    else if isAttrs v then
+      "{ " + concatStringsSep ", " (map (n: "${key n} = ${value v.${n}}") (attrNames (nonNull v))) + " }"
+    else throw "cowboy: cannot render a ${typeOf v} as TOML";
+  table = name: attrs:
+    let a = nonNull attrs; in
+    "[${name}]\n" + concatStringsSep "" (map (n: "${key n} = ${value a.${n}}\n") (attrNames a)) + "\n";
+
+  # "smtp.password_file" = /path  ->  { smtp = { password_file = "$CREDENTIALS_DIRECTORY/smtp.password_file"; }; }
+  credential = secrets: k:
+    if credentialsDirectory == null then toString secrets.${k} else "${credentialsDirectory}/${k}";
+  nest = path: v:
+    if path == [ ] then v
+    else { ${builtins.head path} = nest (builtins.tail path) v; };
+  merge = a: b:
+    a // builtins.mapAttrs (n: v: if isAttrs v && isAttrs (a.${n} or null) then merge a.${n} v else v) b;
+  secretTree = secrets:
+    builtins.foldl' (acc: k: merge acc (nest (builtins.filter isString (builtins.split "\\." k)) (credential secrets k))) { } (attrNames secrets);
+
+  bridgeTable = name: b:
+    let
+      approval = b.approval or { };
+      ping = b.ping or { };
+      files = b.redisPasswordFiles or { };
+    in
+    table "bridges.${key name}" ((b.settings or { }) // secretTree (b.secrets or { }) // {
+      type = b.type;
+      approval = nonNull {
+        required = approval.required or null;
+        notify = approval.notify or null;
+        notify_channel = approval.notify_channel or null;
+        timeout = approval.timeout or null;
+        approvers = approval.approvers or null;
+      };
+      ping = nonNull {
+        command = ping.command or null;
+        debounce_ms = ping.debounce_ms or null;
+      };
+      destinations = b.destinations or null;
+      max_content_bytes = b.max_content_bytes or null;
+      batch = b.batch or null;
+      redis_password_files = nonNull {
+        ingest = files.ingest or null;
+        outbox = files.outbox or null;
+        ping = files.ping or null;
+      };
+    });
+
+  enabled = filter (n: bridges.${n}.enable or true) (attrNames bridges);
+in
+table "redis" {
+  url = redis.url or "redis://127.0.0.1:6379";
+  username = redis.username or null;
+  password_file = redis.passwordFile or null;
+}
++ concatStringsSep "" (map (a: table "agents.${key a}" { password_file = agents.${a}.passwordFile or null; }) (attrNames agents))
++ concatStringsSep "" (map (n: bridgeTable n bridges.${n}) enabled)
