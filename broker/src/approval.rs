@@ -310,17 +310,25 @@ pub async fn find_by_prefix(store: &mut Store, prefix: &str) -> Result<String> {
     }
 }
 
+/// How to answer, for surfaces that react (console, Discord).
+pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
+
 /// Renders the human-readable approval request. `limit` is the most bytes the
 /// notify platform shows; if the full text does not fit, the content is cut at a
 /// character boundary and the text says how many bytes are hidden and how to see them.
-pub fn render_notification(record: &Record, content: &str, limit: Option<usize>) -> String {
+pub fn render_notification(
+    record: &Record,
+    content: &str,
+    how_to_answer: &str,
+    limit: Option<usize>,
+) -> String {
     let deadline = match record.expires_at() {
         0 => "never expires".to_string(),
         t => format!("expires at {t} (unix seconds)"),
     };
     let who = record.agent().unwrap_or("an agent on the shared outbox");
     let head = format!(
-        "Approval requested [{id}]\n{who} wants to send via `{bridge}` to `{dest}`\nsha256 {sha} ({bytes} bytes), {deadline}\nApprove or reject: react ✅ / ❌, or `cowboy approvals approve|reject {short}`\n---\n",
+        "Approval requested [{id}]\n{who} wants to send via `{bridge}` to `{dest}`\nsha256 {sha} ({bytes} bytes), {deadline}\nTo decide: {how_to_answer}, or run `cowboy approvals approve|reject {short}`\n---\n",
         id = record.id,
         bridge = record.source(),
         dest = record.get("channel_id"),
@@ -379,10 +387,10 @@ mod tests {
             fields: HashMap::from([("content_sha256".into(), "ab".into())]),
         };
         let content = "é".repeat(2000);
-        let text = render_notification(&record, &content, Some(1000));
+        let text = render_notification(&record, &content, REACT_HINT, Some(1000));
         assert!(text.len() <= 1000, "{}", text.len());
         assert!(text.contains("bytes hidden; see all: cowboy approvals show 0123456789"));
-        let full = render_notification(&record, "short", Some(1000));
+        let full = render_notification(&record, "short", REACT_HINT, Some(1000));
         assert!(full.ends_with("short"));
     }
 }

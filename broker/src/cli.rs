@@ -190,17 +190,20 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
             "  parked approvals: {}",
             parked.get(name).copied().unwrap_or(0)
         );
-        let beats: HashMap<String, u64> = store
+        let beats: HashMap<String, String> = store
             .conn
             .hgetall(keys::heartbeat(name))
             .await
             .map_err(|e| Error::from_redis("HGETALL heartbeat", e))?;
         for service in ["ingest", "outbox", "ping"] {
-            let line = match beats.get(service) {
-                Some(t) => format!("alive ({}s ago)", now.saturating_sub(*t)),
+            let line = match beats.get(service).and_then(|t| t.parse::<u64>().ok()) {
+                Some(t) => format!("alive ({}s ago)", now.saturating_sub(t)),
                 None => "down (no heartbeat)".to_string(),
             };
             let _ = writeln!(out, "  {service:<7} {line}");
+        }
+        if let Some(platform) = beats.get("platform") {
+            let _ = writeln!(out, "  platform {platform}");
         }
     }
     Ok(out)

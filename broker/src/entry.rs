@@ -19,6 +19,7 @@ pub const NOTIFICATION_FIELDS: &[&str] = &[
     "approval_sha256",
     "approval_expires_at",
     "approval_bytes",
+    "approval_content",
 ];
 
 /// A valid outbound message.
@@ -31,6 +32,9 @@ pub struct Message {
     pub request_id: Option<String>,
     /// Set on approval notifications only.
     pub approval_id: Option<String>,
+    /// On approval notifications: the exact content awaiting approval, for
+    /// platforms that lay out their own card instead of `content`.
+    pub approval_content: Option<String>,
 }
 
 impl Message {
@@ -86,6 +90,7 @@ impl Message {
             reply_to: text("reply_to")?.filter(|s| !s.is_empty()),
             request_id: text("request_id")?,
             approval_id: text("approval_id")?,
+            approval_content: text("approval_content")?,
         })
     }
 }

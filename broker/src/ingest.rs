@@ -34,6 +34,11 @@ impl Ingest {
         })
     }
 
+    /// The deployment config.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
     /// This bridge's name.
     pub fn name(&self) -> &str {
         &self.name

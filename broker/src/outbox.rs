@@ -462,6 +462,9 @@ impl<S: Sender> OutboxService<S> {
         );
         put("content_bytes", message.content.len().to_string());
         put("request_id", message.request_id.clone().unwrap_or_default());
+        // Unguessable and single-use: notify bridges build reply tokens from it
+        // (an email's Message-ID), so knowing the approval id is not enough to answer.
+        put("nonce", uuid::Uuid::new_v4().simple().to_string());
         Record {
             id: id.to_string(),
             fields,
@@ -477,7 +480,8 @@ impl<S: Sender> OutboxService<S> {
                 return set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await;
             }
         }
-        let content = approval::render_notification(record, &message.content, None);
+        let content =
+            approval::render_notification(record, &message.content, approval::REACT_HINT, None);
         let fields: Vec<(&str, &[u8])> = vec![
             ("approval_id", record.id.as_bytes()),
             ("channel_id", record.get("notify_channel").as_bytes()),
@@ -488,6 +492,7 @@ impl<S: Sender> OutboxService<S> {
             ("approval_sha256", record.get("content_sha256").as_bytes()),
             ("approval_expires_at", record.get("expires_at").as_bytes()),
             ("approval_bytes", record.get("content_bytes").as_bytes()),
+            ("approval_content", message.content.as_bytes()),
         ];
         let notification = self.store.xadd(&stream, &fields).await?;
         set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await

@@ -24,6 +24,17 @@ use crate::outbox::{backoff, HEARTBEAT_EVERY};
 use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store, StreamBatch};
 
+/// A platform liveness check (e.g. SMTP NOOP, Discord `users/@me`), run with each
+/// heartbeat; its outcome is published as the heartbeat's `platform` field.
+pub type Probe = Box<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Longest a liveness probe may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Longest a wake command may run before it counts as failed.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -34,6 +45,7 @@ pub struct PingService {
     store: Store,
     shutdown: Shutdown,
     streams: Vec<(String, Option<String>)>,
+    probe: Option<Probe>,
 }
 
 impl PingService {
@@ -49,7 +61,35 @@ impl PingService {
             store,
             shutdown,
             streams,
+            probe: None,
         })
+    }
+
+    /// Adds the bridge's platform liveness check to every heartbeat.
+    pub fn with_probe(mut self, probe: Probe) -> Self {
+        self.probe = Some(probe);
+        self
+    }
+
+    async fn beat(&mut self) -> Result<()> {
+        self.store
+            .heartbeat(&self.name, "ping", HEARTBEAT_EVERY * 3)
+            .await?;
+        if let Some(probe) = &self.probe {
+            let state = match tokio::time::timeout(PROBE_TIMEOUT, probe()).await {
+                Ok(Ok(())) => "ok".to_string(),
+                Ok(Err(e)) => format!("error: {e}"),
+                Err(_) => "error: no answer within 5 s".to_string(),
+            };
+            if state != "ok" {
+                tracing::warn!(platform = %state, "platform liveness check failed");
+            }
+            let key = keys::heartbeat(&self.name);
+            let _: () = redis::AsyncCommands::hset(&mut self.store.conn, &key, "platform", state)
+                .await
+                .map_err(|e| crate::Error::from_redis(&format!("HSET {key}"), e))?;
+        }
+        Ok(())
     }
 
     /// Creates the groups (readiness point).
@@ -99,9 +139,7 @@ impl PingService {
         loop {
             watchdog.tick();
             if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
-                self.store
-                    .heartbeat(&self.name, "ping", HEARTBEAT_EVERY * 3)
-                    .await?;
+                self.beat().await?;
                 last_beat = Some(Instant::now());
             }
             if pending.is_empty() {

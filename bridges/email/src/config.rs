@@ -1,0 +1,125 @@
+//! `[bridges.NAME]` settings of an email bridge (beside the common keys).
+
+use std::path::PathBuf;
+
+use broker::error::ConfigError;
+use serde::Deserialize;
+
+/// How a connection is secured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tls {
+    /// Plain connection upgraded with STARTTLS (SMTP submission on 587, IMAP on 143).
+    Starttls,
+    /// TLS from the first byte (SMTPS on 465, IMAPS on 993).
+    Implicit,
+    /// No TLS at all: only for tests on 127.0.0.1.
+    None,
+}
+
+/// The email bridge's own keys; any other key fails the start-up.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailSettings {
+    /// The bridge's address: `From` of every mail it sends.
+    pub from: String,
+    /// Outgoing mail.
+    pub smtp: SmtpSettings,
+    /// Incoming mail.
+    pub imap: ImapSettings,
+    /// Subject of messages that carry none.
+    #[serde(default = "default_subject")]
+    pub default_subject: String,
+    /// Count an approval answer only when the topmost `Authentication-Results`
+    /// header from `authserv_id` shows DKIM or DMARC pass for the sender's domain.
+    #[serde(default)]
+    pub require_authentication: bool,
+    /// The authserv-id of the receiving mail server (the first token of its
+    /// `Authentication-Results` headers).
+    #[serde(default)]
+    pub authserv_id: Option<String>,
+}
+
+/// `smtp = { host, port, tls, username, password_file }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpSettings {
+    pub host: String,
+    pub port: u16,
+    pub tls: Tls,
+    /// SMTP AUTH user; none means no AUTH.
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+}
+
+/// `imap = { host, port, tls, username, password_file, mailbox, move_to, poll_seconds }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImapSettings {
+    pub host: String,
+    pub port: u16,
+    pub tls: Tls,
+    pub username: String,
+    pub password_file: PathBuf,
+    /// The folder to watch.
+    #[serde(default = "default_mailbox")]
+    pub mailbox: String,
+    /// Move handled mail here instead of flagging it `\Seen`.
+    #[serde(default)]
+    pub move_to: Option<String>,
+    /// How often to look for mail when the server lacks IDLE.
+    #[serde(default = "default_poll")]
+    pub poll_seconds: u64,
+}
+
+fn default_subject() -> String {
+    "Message from your agent".to_string()
+}
+
+fn default_mailbox() -> String {
+    "INBOX".to_string()
+}
+
+fn default_poll() -> u64 {
+    30
+}
+
+impl EmailSettings {
+    /// Checks what serde cannot, naming the key.
+    pub fn validate(&self, bridge: &str) -> Result<(), ConfigError> {
+        let at = |k: &str| format!("bridges.{bridge}.{k}");
+        if self.from.parse::<lettre::Address>().is_err() {
+            return Err(ConfigError::Invalid {
+                key: at("from"),
+                message: format!("`{}` is not an email address", self.from),
+            });
+        }
+        if self.require_authentication && self.authserv_id.as_deref().unwrap_or("").is_empty() {
+            return Err(ConfigError::Invalid {
+                key: at("authserv_id"),
+                message: "require_authentication = true needs the receiving server's authserv_id"
+                    .into(),
+            });
+        }
+        if self.smtp.username.is_some() != self.smtp.password_file.is_some() {
+            return Err(ConfigError::Invalid {
+                key: at("smtp.password_file"),
+                message: "smtp.username and smtp.password_file go together".into(),
+            });
+        }
+        if self.imap.poll_seconds == 0 {
+            return Err(ConfigError::Invalid {
+                key: at("imap.poll_seconds"),
+                message: "must be at least 1".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The domain of `from`, used in generated Message-IDs.
+    pub fn domain(&self) -> &str {
+        self.from.rsplit('@').next().unwrap_or("localhost")
+    }
+}

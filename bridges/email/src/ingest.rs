@@ -1,0 +1,426 @@
+//! Ingest: IMAP IDLE on the configured mailbox (polling where the server lacks
+//! IDLE), turning replies to approval emails into decisions and every other mail
+//! into an inbox entry.
+//!
+//! Invariants:
+//! - Position is `UIDVALIDITY:last-UID` in Redis (`{bridge}:ingest:cursor`),
+//!   advanced after each handled mail, which is then flagged `\Seen` (or moved).
+//!   A restart reads only UIDs above it; a changed UIDVALIDITY falls back to the
+//!   unseen mail, so nothing handled is read twice and nothing unread is skipped.
+//! - A mail whose `In-Reply-To` / `References` names one of our approval
+//!   Message-IDs is an answer and never reaches the agent. It decides only when
+//!   the sender is an approver (`email:{address}`), the Message-ID is still in
+//!   `approval:{bridge}_map`, the verdict parses, and, with
+//!   `require_authentication`, our server's topmost `Authentication-Results`
+//!   passes DKIM or DMARC for the sender's domain. Anything else decides nothing.
+//! - A lost connection is retried with backoff; a refused login stops the service.
+
+use std::time::{Duration, Instant};
+
+use async_imap::Session;
+use broker::approval::{self, Outcome};
+use broker::config::read_secret;
+use broker::ingest::Ingest;
+use broker::outbox::backoff;
+use broker::{keys, Error, Result, Shutdown};
+use mail_parser::MessageParser;
+use redis::AsyncCommands;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::config::{EmailSettings, ImapSettings, Tls};
+use crate::send::EmailSender;
+use crate::verdict::{self, Answer};
+
+/// Longest single IDLE before it is renewed (heartbeats and the watchdog run between).
+const IDLE_FOR: Duration = Duration::from_secs(20);
+
+/// Any byte stream the IMAP client can run over (plain TCP or TLS).
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> Io for T {}
+
+type ImapSession = Session<Box<dyn Io>>;
+
+fn imap_err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Io(std::io::Error::other(format!("IMAP {what}: {e}")))
+}
+
+async fn tls_connect(host: &str, tcp: tokio::net::TcpStream) -> Result<Box<dyn Io>> {
+    use rustls_platform_verifier::ConfigVerifierExt;
+    let config = tokio_rustls::rustls::ClientConfig::with_platform_verifier()
+        .map_err(|e| imap_err("tls setup", e))?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| imap_err("tls server name", e))?;
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    Ok(Box::new(stream))
+}
+
+/// Connects and logs in. A refused login is a [`Error::Permission`] (not retried).
+pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
+    let password = read_secret(
+        &format!("bridges.{bridge}.imap.password_file"),
+        &imap.password_file,
+    )?;
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect((imap.host.as_str(), imap.port)),
+    )
+    .await
+    .map_err(|_| imap_err("connect", "timed out"))??;
+    let stream: Box<dyn Io> = match imap.tls {
+        Tls::Implicit => tls_connect(&imap.host, tcp).await?,
+        Tls::None => Box::new(tcp),
+        Tls::Starttls => {
+            let mut plain = async_imap::Client::new(tcp);
+            plain
+                .read_response()
+                .await?
+                .ok_or_else(|| imap_err("greeting", "connection closed"))?;
+            plain
+                .run_command_and_check_ok("STARTTLS", None)
+                .await
+                .map_err(|e| imap_err("STARTTLS", e))?;
+            tls_connect(&imap.host, plain.into_inner()).await?
+        }
+    };
+    let mut client = async_imap::Client::new(stream);
+    // There is no second greeting after STARTTLS.
+    if imap.tls != Tls::Starttls {
+        client
+            .read_response()
+            .await?
+            .ok_or_else(|| imap_err("greeting", "connection closed"))?;
+    }
+    client
+        .login(&imap.username, &password)
+        .await
+        .map_err(|(e, _)| Error::Permission {
+            command: format!("IMAP LOGIN as {}", imap.username),
+            message: e.to_string(),
+        })
+}
+
+/// The ingest of one email bridge.
+pub struct EmailIngest {
+    pub ingest: Ingest,
+    pub settings: EmailSettings,
+    pub bridge: String,
+    pub reply: EmailSender,
+}
+
+impl EmailIngest {
+    /// Runs until shutdown, reconnecting after lost connections.
+    pub async fn run(mut self, shutdown: Shutdown) -> Result<()> {
+        let mut attempt = 0;
+        let mut ready = false;
+        loop {
+            match self.session(&shutdown, &mut ready).await {
+                Ok(()) => return Ok(()),
+                Err(e @ (Error::Permission { .. } | Error::Config(_))) => return Err(e),
+                Err(e) => {
+                    attempt += 1;
+                    tracing::warn!(error = %e, attempt, "IMAP session ended; reconnecting");
+                    if !shutdown.sleep(backoff(attempt.min(6))).await {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    async fn session(&mut self, shutdown: &Shutdown, ready: &mut bool) -> Result<()> {
+        let mut session = login(&self.settings.imap, &self.bridge).await?;
+        let mailbox = session
+            .select(&self.settings.imap.mailbox)
+            .await
+            .map_err(|e| imap_err("SELECT", e))?;
+        let validity = mailbox.uid_validity.unwrap_or(0);
+        let idle = session
+            .capabilities()
+            .await
+            .map_err(|e| imap_err("CAPABILITY", e))?
+            .has_str("IDLE");
+        tracing::info!(mailbox = %self.settings.imap.mailbox, validity, idle, "IMAP session open");
+        if !*ready {
+            broker::systemd::ready();
+            *ready = true;
+        }
+        let mut watchdog = broker::systemd::Watchdog::from_env();
+        let mut last_beat: Option<Instant> = None;
+        loop {
+            watchdog.tick();
+            if last_beat.is_none_or(|t| t.elapsed() >= broker::outbox::HEARTBEAT_EVERY) {
+                self.ingest.heartbeat().await?;
+                last_beat = Some(Instant::now());
+            }
+            self.fetch_new(&mut session, validity).await?;
+            if shutdown.is_set() {
+                let _ = session.logout().await;
+                return Ok(());
+            }
+            let wait = watchdog.interval().map_or(IDLE_FOR, |w| w.min(IDLE_FOR));
+            if idle {
+                let mut handle = session.idle();
+                handle.init().await.map_err(|e| imap_err("IDLE", e))?;
+                let stopped = {
+                    let (fut, _stop) = handle.wait_with_timeout(wait);
+                    tokio::select! {
+                        r = fut => { r.map_err(|e| imap_err("IDLE", e))?; false }
+                        _ = shutdown.wait() => true,
+                    }
+                };
+                session = handle.done().await.map_err(|e| imap_err("DONE", e))?;
+                if stopped {
+                    let _ = session.logout().await;
+                    return Ok(());
+                }
+            } else {
+                let poll = Duration::from_secs(self.settings.imap.poll_seconds).min(wait);
+                if !shutdown.sleep(poll).await {
+                    let _ = session.logout().await;
+                    return Ok(());
+                }
+                session.noop().await.map_err(|e| imap_err("NOOP", e))?;
+            }
+        }
+    }
+
+    async fn cursor(&mut self, validity: u32) -> Result<Option<u32>> {
+        let key = keys::ingest_cursor(&self.bridge);
+        let saved: Option<String> = self
+            .ingest
+            .store
+            .conn
+            .get(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+        Ok(saved.and_then(|s| {
+            let (v, uid) = s.split_once(':')?;
+            (v.parse::<u32>().ok()? == validity).then(|| uid.parse().ok())?
+        }))
+    }
+
+    async fn save_cursor(&mut self, validity: u32, uid: u32) -> Result<()> {
+        let key = keys::ingest_cursor(&self.bridge);
+        let _: () = self
+            .ingest
+            .store
+            .conn
+            .set(&key, format!("{validity}:{uid}"))
+            .await
+            .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
+        Ok(())
+    }
+
+    /// Handles every mail above the cursor (or every unseen one without a cursor).
+    async fn fetch_new(&mut self, session: &mut ImapSession, validity: u32) -> Result<()> {
+        let last = self.cursor(validity).await?;
+        let query = match last {
+            Some(uid) => format!("UID {}:*", uid + 1),
+            None => "UNSEEN".to_string(),
+        };
+        let mut uids: Vec<u32> = session
+            .uid_search(&query)
+            .await
+            .map_err(|e| imap_err("UID SEARCH", e))?
+            .into_iter()
+            // `n:*` always matches the newest message, even below n.
+            .filter(|u| last.is_none_or(|l| *u > l))
+            .collect();
+        uids.sort_unstable();
+        for uid in uids {
+            let raw = {
+                use futures::TryStreamExt;
+                let fetches: Vec<_> = session
+                    .uid_fetch(uid.to_string(), "BODY.PEEK[]")
+                    .await
+                    .map_err(|e| imap_err("UID FETCH", e))?
+                    .try_collect()
+                    .await
+                    .map_err(|e| imap_err("UID FETCH", e))?;
+                fetches.iter().find_map(|f| f.body().map(<[u8]>::to_vec))
+            };
+            if let Some(raw) = raw {
+                self.handle(&raw).await?;
+            }
+            self.mark_handled(session, uid).await?;
+            self.save_cursor(validity, uid).await?;
+        }
+        Ok(())
+    }
+
+    async fn mark_handled(&mut self, session: &mut ImapSession, uid: u32) -> Result<()> {
+        use futures::TryStreamExt;
+        match &self.settings.imap.move_to {
+            Some(folder) => session
+                .uid_mv(uid.to_string(), folder)
+                .await
+                .map_err(|e| imap_err("UID MOVE", e)),
+            None => {
+                let _: Vec<_> = session
+                    .uid_store(uid.to_string(), "+FLAGS (\\Seen)")
+                    .await
+                    .map_err(|e| imap_err("UID STORE", e))?
+                    .try_collect()
+                    .await
+                    .map_err(|e| imap_err("UID STORE", e))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// One mail: an answer to a notification, or an inbound message.
+    pub async fn handle(&mut self, raw: &[u8]) -> Result<()> {
+        let Some(mail) = MessageParser::default().parse(raw) else {
+            tracing::warn!("unparseable mail skipped");
+            return Ok(());
+        };
+        let from = mail
+            .from()
+            .and_then(|a| a.first())
+            .and_then(|a| a.address())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let mut refs: Vec<String> = Vec::new();
+        for h in [mail.in_reply_to(), mail.references()] {
+            if let Some(list) = h.as_text_list() {
+                refs.extend(list.iter().map(|s| s.trim_matches(['<', '>']).to_string()));
+            }
+        }
+        let body = mail
+            .body_text(0)
+            .map(|b| b.into_owned())
+            .unwrap_or_default();
+        let message_id = mail.message_id().unwrap_or("").to_string();
+        if refs.iter().any(|r| verdict::is_approval_id(r)) {
+            let auth: Vec<String> = mail
+                .header_values("Authentication-Results")
+                .filter_map(|v| v.as_text().map(str::to_string))
+                .collect();
+            let subject = mail.subject().unwrap_or("").to_string();
+            return self
+                .answer(&from, &refs, &body, &auth, &message_id, &subject)
+                .await;
+        }
+        let in_reply_to = mail.in_reply_to().as_text().unwrap_or("").to_string();
+        let to = mail
+            .to()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.address())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let date = mail.date().map(|d| d.to_rfc3339()).unwrap_or_default();
+        let subject = mail.subject().unwrap_or("").to_string();
+        let fields: Vec<(&str, &[u8])> = vec![
+            ("channel_id", from.as_bytes()),
+            ("from", from.as_bytes()),
+            ("to", to.as_bytes()),
+            ("subject", subject.as_bytes()),
+            ("message_id", message_id.as_bytes()),
+            ("in_reply_to", in_reply_to.as_bytes()),
+            ("date", date.as_bytes()),
+            ("content", body.as_bytes()),
+        ];
+        let id = self.ingest.inbound(None, &fields).await?;
+        tracing::info!(from, entry = %id, "mail delivered to the inbox");
+        Ok(())
+    }
+
+    async fn answer(
+        &mut self,
+        from: &str,
+        refs: &[String],
+        body: &str,
+        auth: &[String],
+        message_id: &str,
+        subject: &str,
+    ) -> Result<()> {
+        let map = keys::approval_map(&self.bridge);
+        let mut target = None;
+        for r in refs.iter().filter(|r| verdict::is_approval_id(r)) {
+            let id: Option<String> = self
+                .ingest
+                .store
+                .conn
+                .hget(&map, r)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HGET {map}"), e))?;
+            if let Some(id) = id {
+                target = Some((r.clone(), id));
+                break;
+            }
+        }
+        let Some((external_id, approval_id)) = target else {
+            tracing::info!(from, "answer to an unknown or settled approval ignored");
+            return Ok(());
+        };
+        let allowed = match approval::load(&mut self.ingest.store, &approval_id).await? {
+            Some(record) => self
+                .ingest
+                .config()
+                .bridges
+                .get(record.source())
+                .is_some_and(|b| b.approval.allows(&format!("email:{from}"))),
+            None => false,
+        };
+        if !allowed {
+            tracing::warn!(from, approval = %approval_id, "answer from someone not on approval.approvers ignored");
+            return Ok(());
+        }
+        if self.settings.require_authentication {
+            let domain = from.rsplit('@').next().unwrap_or("");
+            let authserv = self.settings.authserv_id.as_deref().unwrap_or("");
+            if !verdict::authenticated(auth.iter().map(String::as_str), authserv, domain) {
+                tracing::warn!(from, approval = %approval_id, "answer without passing DKIM/DMARC from our server ignored");
+                return Ok(());
+            }
+        }
+        match verdict::parse_answer(body) {
+            Answer::Decided(verdict, reason) => {
+                let outcome = self
+                    .ingest
+                    .answer(&external_id, verdict, from, &reason)
+                    .await?;
+                if let Outcome::Late(state) = outcome {
+                    tracing::info!(from, approval = %approval_id, state, "late answer ignored");
+                }
+            }
+            Answer::NotUnderstood => {
+                let text = format!(
+                    "Your answer to approval {approval_id} was not understood, so nothing was decided.\n\n\
+                     Reply to the approval email with APPROVE on the first line, or REJECT and a reason.\n"
+                );
+                let id = format!(
+                    "cowboy-reply.{}@{}",
+                    uuid::Uuid::new_v4().simple(),
+                    self.settings.domain()
+                );
+                let subject = format!("Re: {}", subject.trim_start_matches("Re: "));
+                let reply_to = (!message_id.is_empty()).then_some(message_id);
+                if let Err(e) = self
+                    .reply
+                    .send_text(from, &subject, text, id, reply_to)
+                    .await
+                {
+                    tracing::warn!(error = %e, "could not send the not-understood reply");
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// IMAP login and NOOP with the configured credentials (the ping's liveness check).
+pub async fn check(imap: &ImapSettings, bridge: &str) -> std::result::Result<(), String> {
+    let mut session = login(imap, bridge).await.map_err(|e| e.to_string())?;
+    session
+        .noop()
+        .await
+        .map_err(|e| format!("IMAP NOOP: {e}"))?;
+    let _ = session.logout().await;
+    Ok(())
+}
