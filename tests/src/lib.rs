@@ -6,6 +6,8 @@
 //!   helpers to run the console bridge's services as tasks or as real binaries.
 //! - [`wait_until`]: bounded waiting on a condition, with a clear failure message.
 
+pub mod mail;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -185,6 +187,17 @@ impl Deployment {
             .expect("connect to the test redis")
     }
 
+    /// Runs any bridge service function (`email::run_outbox`, ...) of bridge `name` as a task.
+    pub fn run<F, Fut>(&self, service: F, name: &str) -> Running
+    where
+        F: FnOnce(Arc<Config>, String, Shutdown) -> Fut,
+        Fut: std::future::Future<Output = broker::Result<()>> + Send + 'static,
+    {
+        let (trigger, shutdown) = Shutdown::new();
+        let task = tokio::spawn(service(self.config.clone(), name.to_string(), shutdown));
+        Running { trigger, task }
+    }
+
     /// Runs a console service (`outbox`, `ingest` or `ping`) of bridge `name` as a task.
     pub fn spawn(&self, service: &str, name: &str) -> Running {
         let (trigger, shutdown) = Shutdown::new();
@@ -223,6 +236,46 @@ impl Deployment {
             .args(args)
             .output()
             .expect("run cowboy")
+    }
+}
+
+/// A bridge binary running as a child process; SIGTERM and wait on drop.
+pub struct Process(pub Child);
+
+impl Process {
+    /// Stops the process with SIGTERM and returns its exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        Self::terminate(&mut self.0)
+    }
+
+    fn terminate(child: &mut Child) -> Option<i32> {
+        let _ = Command::new("kill").arg(child.id().to_string()).status();
+        child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            Self::terminate(&mut self.0);
+        }
+    }
+}
+
+impl Deployment {
+    /// Starts `cowboy-<type>-<service> --bridge NAME` against this deployment.
+    pub fn process(&self, binary_name: &str, bridge: &str) -> Process {
+        let log = std::fs::File::create(self.path(&format!("{binary_name}-{bridge}.log"))).unwrap();
+        Process(
+            Command::new(binary(binary_name))
+                .args(["--bridge", bridge, "--config"])
+                .arg(&self.config_path)
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
     }
 }
 

@@ -1,0 +1,357 @@
+//! A private mail stack per test: Postfix (SMTP) hands mail over LMTP to a
+//! private Dovecot that serves IMAP with IDLE. Own config folder, queue, maildirs
+//! and free loopback ports; never the system's instances. Postfix needs root.
+//!
+//! Domain `bridge.test`; users `bridge` (the bridge's mailbox), `approver`,
+//! `stranger`, `bob`, each with password `<user>-secret`. Only 127.0.0.1 may
+//! send without AUTH, and only to `bridge.test`: anything else is refused with
+//! 554 (relay access denied), which gives the tests a real permanent failure.
+//! Mail from the SASL user `approver` gets an `Authentication-Results` header
+//! from `mx.bridge.test` (as a DKIM/DMARC-checking server would add).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The users of the stack.
+pub const USERS: &[&str] = &["bridge", "approver", "stranger", "bob"];
+/// The authserv-id in the Authentication-Results headers Postfix adds.
+pub const AUTHSERV: &str = "mx.bridge.test";
+
+/// A running Postfix + Dovecot pair.
+pub struct MailStack {
+    pub dir: tempfile::TempDir,
+    pub smtp_port: u16,
+    pub imap_port: u16,
+    lmtp_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not listen on 127.0.0.1:{port}");
+}
+
+fn need(program: &str) {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "{program} is missing: install postfix, dovecot-imapd and dovecot-lmtpd (as .ci/run does)"
+    );
+}
+
+impl MailStack {
+    /// Starts Dovecot and Postfix.
+    pub fn start() -> MailStack {
+        need("dovecot");
+        need("postfix");
+        let dir = tempfile::tempdir().unwrap();
+        let stack = MailStack {
+            dir,
+            smtp_port: free_port(),
+            imap_port: free_port(),
+            lmtp_port: free_port(),
+        };
+        stack.start_dovecot();
+        stack.start_postfix();
+        stack
+    }
+
+    fn d(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    fn dovecot_conf(&self) -> PathBuf {
+        self.d().join("dovecot/dovecot.conf")
+    }
+
+    fn start_dovecot(&self) {
+        let d = self.d();
+        let (user, group) = ("nobody", "nogroup");
+        std::fs::create_dir_all(d.join("dovecot")).unwrap();
+        std::fs::create_dir_all(d.join("mail")).unwrap();
+        Command::new("chown")
+            .arg(format!("{user}:{group}"))
+            .arg(d.join("mail"))
+            .status()
+            .unwrap();
+        let users: String = USERS
+            .iter()
+            .map(|u| format!("{u}@bridge.test:{{PLAIN}}{u}-secret::::::\n"))
+            .collect();
+        std::fs::write(d.join("dovecot/users"), users).unwrap();
+        let conf = format!(
+            r#"base_dir = {d}/dovecot/run
+state_dir = {d}/dovecot/state
+instance_name = cowboy-{imap}
+log_path = {d}/dovecot/dovecot.log
+protocols = imap lmtp
+listen = 127.0.0.1
+ssl = no
+disable_plaintext_auth = no
+default_internal_user = {user}
+default_internal_group = {group}
+default_login_user = {user}
+mail_uid = {user}
+mail_gid = {group}
+mail_location = maildir:{d}/mail/%d/%n/Maildir
+passdb {{
+  driver = passwd-file
+  args = scheme=PLAIN username_format=%u {d}/dovecot/users
+}}
+userdb {{
+  driver = passwd-file
+  args = username_format=%u {d}/dovecot/users
+  default_fields = home={d}/mail/%d/%n
+}}
+service imap-login {{
+  chroot =
+  inet_listener imap {{
+    port = {imap}
+  }}
+  inet_listener imaps {{
+    port = 0
+  }}
+}}
+service anvil {{
+  chroot =
+}}
+service lmtp {{
+  inet_listener lmtp {{
+    port = {lmtp}
+  }}
+}}
+service auth {{
+  unix_listener auth-postfix {{
+    mode = 0666
+  }}
+}}
+"#,
+            d = d.display(),
+            imap = self.imap_port,
+            lmtp = self.lmtp_port,
+        );
+        std::fs::write(self.dovecot_conf(), conf).unwrap();
+        self.run_dovecot();
+    }
+
+    fn run_dovecot(&self) {
+        // Dovecot keeps inherited stdio open after daemonising: never capture it.
+        let status = Command::new("dovecot")
+            .arg("-c")
+            .arg(self.dovecot_conf())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "dovecot failed to start; see {}/dovecot/dovecot.log",
+            self.d().display()
+        );
+        wait_port(self.imap_port, "dovecot imap");
+        wait_port(self.lmtp_port, "dovecot lmtp");
+    }
+
+    fn start_postfix(&self) {
+        let d = self.d();
+        let p = d.join("postfix");
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::create_dir_all(d.join("postfix-spool")).unwrap();
+        std::fs::create_dir_all(d.join("postfix-data")).unwrap();
+        Command::new("chown")
+            .arg("postfix")
+            .arg(d.join("postfix-data"))
+            .status()
+            .unwrap();
+        let main = format!(
+            r#"compatibility_level = 3.6
+queue_directory = {d}/postfix-spool
+data_directory = {d}/postfix-data
+maillog_file = {d}/postfix/postfix.log
+maillog_file_prefixes = {d}
+myhostname = mx.bridge.test
+mydestination =
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+mynetworks = 127.0.0.2/32
+smtpd_relay_restrictions = permit_mynetworks, permit_sasl_authenticated, reject_unauth_destination
+smtpd_sender_restrictions = check_sasl_access inline:{{{{ approver@bridge.test = PREPEND Authentication-Results: {authserv}; dkim=pass header.d=bridge.test; dmarc=pass header.from=bridge.test }}}}
+virtual_mailbox_domains = bridge.test
+virtual_transport = lmtp:inet:127.0.0.1:{lmtp}
+smtpd_sasl_auth_enable = yes
+smtpd_sasl_type = dovecot
+smtpd_sasl_path = {d}/dovecot/run/auth-postfix
+default_transport = error:no outbound mail in tests
+relay_transport = error:no outbound mail in tests
+alias_maps =
+queue_run_delay = 1s
+minimal_backoff_time = 1s
+maximal_backoff_time = 2s
+"#,
+            d = d.display(),
+            lmtp = self.lmtp_port,
+            authserv = AUTHSERV,
+        );
+        let master = format!(
+            "127.0.0.1:{smtp} inet  n - n - - smtpd\n{}",
+            [
+                "pickup   unix  n - n 60 1 pickup",
+                "cleanup  unix  n - n - 0 cleanup",
+                "qmgr     unix  n - n 300 1 qmgr",
+                "rewrite  unix  - - n - - trivial-rewrite",
+                "bounce   unix  - - n - 0 bounce",
+                "defer    unix  - - n - 0 bounce",
+                "trace    unix  - - n - 0 bounce",
+                "verify   unix  - - n - 1 verify",
+                "flush    unix  n - n 1000? 0 flush",
+                "proxymap unix  - - n - - proxymap",
+                "showq    unix  n - n - - showq",
+                "error    unix  - - n - - error",
+                "retry    unix  - - n - - error",
+                "discard  unix  - - n - - discard",
+                "lmtp     unix  - - n - - lmtp",
+                "anvil    unix  - - n - 1 anvil",
+                "scache   unix  - - n - 1 scache",
+                "postlog  unix-dgram n - n - 1 postlogd",
+            ]
+            .join("\n")
+                + "\n",
+            smtp = self.smtp_port
+        );
+        std::fs::write(p.join("main.cf"), main).unwrap();
+        std::fs::write(p.join("master.cf"), master).unwrap();
+        // Postfix stalls ~2 s on config files younger than a second.
+        Command::new("touch")
+            .args(["-d", "-1 min"])
+            .arg(p.join("main.cf"))
+            .arg(p.join("master.cf"))
+            .status()
+            .unwrap();
+        let status = Command::new("postfix")
+            .arg("-c")
+            .arg(&p)
+            .arg("start")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(
+            status.success(),
+            "postfix failed to start (needs root); see {}/postfix/postfix.log",
+            d.display()
+        );
+        wait_port(self.smtp_port, "postfix smtpd");
+    }
+
+    /// Stops Dovecot and waits until it is gone.
+    pub fn stop_dovecot(&self) {
+        let pidfile = self.d().join("dovecot/run/master.pid");
+        if let Ok(pid) = std::fs::read_to_string(&pidfile) {
+            let pid = pid.trim().to_string();
+            Command::new("kill").arg(&pid).status().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Starts Dovecot again on the same ports.
+    pub fn restart_dovecot(&self) {
+        self.stop_dovecot();
+        self.run_dovecot();
+    }
+
+    /// Raw mails delivered to `user`, oldest first.
+    pub fn mails(&self, user: &str) -> Vec<Vec<u8>> {
+        let base = self.d().join(format!("mail/bridge.test/{user}/Maildir"));
+        let mut files: Vec<(std::time::SystemTime, String, PathBuf)> = Vec::new();
+        for sub in ["new", "cur"] {
+            if let Ok(rd) = std::fs::read_dir(base.join(sub)) {
+                for e in rd.flatten() {
+                    let meta = e.metadata().unwrap();
+                    files.push((
+                        meta.modified().unwrap(),
+                        e.file_name().to_string_lossy().into_owned(),
+                        e.path(),
+                    ));
+                }
+            }
+        }
+        files.sort();
+        files
+            .into_iter()
+            .filter_map(|(_, _, p)| std::fs::read(p).ok())
+            .collect()
+    }
+
+    /// The file the bridge reads a password from.
+    pub fn password_file(&self, user: &str) -> PathBuf {
+        let path = self.d().join(format!("{user}.password"));
+        std::fs::write(&path, format!("{user}-secret\n")).unwrap();
+        path
+    }
+
+    /// Config for an email bridge whose mailbox is `bridge@bridge.test` (TOML lines).
+    pub fn bridge_settings(&self) -> String {
+        format!(
+            "from = \"bridge@bridge.test\"\nsmtp = {{ host = \"127.0.0.1\", port = {smtp}, tls = \"none\" }}\nimap = {{ host = \"127.0.0.1\", port = {imap}, tls = \"none\", username = \"bridge@bridge.test\", password_file = \"{pw}\" }}\n",
+            smtp = self.smtp_port,
+            imap = self.imap_port,
+            pw = self.password_file("bridge").display(),
+        )
+    }
+
+    /// Sends a raw message through Postfix, optionally authenticated as `auth_user`.
+    pub fn send_raw(&self, from: &str, to: &str, raw: &str, auth_user: Option<&str>) {
+        use lettre::Transport;
+        let mut builder =
+            lettre::SmtpTransport::builder_dangerous("127.0.0.1").port(self.smtp_port);
+        if let Some(u) = auth_user {
+            builder =
+                builder.credentials(lettre::transport::smtp::authentication::Credentials::new(
+                    format!("{u}@bridge.test"),
+                    format!("{u}-secret"),
+                ));
+        }
+        let envelope =
+            lettre::address::Envelope::new(Some(from.parse().unwrap()), vec![to.parse().unwrap()])
+                .unwrap();
+        builder
+            .build()
+            .send_raw(&envelope, raw.as_bytes())
+            .expect("SMTP send from the test");
+    }
+}
+
+impl Drop for MailStack {
+    fn drop(&mut self) {
+        let _ = Command::new("postfix")
+            .arg("-c")
+            .arg(self.d().join("postfix"))
+            .arg("stop")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        self.stop_dovecot();
+    }
+}
