@@ -78,13 +78,38 @@ pub enum SendError {
     Uncertain(String),
 }
 
-/// The one thing a platform must do for the outbox: deliver and name the result.
+/// The outcome of an approval, for the notify bridge to show on its notification.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome<'a> {
+    /// `approved`, `rejected`, `expired` or `failed`.
+    pub outcome: &'a str,
+    /// The notification's id on the platform.
+    pub external_id: &'a str,
+    /// Where the notification was sent.
+    pub channel_id: &'a str,
+    /// The approval as it was (id, source, agent, channel_id, sha256, ...), and
+    /// `approver` / `reason` when decided.
+    pub record: &'a Record,
+}
+
+/// What a platform does for the outbox: deliver and name the result, and
+/// optionally show an approval's outcome on its notification.
 pub trait Sender: Send + Sync + 'static {
     /// Delivers one message and returns its id on the platform (the external id).
     fn send(
         &self,
         out: Outgoing<'_>,
     ) -> impl Future<Output = std::result::Result<String, SendError>> + Send;
+
+    /// Shows the outcome on the notification (e.g. edits the Discord card), so
+    /// nobody answers a dead request. Cosmetic: failures are logged, not retried.
+    fn update(
+        &self,
+        outcome: Outcome<'_>,
+    ) -> impl Future<Output = std::result::Result<(), SendError>> + Send {
+        let _ = outcome;
+        async { Ok(()) }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -305,6 +330,9 @@ impl<S: Sender> OutboxService<S> {
             }
             return self.ack(&source.key, &entry.id).await;
         }
+        if source.kind == Kind::Flat && entry.get("approval_outcome").is_some() {
+            return self.handle_outcome(idx, &entry).await;
+        }
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, retry).await;
         }
@@ -396,6 +424,44 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
+    /// An outcome entry written by a requesting service when it settled an
+    /// approval this bridge notified: show it on the notification, then ack.
+    async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
+        let text = |k: &str| entry.text(k).unwrap_or("").to_string();
+        let mut fields = HashMap::new();
+        for (ours, theirs) in [
+            ("source", "approval_source"),
+            ("agent", "approval_agent"),
+            ("channel_id", "approval_channel"),
+            ("content_sha256", "approval_sha256"),
+            ("expires_at", "approval_expires_at"),
+            ("content_bytes", "approval_bytes"),
+            ("approver", "approval_approver"),
+            ("reason", "approval_reason"),
+        ] {
+            fields.insert(ours.to_string(), text(theirs));
+        }
+        let record = Record {
+            id: text("approval_id"),
+            fields,
+        };
+        let (outcome, external_id, channel_id) = (
+            text("approval_outcome"),
+            text("approval_external_id"),
+            text("channel_id"),
+        );
+        let update = Outcome {
+            outcome: &outcome,
+            external_id: &external_id,
+            channel_id: &channel_id,
+            record: &record,
+        };
+        if let Err(e) = self.sender.update(update).await {
+            tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
+        }
+        self.ack(&self.sources[idx].key.clone(), &entry.id).await
+    }
+
     async fn park(
         &mut self,
         idx: usize,
@@ -422,7 +488,7 @@ impl<S: Sender> OutboxService<S> {
         };
         if record.fields.contains_key("settled_at") {
             // Crashed between settling and acking: only the ack and delete remain.
-            return self.finish(idx, &entry.id, &record).await;
+            return self.finish(idx, &entry.id, &record, None).await;
         }
         if !record.fields.contains_key("notified") {
             self.notify(&record, message, resumed).await?;
@@ -598,11 +664,12 @@ impl<S: Sender> OutboxService<S> {
                         id,
                         ..Record::default()
                     },
+                    None,
                 )
                 .await;
         };
         if record.fields.contains_key("settled_at") {
-            return self.finish(idx, &parked.entry_id, &record).await;
+            return self.finish(idx, &parked.entry_id, &record, None).await;
         }
         let state = record.state(crate::now_secs_f64());
         match state {
@@ -628,7 +695,8 @@ impl<S: Sender> OutboxService<S> {
                 };
                 self.notice(idx, &parked.entry_id, None, n).await?;
                 tracing::info!(approval = %id, state = state.as_str(), "parked entry dropped");
-                self.finish(idx, &parked.entry_id, &record).await
+                self.finish(idx, &parked.entry_id, &record, Some(state.as_str()))
+                    .await
             }
         }
     }
@@ -644,7 +712,7 @@ impl<S: Sender> OutboxService<S> {
                 ..Notice::default()
             };
             self.notice(idx, entry_id, None, n).await?;
-            return self.finish(idx, entry_id, &record).await;
+            return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
         let checked = Message::from_entry(&entry, &self.bridge, false).and_then(|m| {
             let sha = approval::sha256_hex(m.content.as_bytes());
@@ -668,7 +736,7 @@ impl<S: Sender> OutboxService<S> {
                 };
                 self.dead_letter_only(idx, &entry, &n).await?;
                 self.notice(idx, entry_id, Some(&entry), n).await?;
-                return self.finish(idx, entry_id, &record).await;
+                return self.finish(idx, entry_id, &record, Some("failed")).await;
             }
         };
         let retry = record.fields.contains_key("delivery_started");
@@ -690,22 +758,48 @@ impl<S: Sender> OutboxService<S> {
         match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
                 tracing::info!(approval = %id, external_id, approver = record.get("approver"), "approved entry delivered");
-                self.finish(idx, entry_id, &record).await
+                self.finish(idx, entry_id, &record, Some("approved")).await
             }
             Delivery::Failed(failed) => {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
                 self.dead_letter_only(idx, &entry, &n).await?;
                 self.notice(idx, entry_id, Some(&entry), n).await?;
-                self.finish(idx, entry_id, &record).await
+                self.finish(idx, entry_id, &record, Some("failed")).await
             }
             Delivery::Interrupted => Ok(()),
         }
     }
 
     /// Marks the record settled, acks the entry, deletes the record and its map entry.
-    async fn finish(&mut self, idx: usize, entry_id: &str, record: &Record) -> Result<()> {
+    async fn finish(
+        &mut self,
+        idx: usize,
+        entry_id: &str,
+        record: &Record,
+        outcome: Option<&str>,
+    ) -> Result<()> {
         let key = keys::approval(&record.id);
+        let external = record.get("notify_external_id");
+        if let (Some(outcome), false) = (outcome, external.is_empty()) {
+            let fields: Vec<(&str, &[u8])> = vec![
+                ("approval_id", record.id.as_bytes()),
+                ("approval_outcome", outcome.as_bytes()),
+                ("approval_external_id", external.as_bytes()),
+                ("channel_id", record.get("notify_channel").as_bytes()),
+                ("approval_approver", record.get("approver").as_bytes()),
+                ("approval_reason", record.get("reason").as_bytes()),
+                ("approval_source", record.source().as_bytes()),
+                ("approval_agent", record.get("agent").as_bytes()),
+                ("approval_channel", record.get("channel_id").as_bytes()),
+                ("approval_sha256", record.get("content_sha256").as_bytes()),
+                ("approval_expires_at", record.get("expires_at").as_bytes()),
+                ("approval_bytes", record.get("content_bytes").as_bytes()),
+            ];
+            self.store
+                .xadd(&keys::outbox(record.get("notify")), &fields)
+                .await?;
+        }
         if !record.id.is_empty() {
             let _: () = redis::pipe()
                 .atomic()
