@@ -1,0 +1,231 @@
+//! Ingest: a gateway connection (serenity) that carries messages from the
+//! configured channels (and DMs, if enabled) into the inbox, and turns reactions
+//! and replies on approval cards into `resolve_approval`.
+//!
+//! Invariants:
+//! - Intents are only what this needs: guild messages, message content
+//!   (privileged), guild message reactions, and the DM pair when `dms` is on.
+//! - The bot's own messages and reactions never count; a reaction from someone
+//!   not on `approval.approvers` decides nothing and is removed where the bot may.
+//! - Replies to a card are answers, never inbox entries.
+//! - Serenity reconnects and resumes the gateway session by itself; handlers may
+//!   run concurrently, so each one does its own Redis round trips under a lock.
+
+use std::collections::HashSet;
+use std::sync::OnceLock;
+
+use broker::approval::{Outcome, Verdict};
+use broker::ingest::Ingest;
+use broker::{keys, Error, Result, Shutdown};
+use redis::AsyncCommands;
+use serenity::all::{
+    Context, EventHandler, GatewayIntents, Message, Reaction, ReactionType, Ready, UserId,
+};
+use serenity::async_trait;
+use tokio::sync::Mutex;
+
+use crate::config::DiscordSettings;
+use crate::render;
+
+/// The gateway intents the ingest asks for.
+pub fn intents(dms: bool) -> GatewayIntents {
+    let mut i = GatewayIntents::GUILD_MESSAGES
+        | GatewayIntents::MESSAGE_CONTENT
+        | GatewayIntents::GUILD_MESSAGE_REACTIONS;
+    if dms {
+        i |= GatewayIntents::DIRECT_MESSAGES | GatewayIntents::DIRECT_MESSAGE_REACTIONS;
+    }
+    i
+}
+
+/// The event handler.
+pub struct Handler {
+    ingest: Mutex<Ingest>,
+    settings: DiscordSettings,
+    channels: HashSet<u64>,
+    bot: OnceLock<UserId>,
+}
+
+impl Handler {
+    pub fn new(ingest: Ingest, settings: DiscordSettings) -> Handler {
+        let channels = settings
+            .channels
+            .iter()
+            .filter_map(|c| c.parse().ok())
+            .collect();
+        Handler {
+            ingest: Mutex::new(ingest),
+            settings,
+            channels,
+            bot: OnceLock::new(),
+        }
+    }
+
+    fn is_bot(&self, user: UserId) -> bool {
+        self.bot.get() == Some(&user)
+    }
+
+    /// Whether `message_id` is one of our live approval cards.
+    async fn is_card(&self, message_id: u64) -> Result<bool> {
+        let mut ingest = self.ingest.lock().await;
+        let map = keys::approval_map(ingest.name());
+        let found: bool = ingest
+            .store
+            .conn
+            .hexists(&map, message_id.to_string())
+            .await
+            .map_err(|e| Error::from_redis(&format!("HEXISTS {map}"), e))?;
+        Ok(found)
+    }
+
+    async fn answer(
+        &self,
+        card: u64,
+        verdict: Verdict,
+        user: UserId,
+        reason: &str,
+    ) -> Result<Outcome> {
+        self.ingest
+            .lock()
+            .await
+            .answer(&card.to_string(), verdict, &user.get().to_string(), reason)
+            .await
+    }
+
+    async fn on_message(&self, msg: &Message) -> Result<()> {
+        if self.is_bot(msg.author.id) {
+            return Ok(());
+        }
+        let listened = self.channels.contains(&msg.channel_id.get())
+            || (self.settings.dms && msg.guild_id.is_none());
+        if !listened {
+            return Ok(());
+        }
+        let referenced = msg.message_reference.as_ref().and_then(|r| r.message_id);
+        if let Some(card) = referenced {
+            if self.is_card(card.get()).await? {
+                // A reply to a card is an answer (or nothing), never agent mail.
+                if let Some((verdict, reason)) = render::reply_verdict(&msg.content) {
+                    self.answer(card.get(), verdict, msg.author.id, &reason)
+                        .await?;
+                }
+                return Ok(());
+            }
+        }
+        let (channel_id, message_id, author_id) = (
+            msg.channel_id.get().to_string(),
+            msg.id.get().to_string(),
+            msg.author.id.get().to_string(),
+        );
+        let timestamp = msg.timestamp.unix_timestamp().to_string();
+        let reply_to = referenced.map(|r| r.get().to_string());
+        let mut fields: Vec<(&str, &[u8])> = vec![
+            ("channel_id", channel_id.as_bytes()),
+            ("message_id", message_id.as_bytes()),
+            ("author_id", author_id.as_bytes()),
+            ("author", msg.author.name.as_bytes()),
+            ("content", msg.content.as_bytes()),
+            ("timestamp", timestamp.as_bytes()),
+        ];
+        if let Some(r) = &reply_to {
+            fields.push(("reply_to", r.as_bytes()));
+        }
+        self.ingest.lock().await.inbound(None, &fields).await?;
+        Ok(())
+    }
+
+    async fn on_reaction(&self, ctx: &Context, reaction: &Reaction) -> Result<()> {
+        let Some(user) = reaction.user_id else {
+            return Ok(());
+        };
+        if self.is_bot(user) {
+            return Ok(());
+        }
+        let ReactionType::Unicode(emoji) = &reaction.emoji else {
+            return Ok(());
+        };
+        let Some(verdict) = render::reaction_verdict(
+            emoji,
+            &self.settings.approve_emoji,
+            &self.settings.reject_emoji,
+        ) else {
+            return Ok(());
+        };
+        if !self.is_card(reaction.message_id.get()).await? {
+            return Ok(());
+        }
+        if self
+            .answer(reaction.message_id.get(), verdict, user, "")
+            .await?
+            == Outcome::NotAllowed
+        {
+            // Keep the card clean for the real approvers; fine if we lack the permission.
+            if let Err(e) = reaction.delete(&ctx.http).await {
+                tracing::debug!(error = %e, "could not remove a stranger's reaction");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl EventHandler for Handler {
+    async fn ready(&self, _ctx: Context, ready: Ready) {
+        let _ = self.bot.set(ready.user.id);
+        tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
+        broker::systemd::ready();
+    }
+
+    async fn message(&self, _ctx: Context, msg: Message) {
+        if let Err(e) = self.on_message(&msg).await {
+            tracing::error!(error = %e, "message not carried");
+        }
+    }
+
+    async fn reaction_add(&self, ctx: Context, reaction: Reaction) {
+        if let Err(e) = self.on_reaction(&ctx, &reaction).await {
+            tracing::error!(error = %e, "reaction not handled");
+        }
+    }
+}
+
+/// Runs the gateway client until shutdown, with heartbeats and the watchdog.
+pub async fn run(
+    mut client: serenity::Client,
+    mut beat_store: broker::Store,
+    bridge: String,
+    shutdown: Shutdown,
+) -> Result<()> {
+    let shards = client.shard_manager.clone();
+    let beats = {
+        let shutdown = shutdown.clone();
+        async move {
+            let mut watchdog = broker::systemd::Watchdog::from_env();
+            let every = watchdog
+                .interval()
+                .unwrap_or(broker::outbox::HEARTBEAT_EVERY)
+                .min(broker::outbox::HEARTBEAT_EVERY);
+            loop {
+                watchdog.tick();
+                if let Err(e) = beat_store
+                    .heartbeat(&bridge, "ingest", broker::outbox::HEARTBEAT_EVERY * 3)
+                    .await
+                {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                if !shutdown.sleep(every).await {
+                    return;
+                }
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = client.start() => r.map_err(|e| Error::Request(format!("Discord gateway: {e}"))),
+        _ = shutdown.wait() => {
+            shards.shutdown_all().await;
+            Ok(())
+        }
+        _ = beats => Ok(()),
+    };
+    result
+}

@@ -1,0 +1,238 @@
+//! Pure logic of the Discord bridge: splitting long content, nonces, the
+//! approval card, and what a reaction or a reply to the card means.
+
+use broker::approval::{Record, Verdict};
+
+/// Discord's limit on a message's content, in UTF-16 code units.
+pub const LIMIT: usize = 2000;
+
+fn units(s: &str) -> usize {
+    s.encode_utf16().count()
+}
+
+/// Splits `content` into messages of at most `limit` units, on line boundaries,
+/// else on word boundaries, else between characters. Nothing is dropped: the
+/// parts joined with the separators they were split at give back `content`.
+pub fn split(content: &str, limit: usize) -> Vec<String> {
+    if units(content) <= limit {
+        return vec![content.to_string()];
+    }
+    let mut parts = Vec::new();
+    let mut rest = content;
+    while units(rest) > limit {
+        // The longest prefix within the limit, by characters.
+        let mut end = 0;
+        let mut count = 0;
+        for (i, c) in rest.char_indices() {
+            if count + c.len_utf16() > limit {
+                break;
+            }
+            count += c.len_utf16();
+            end = i + c.len_utf8();
+        }
+        let window = &rest[..end];
+        let cut = window
+            .rfind('\n')
+            .or_else(|| window.rfind(' '))
+            .filter(|i| *i > 0);
+        match cut {
+            // Split at the separator and drop it (it is implied between messages).
+            Some(i) => {
+                parts.push(rest[..i].to_string());
+                rest = &rest[i + 1..];
+            }
+            None => {
+                parts.push(window.to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    parts.push(rest.to_string());
+    parts
+}
+
+/// A nonce for part `part` of a delivery: derived, so a retry reuses it, and at
+/// most 25 characters, as Discord requires.
+pub fn nonce(delivery_key: &str, part: usize) -> String {
+    let digest = broker::approval::sha256_hex(delivery_key.as_bytes());
+    format!("{}{:03}", &digest[..22], part % 1000)
+}
+
+/// The head of the approval card (the message that carries the reactions).
+pub fn card_head(record: &Record, status: Option<&str>) -> String {
+    let deadline = match record.expires_at() {
+        0 => "no deadline".to_string(),
+        t => format!("decide by <t:{t}:f> (<t:{t}:R>)"),
+    };
+    let status = status.map(|s| format!("{s}\n")).unwrap_or_default();
+    format!(
+        "{status}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}** to `{dest}`\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
+        id = record.id,
+        who = record.agent().unwrap_or("an agent"),
+        bridge = record.source(),
+        dest = record.get("channel_id"),
+        bytes = record.get("content_bytes"),
+        sha = record.get("content_sha256"),
+    )
+}
+
+/// How to answer, on a live card.
+pub const HOW_TO_ANSWER: &str =
+    "React ✅ to send it or ❌ to drop it, or reply `approve` / `reject <reason>`.";
+
+/// The card's messages: the head (with the whole content when it fits) and,
+/// for long content, every part labelled `n/m`.
+pub fn card(record: &Record, content: &str) -> Vec<String> {
+    let head = format!("{}{HOW_TO_ANSWER}\n", card_head(record, None));
+    let whole = format!("{head}>>> {content}");
+    if units(&whole) <= LIMIT {
+        return vec![whole];
+    }
+    let parts = split(content, LIMIT - 16);
+    let m = parts.len();
+    let mut messages = vec![format!("{head}The message follows in {m} parts.")];
+    messages.extend(
+        parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| format!("**{}/{m}**\n{p}", i + 1)),
+    );
+    messages
+}
+
+/// The card head once the approval is over.
+pub fn closed_card(record: &Record, outcome: &str) -> String {
+    let who = |a: &str| {
+        a.strip_prefix("discord:")
+            .map(|id| format!("<@{id}>"))
+            .unwrap_or_else(|| a.to_string())
+    };
+    let now = broker::now_secs();
+    let status = match outcome {
+        "approved" => format!(
+            "✅ **Approved** by {} at <t:{now}:f> — sent.",
+            who(record.get("approver"))
+        ),
+        "rejected" => {
+            let reason = record.get("reason");
+            let reason = if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            };
+            format!(
+                "❌ **Rejected** by {} at <t:{now}:f>{reason}",
+                who(record.get("approver"))
+            )
+        }
+        "expired" => "⌛ **Expired** — nobody decided in time; not sent.".to_string(),
+        other => format!("⚠️ **{other}** — not sent."),
+    };
+    let mut text = card_head(record, Some(&status));
+    if units(&text) > LIMIT {
+        text = split(&text, LIMIT).remove(0);
+    }
+    text
+}
+
+/// Removes skin tones and presentation selectors, so 👍🏽 counts as 👍.
+pub fn normalize_emoji(emoji: &str) -> String {
+    emoji
+        .chars()
+        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
+        .collect()
+}
+
+/// What a reaction means, given the configured emoji sets.
+pub fn reaction_verdict(emoji: &str, approve: &[String], reject: &[String]) -> Option<Verdict> {
+    let e = normalize_emoji(emoji);
+    let is = |set: &[String]| set.iter().any(|s| normalize_emoji(s) == e);
+    if is(approve) {
+        Some(Verdict::Approved)
+    } else if is(reject) {
+        Some(Verdict::Rejected)
+    } else {
+        None
+    }
+}
+
+/// A text reply to the card: `approve ...` or `reject <reason>`.
+pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
+    let text = text.trim();
+    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    match word
+        .trim_end_matches([':', ',', '.', '!'])
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "approve" | "approved" => Some((Verdict::Approved, String::new())),
+        "reject" | "rejected" => Some((Verdict::Rejected, rest.trim().to_string())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn splitting_keeps_everything() {
+        let text = format!("{}\n{}", "word ".repeat(700), "x".repeat(4500));
+        let parts = split(&text, 2000);
+        assert!(parts.iter().all(|p| units(p) <= 2000));
+        // Rejoin: words were split at spaces, the line at its newline, the long word nowhere.
+        let joined: String = parts.concat();
+        let original: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        let rejoined: String = joined.chars().filter(|c| !c.is_whitespace()).collect();
+        assert_eq!(original, rejoined);
+        assert_eq!(split("short", 2000), vec!["short"]);
+        let emoji = "😀".repeat(1500); // 3000 UTF-16 units
+        let parts = split(&emoji, 2000);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts.concat(), emoji);
+    }
+
+    #[test]
+    fn nonces_are_short_and_stable() {
+        assert!(nonce("a:outbox/1-0", 3).len() <= 25);
+        assert_eq!(nonce("a:outbox/1-0", 3), nonce("a:outbox/1-0", 3));
+        assert_ne!(nonce("a:outbox/1-0", 3), nonce("a:outbox/1-0", 4));
+        assert_ne!(nonce("a:outbox/1-0", 0), nonce("a:outbox/2-0", 0));
+    }
+
+    #[test]
+    fn verdicts() {
+        let a = vec!["✅".to_string(), "👍".to_string()];
+        let r = vec!["❌".to_string()];
+        assert_eq!(reaction_verdict("👍🏾", &a, &r), Some(Verdict::Approved));
+        assert_eq!(reaction_verdict("✅", &a, &r), Some(Verdict::Approved));
+        assert_eq!(reaction_verdict("❌", &a, &r), Some(Verdict::Rejected));
+        assert_eq!(reaction_verdict("🎉", &a, &r), None);
+        assert_eq!(
+            reply_verdict("reject too early"),
+            Some((Verdict::Rejected, "too early".into()))
+        );
+        assert_eq!(
+            reply_verdict("Approve!"),
+            Some((Verdict::Approved, String::new()))
+        );
+        assert_eq!(reply_verdict("maybe"), None);
+    }
+
+    #[test]
+    fn long_cards_label_every_part() {
+        let record = Record {
+            id: "id".into(),
+            fields: HashMap::from([("content_bytes".into(), "5000".into())]),
+        };
+        let content = "y ".repeat(2500);
+        let card = card(&record, &content);
+        assert!(card.len() >= 3);
+        let m = card.len() - 1;
+        for (i, part) in card.iter().skip(1).enumerate() {
+            assert!(part.starts_with(&format!("**{}/{m}**\n", i + 1)));
+            assert!(units(part) <= LIMIT);
+        }
+    }
+}
