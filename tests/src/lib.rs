@@ -6,6 +6,7 @@
 //!   helpers to run the console bridge's services as tasks or as real binaries.
 //! - [`wait_until`]: bounded waiting on a condition, with a clear failure message.
 
+pub mod discord;
 pub mod mail;
 
 use std::net::TcpListener;

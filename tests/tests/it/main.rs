@@ -5,6 +5,7 @@ mod acl;
 mod approval;
 mod binaries;
 mod deploy;
+mod discord;
 mod email;
 mod invalid;
 mod ping;

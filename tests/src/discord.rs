@@ -1,0 +1,508 @@
+//! A local Discord that speaks the real protocol, for the real serenity client.
+//!
+//! REST (`/api/v10`): the gateway URL, `users/@me`, create message (with nonce
+//! de-duplication under `enforce_nonce`), edit message, add and delete reaction,
+//! and a 429 with `retry_after` on demand. Gateway websocket: HELLO, IDENTIFY →
+//! READY, heartbeat ACK, RESUME → RESUMED with replay, and dispatches of
+//! MESSAGE_CREATE / MESSAGE_REACTION_ADD carrying the fields serenity 0.12.5
+//! needs. Everything the bridge did is recorded for assertions. It listens on
+//! 127.0.0.1 only; anything unexpected is recorded as such and answered 404.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::ws::{Message as WsMessage, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, patch, post, put};
+use axum::{Json, Router};
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// The bot's user id in the fake.
+pub const BOT_ID: u64 = 900_000_000_000_000_001;
+/// The token the fake accepts.
+pub const TOKEN: &str = "fake-bot-token";
+
+/// A message the bridge created.
+#[derive(Debug, Clone)]
+pub struct Posted {
+    pub id: u64,
+    pub channel_id: u64,
+    pub content: String,
+    pub nonce: Option<String>,
+    pub enforce_nonce: bool,
+    pub reference: Option<u64>,
+    pub edits: Vec<String>,
+}
+
+/// What the fake saw and holds.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub posted: Vec<Posted>,
+    /// (message id, emoji, user id) added through REST.
+    pub reactions: Vec<(u64, String, u64)>,
+    /// (message id, emoji, user id) removed through REST.
+    pub removed: Vec<(u64, String, u64)>,
+    /// Create-message calls answered 429.
+    pub rate_limited: usize,
+    /// Create-message calls that returned an existing message for a repeated nonce.
+    pub nonce_hits: usize,
+    pub identifies: usize,
+    pub resumes: usize,
+    pub heartbeats: usize,
+    pub me_calls: usize,
+    pub unexpected: Vec<String>,
+    /// Channels that exist; others answer 404 Unknown Channel.
+    pub channels: HashSet<u64>,
+    /// How many of the next create-message calls answer 429.
+    pub rate_limit_next: usize,
+    seq: u64,
+    next_id: u64,
+    /// Dispatches sent, for RESUME replays: (seq, payload).
+    log: Vec<(u64, Value)>,
+}
+
+struct Shared {
+    rec: Mutex<Recorded>,
+    events: broadcast::Sender<Value>,
+    /// Dropping every gateway connection on demand.
+    kill: broadcast::Sender<()>,
+    base: String,
+}
+
+/// A running fake Discord.
+pub struct FakeDiscord {
+    shared: Arc<Shared>,
+    pub port: u16,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn user(id: u64, name: &str, bot: bool) -> Value {
+    json!({"id": id.to_string(), "username": name, "discriminator": "0", "global_name": name, "avatar": null, "bot": bot})
+}
+
+fn message_json(m: &Posted, author: Value) -> Value {
+    json!({
+        "id": m.id.to_string(),
+        "channel_id": m.channel_id.to_string(),
+        "author": author,
+        "content": m.content,
+        "timestamp": "2026-11-29T12:00:00.000000+00:00",
+        "edited_timestamp": null,
+        "tts": false,
+        "mention_everyone": false,
+        "mentions": [],
+        "mention_roles": [],
+        "attachments": [],
+        "embeds": [],
+        "pinned": false,
+        "type": if m.reference.is_some() { 19 } else { 0 },
+        "nonce": m.nonce,
+        "message_reference": m.reference.map(|r| json!({"message_id": r.to_string(), "channel_id": m.channel_id.to_string()})),
+    })
+}
+
+impl FakeDiscord {
+    /// Starts the fake on a free loopback port; `channels` exist.
+    pub async fn start(channels: &[u64]) -> FakeDiscord {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (events, _) = broadcast::channel(1024);
+        let (kill, _) = broadcast::channel(4);
+        let rec = Recorded {
+            channels: channels.iter().copied().collect(),
+            next_id: 1_100_000_000_000_000_000,
+            ..Recorded::default()
+        };
+        let shared = Arc::new(Shared {
+            rec: Mutex::new(rec),
+            events,
+            kill,
+            base: format!("127.0.0.1:{port}"),
+        });
+        let app = Router::new()
+            .route("/api/v10/gateway", get(gateway_url))
+            .route("/api/v10/gateway/bot", get(gateway_url))
+            .route("/api/v10/users/@me", get(me))
+            .route("/api/v10/channels/{channel}/messages", post(create_message))
+            .route(
+                "/api/v10/channels/{channel}/messages/{message}",
+                patch(edit_message),
+            )
+            .route(
+                "/api/v10/channels/{channel}/messages/{message}/reactions/{emoji}/{user}",
+                put(add_reaction).delete(delete_reaction),
+            )
+            .route("/gateway", get(gateway))
+            .fallback(any(unexpected))
+            .with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        FakeDiscord { shared, port, task }
+    }
+
+    /// `api_base` for the bridge.
+    pub fn api_base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `gateway_url` for the bridge.
+    pub fn gateway_url(&self) -> String {
+        format!("ws://127.0.0.1:{}/gateway", self.port)
+    }
+
+    /// Reads what was recorded.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Recorded) -> T) -> T {
+        f(&mut self.shared.rec.lock().unwrap())
+    }
+
+    /// Answers the next `n` create-message calls with 429.
+    pub fn rate_limit(&self, n: usize) {
+        self.with(|r| r.rate_limit_next = n);
+    }
+
+    /// Sends a dispatch to every identified gateway session.
+    pub fn dispatch(&self, t: &str, d: Value) {
+        FakeRef(self.shared.clone()).dispatch(t, d);
+    }
+
+    /// Someone writes in a channel (optionally replying to `reference`). Returns the message id.
+    pub fn user_message(
+        &self,
+        channel: u64,
+        author: u64,
+        name: &str,
+        content: &str,
+        reference: Option<u64>,
+    ) -> u64 {
+        let id = self.with(|r| {
+            r.next_id += 1;
+            r.next_id
+        });
+        let m = Posted {
+            id,
+            channel_id: channel,
+            content: content.into(),
+            nonce: None,
+            enforce_nonce: false,
+            reference,
+            edits: vec![],
+        };
+        let mut d = message_json(&m, user(author, name, false));
+        d["guild_id"] = json!("700000000000000001");
+        d["member"] = json!({"roles": [], "joined_at": "2026-01-01T00:00:00.000000+00:00", "deaf": false, "mute": false, "flags": 0});
+        self.dispatch("MESSAGE_CREATE", d);
+        id
+    }
+
+    /// Someone reacts to a message.
+    pub fn user_reaction(&self, channel: u64, message: u64, user_id: u64, emoji: &str) {
+        self.dispatch(
+            "MESSAGE_REACTION_ADD",
+            json!({
+                "user_id": user_id.to_string(),
+                "channel_id": channel.to_string(),
+                "message_id": message.to_string(),
+                "guild_id": "700000000000000001",
+                "emoji": {"id": null, "name": emoji},
+                "burst": false,
+                "type": 0,
+            }),
+        );
+    }
+
+    /// Drops every gateway connection (the client must reconnect and resume).
+    pub fn drop_gateway(&self) {
+        let _ = self.shared.kill.send(());
+    }
+
+    /// Whether a session has identified (dispatches will reach it).
+    pub fn identified(&self) -> bool {
+        self.with(|r| r.identifies > 0)
+    }
+}
+
+impl Drop for FakeDiscord {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn authorized(headers: &HeaderMap) -> bool {
+    headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == format!("Bot {TOKEN}"))
+}
+
+fn error(status: StatusCode, code: u64, message: &str) -> Response {
+    (status, Json(json!({"message": message, "code": code}))).into_response()
+}
+
+async fn gateway_url(State(s): State<Arc<Shared>>) -> Json<Value> {
+    Json(
+        json!({"url": format!("ws://{}/gateway", s.base), "shards": 1, "session_start_limit": {"total": 1000, "remaining": 1000, "reset_after": 0, "max_concurrency": 1}}),
+    )
+}
+
+async fn me(State(s): State<Arc<Shared>>, headers: HeaderMap) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    s.rec.lock().unwrap().me_calls += 1;
+    Json(user(BOT_ID, "cowboy-bot", true)).into_response()
+}
+
+async fn create_message(
+    State(s): State<Arc<Shared>>,
+    Path(channel): Path<u64>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let mut rec = s.rec.lock().unwrap();
+    if rec.rate_limit_next > 0 {
+        rec.rate_limit_next -= 1;
+        rec.rate_limited += 1;
+        return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
+    }
+    if !rec.channels.contains(&channel) {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    }
+    let content = body["content"].as_str().unwrap_or("").to_string();
+    if content.encode_utf16().count() > 2000 {
+        return error(
+            StatusCode::BAD_REQUEST,
+            50035,
+            "Invalid Form Body: content too long",
+        );
+    }
+    let nonce = match &body["nonce"] {
+        Value::String(n) => Some(n.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    let enforce = body["enforce_nonce"].as_bool().unwrap_or(false);
+    if let (true, Some(n)) = (enforce, &nonce) {
+        if let Some(existing) = rec
+            .posted
+            .iter()
+            .find(|p| p.channel_id == channel && p.nonce.as_deref() == Some(n))
+            .cloned()
+        {
+            rec.nonce_hits += 1;
+            return Json(message_json(&existing, user(BOT_ID, "cowboy-bot", true))).into_response();
+        }
+    }
+    rec.next_id += 1;
+    let reference = body["message_reference"]["message_id"]
+        .as_str()
+        .and_then(|s| s.parse().ok());
+    let m = Posted {
+        id: rec.next_id,
+        channel_id: channel,
+        content,
+        nonce,
+        enforce_nonce: enforce,
+        reference,
+        edits: vec![],
+    };
+    rec.posted.push(m.clone());
+    drop(rec);
+    let json = message_json(&m, user(BOT_ID, "cowboy-bot", true));
+    // Discord tells the gateway about the bot's own messages too.
+    let fake = FakeRef(s.clone());
+    fake.dispatch("MESSAGE_CREATE", json.clone());
+    Json(json).into_response()
+}
+
+async fn edit_message(
+    State(s): State<Arc<Shared>>,
+    Path((channel, message)): Path<(u64, u64)>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let mut rec = s.rec.lock().unwrap();
+    let Some(m) = rec
+        .posted
+        .iter_mut()
+        .find(|p| p.id == message && p.channel_id == channel)
+    else {
+        return error(StatusCode::NOT_FOUND, 10008, "Unknown Message");
+    };
+    if let Some(c) = body["content"].as_str() {
+        m.content = c.to_string();
+        m.edits.push(c.to_string());
+    }
+    let m = m.clone();
+    Json(message_json(&m, user(BOT_ID, "cowboy-bot", true))).into_response()
+}
+
+async fn add_reaction(
+    State(s): State<Arc<Shared>>,
+    Path((channel, message, emoji, who)): Path<(u64, u64, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&headers) || who != "@me" {
+        return error(StatusCode::FORBIDDEN, 50013, "Missing Permissions");
+    }
+    s.rec
+        .lock()
+        .unwrap()
+        .reactions
+        .push((message, emoji.clone(), BOT_ID));
+    // The gateway reports the bot's own reaction, as Discord does.
+    FakeRef(s.clone()).dispatch(
+        "MESSAGE_REACTION_ADD",
+        json!({"user_id": BOT_ID.to_string(), "channel_id": channel.to_string(), "message_id": message.to_string(), "emoji": {"id": null, "name": emoji}, "burst": false, "type": 0}),
+    );
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn delete_reaction(
+    State(s): State<Arc<Shared>>,
+    Path((_channel, message, emoji, who)): Path<(u64, u64, String, String)>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let uid = if who == "@me" {
+        BOT_ID
+    } else {
+        who.parse().unwrap_or(0)
+    };
+    s.rec.lock().unwrap().removed.push((message, emoji, uid));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+async fn unexpected(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {
+    s.rec
+        .lock()
+        .unwrap()
+        .unexpected
+        .push(format!("{} {}", req.method(), req.uri()));
+    error(StatusCode::NOT_FOUND, 0, "404: Not Found")
+}
+
+/// Dispatch helper usable from handlers.
+struct FakeRef(Arc<Shared>);
+
+impl FakeRef {
+    fn dispatch(&self, t: &str, d: Value) {
+        let payload = {
+            let mut rec = self.0.rec.lock().unwrap();
+            rec.seq += 1;
+            let p = json!({"op": 0, "t": t, "s": rec.seq, "d": d});
+            let seq = rec.seq;
+            rec.log.push((seq, p.clone()));
+            p
+        };
+        let _ = self.0.events.send(payload);
+    }
+}
+
+async fn gateway(State(s): State<Arc<Shared>>, ws: WebSocketUpgrade) -> Response {
+    ws.on_upgrade(move |socket| session(s, socket))
+}
+
+async fn session(s: Arc<Shared>, socket: WebSocket) {
+    let (mut tx, mut rx) = socket.split();
+    let hello = json!({"op": 10, "d": {"heartbeat_interval": 2000}});
+    if tx
+        .send(WsMessage::Text(hello.to_string().into()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut events = s.events.subscribe();
+    let mut kill = s.kill.subscribe();
+    let mut live = false;
+    loop {
+        tokio::select! {
+            _ = kill.recv() => {
+                // Abrupt drop, as a network failure would be.
+                return;
+            }
+            ev = events.recv(), if live => {
+                match ev {
+                    Ok(p) => if tx.send(WsMessage::Text(p.to_string().into())).await.is_err() { return },
+                    Err(_) => return,
+                }
+            }
+            msg = rx.next() => {
+                let Some(Ok(msg)) = msg else { return };
+                let WsMessage::Text(text) = msg else { continue };
+                let Ok(v) = serde_json::from_str::<Value>(&text) else { continue };
+                match v["op"].as_u64() {
+                    Some(1) => {
+                        s.rec.lock().unwrap().heartbeats += 1;
+                        if tx.send(WsMessage::Text(json!({"op": 11}).to_string().into())).await.is_err() { return }
+                    }
+                    Some(2) => {
+                        if v["d"]["token"].as_str() != Some(TOKEN) && v["d"]["token"].as_str() != Some(&format!("Bot {TOKEN}")) {
+                            let _ = tx.send(WsMessage::Close(Some(axum::extract::ws::CloseFrame { code: 4004, reason: "Authentication failed.".into() }))).await;
+                            return;
+                        }
+                        let ready = {
+                            let mut rec = s.rec.lock().unwrap();
+                            rec.identifies += 1;
+                            rec.seq += 1;
+                            json!({"op": 0, "t": "READY", "s": rec.seq, "d": {
+                                "v": 10,
+                                "user": {"id": BOT_ID.to_string(), "username": "cowboy-bot", "discriminator": "0", "global_name": null, "avatar": null, "bot": true, "verified": true, "mfa_enabled": false, "flags": 0},
+                                "guilds": [],
+                                "session_id": "fake-session",
+                                "resume_gateway_url": format!("ws://{}/gateway", s.base),
+                                "application": {"id": "800000000000000001", "flags": 0},
+                            }})
+                        };
+                        if tx.send(WsMessage::Text(ready.to_string().into())).await.is_err() { return }
+                        live = true;
+                    }
+                    Some(6) => {
+                        // The replay below covers whatever the subscription buffered.
+                        while events.try_recv().is_ok() {}
+                        let after = v["d"]["seq"].as_u64().unwrap_or(0);
+                        let (resumed, replay) = {
+                            let mut rec = s.rec.lock().unwrap();
+                            rec.resumes += 1;
+                            let replay: Vec<Value> = rec.log.iter().filter(|(q, _)| *q > after).map(|(_, p)| p.clone()).collect();
+                            rec.seq += 1;
+                            (json!({"op": 0, "t": "RESUMED", "s": rec.seq, "d": {}}), replay)
+                        };
+                        for p in replay.into_iter().chain([resumed]) {
+                            if tx.send(WsMessage::Text(p.to_string().into())).await.is_err() { return }
+                        }
+                        live = true;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Every create-message the bridge made in `channel`, in order.
+pub fn contents(rec: &Recorded, channel: u64) -> Vec<String> {
+    rec.posted
+        .iter()
+        .filter(|p| p.channel_id == channel)
+        .map(|p| p.content.clone())
+        .collect()
+}
+
+/// A message id → its content.
+pub fn by_id(rec: &Recorded) -> HashMap<u64, Posted> {
+    rec.posted.iter().map(|p| (p.id, p.clone())).collect()
+}

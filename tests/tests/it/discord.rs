@@ -1,0 +1,536 @@
+//! The Discord bridge: the real serenity client (in the real binaries) against
+//! a local Discord that speaks the real protocol (harness::discord).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use broker::outbox::delivery_key;
+use broker::{approval, keys};
+use discord::render;
+use harness::discord::{contents, FakeDiscord, BOT_ID, TOKEN};
+use harness::{stream, wait_until, Deployment, Process};
+
+const SOON: Duration = Duration::from_secs(20);
+const TALK: u64 = 111_111_111_111_111_111;
+const OPS: u64 = 222_222_222_222_222_222;
+const NOWHERE: u64 = 333_333_333_333_333_333;
+const APPROVER: u64 = 42_000_000_000_000_042;
+const STRANGER: u64 = 43_000_000_000_000_043;
+
+fn deployment(fake: &FakeDiscord, approval: &str, extra: &str) -> Deployment {
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.dc]
+type = "discord"
+token_file = "{{dir}}/token"
+api_base = "{api}"
+gateway_url = "{gw}"
+channels = ["{TALK}", "{OPS}"]
+destinations = ["*"]
+ping = {{ command = ["sh", "-c", "echo \"$COWBOY_FIELD_CONTENT\" >> {{dir}}/pinged"], debounce_ms = 100 }}
+{approval}
+{extra}"#,
+        api = fake.api_base(),
+        gw = fake.gateway_url(),
+    ));
+    std::fs::write(d.path("token"), format!("{TOKEN}\n")).unwrap();
+    d
+}
+
+const GATED: &str = "approval = { required = true, notify = \"dc\", notify_channel = \"222222222222222222\", timeout = 0, approvers = [\"discord:42000000000000042\"] }";
+
+async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
+    let mut store = d.store().await;
+    stream(&mut store, key).await
+}
+
+async fn connected(fake: &FakeDiscord) {
+    wait_until("the ingest identified on the gateway", SOON, || async {
+        fake.identified().then_some(())
+    })
+    .await;
+}
+
+/// The card for the n-th approval: its head message.
+async fn card(fake: &FakeDiscord, n: usize) -> harness::discord::Posted {
+    wait_until(
+        "an approval card with the bot's reactions",
+        SOON,
+        || async {
+            fake.with(|r| {
+                let cards: Vec<_> = r
+                    .posted
+                    .iter()
+                    .filter(|p| p.channel_id == OPS && p.content.contains("Approval requested"))
+                    .cloned()
+                    .collect();
+                let card = cards.get(n)?.clone();
+                let reacted = r
+                    .reactions
+                    .iter()
+                    .filter(|(m, _, u)| *m == card.id && *u == BOT_ID)
+                    .count()
+                    == 2;
+                reacted.then_some(card)
+            })
+        },
+    )
+    .await
+}
+
+/// An agent entry is delivered with its content, reply reference and a nonce
+/// derived from the entry (enforced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_with_reference_and_nonce() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    let id = store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"hello **there**"),
+                ("reply_to", b"555555555555555555"),
+            ],
+        )
+        .await
+        .unwrap();
+    let posted = wait_until("a message", SOON, || async {
+        fake.with(|r| r.posted.first().cloned())
+    })
+    .await;
+    assert_eq!(
+        (posted.channel_id, posted.content.as_str()),
+        (TALK, "hello **there**")
+    );
+    assert_eq!(posted.reference, Some(555_555_555_555_555_555));
+    assert_eq!(
+        posted.nonce.as_deref(),
+        Some(render::nonce(&delivery_key("ann:dc:outbox", &id), 0).as_str())
+    );
+    assert!(posted.enforce_nonce);
+    assert_eq!(outbox.stop(), Some(0));
+    assert!(
+        fake.with(|r| r.unexpected.is_empty()),
+        "{:?}",
+        fake.with(|r| r.unexpected.clone())
+    );
+}
+
+/// 5,000 characters arrive whole, in several messages within Discord's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_message_arrives_whole_split() {
+    let fake = FakeDiscord::start(&[TALK]).await;
+    let d = deployment(&fake, "", "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let content: String = (0..1000)
+        .map(|i| format!("w{i:03}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(content.len() >= 4999);
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", content.as_bytes()),
+            ],
+        )
+        .await
+        .unwrap();
+    let parts = wait_until("all parts", SOON, || async {
+        let c = fake.with(|r| contents(r, TALK));
+        (c.len() >= 3 && c.join(" ").len() == content.len()).then_some(c)
+    })
+    .await;
+    assert!(parts.iter().all(|p| p.chars().count() <= 2000));
+    assert_eq!(parts.join(" "), content, "nothing cut");
+}
+
+/// A retried send with the same nonce creates one message, and returns its id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_send_creates_one_message() {
+    use broker::outbox::{Outgoing, Sender};
+    let fake = FakeDiscord::start(&[TALK]).await;
+    let d = deployment(&fake, "", "");
+    let s = discord::settings(&d.config, "dc").unwrap();
+    let sender = discord::send::DiscordSender {
+        http: std::sync::Arc::new(discord::http(&s, TOKEN)),
+    };
+    let message = broker::entry::Message {
+        channel_id: TALK.to_string(),
+        content: "once".into(),
+        ..Default::default()
+    };
+    let mut ids = Vec::new();
+    for retry in [false, true] {
+        ids.push(
+            sender
+                .send(Outgoing {
+                    message: &message,
+                    delivery_key: "dc:outbox/9-0",
+                    retry,
+                    approval: None,
+                })
+                .await
+                .unwrap(),
+        );
+    }
+    assert_eq!(ids[0], ids[1]);
+    assert_eq!(fake.with(|r| (r.posted.len(), r.nonce_hits)), (1, 1));
+}
+
+/// 429s are waited out, not turned into failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_are_waited_out() {
+    let fake = FakeDiscord::start(&[TALK]).await;
+    let d = deployment(&fake, "", "");
+    fake.rate_limit(2);
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"patience"),
+            ],
+        )
+        .await
+        .unwrap();
+    wait_until("delivery after two 429s", SOON, || async {
+        fake.with(|r| r.posted.first().cloned())
+    })
+    .await;
+    assert_eq!(fake.with(|r| (r.rate_limited, r.posted.len())), (2, 1));
+    assert!(stream(&mut store, "dc:dead").await.is_empty());
+}
+
+/// An unknown channel is a permanent error: dead letter with Discord's reason, and a notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_channel_is_dead_lettered() {
+    let fake = FakeDiscord::start(&[TALK]).await;
+    let d = deployment(&fake, "", "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", NOWHERE.to_string().as_bytes()),
+                ("content", b"lost"),
+            ],
+        )
+        .await
+        .unwrap();
+    let notice = wait_until("a notice", SOON, || async {
+        inbox(&d, "ann:dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert!(
+        notice["reason"].contains("Unknown Channel"),
+        "{}",
+        notice["reason"]
+    );
+    assert_eq!(stream(&mut store, "dc:dead").await.len(), 1);
+}
+
+/// The card shows the full content and sha256 and carries the bot's ✅ ❌; the
+/// bot's own ✅ and a stranger's ✅ change nothing (the stranger's is removed);
+/// the approver's ✅ delivers once and closes the card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_by_reaction() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    let content = "Dear all,\nthe release ships **today**.";
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", content.as_bytes()),
+            ],
+        )
+        .await
+        .unwrap();
+    let card = card(&fake, 0).await;
+    assert!(card.content.contains(content), "{}", card.content);
+    assert!(card
+        .content
+        .contains(&approval::sha256_hex(content.as_bytes())));
+    fake.user_reaction(OPS, card.id, STRANGER, "✅");
+    wait_until("the stranger's reaction removed", SOON, || async {
+        fake.with(|r| {
+            r.removed
+                .iter()
+                .any(|(m, e, u)| *m == card.id && e == "✅" && *u == STRANGER)
+                .then_some(())
+        })
+    })
+    .await;
+    let ids = approval::list_ids(&mut store).await.unwrap();
+    assert_eq!(
+        harness::hash(&mut store, &keys::approval(&ids[0])).await["status"],
+        "pending",
+        "bot and stranger decided nothing"
+    );
+    assert!(fake.with(|r| contents(r, TALK)).is_empty());
+    fake.user_reaction(OPS, card.id, APPROVER, "✅");
+    wait_until("delivery", SOON, || async {
+        fake.with(|r| (!contents(r, TALK).is_empty()).then_some(()))
+    })
+    .await;
+    let edited = wait_until("the card closed", SOON, || async {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .find(|p| p.id == card.id)
+                .and_then(|p| p.edits.last().cloned())
+        })
+    })
+    .await;
+    assert!(
+        edited.contains("Approved") && edited.contains(&format!("<@{APPROVER}>")),
+        "{edited}"
+    );
+    assert_eq!(fake.with(|r| contents(r, TALK)), [content]);
+    assert!(approval::list_ids(&mut store).await.unwrap().is_empty());
+}
+
+/// ❌, or a reply `reject too early`, gives the agent a notice with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejection_by_reaction_or_reply() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"one"),
+                ("request_id", b"r1"),
+            ],
+        )
+        .await
+        .unwrap();
+    let first = card(&fake, 0).await;
+    fake.user_reaction(OPS, first.id, APPROVER, "❌");
+    let n1 = wait_until("the first notice", SOON, || async {
+        inbox(&d, "ann:dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        (n1["status"].as_str(), n1["request_id"].as_str()),
+        ("rejected", "r1")
+    );
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"two"),
+            ],
+        )
+        .await
+        .unwrap();
+    let second = card(&fake, 1).await;
+    fake.user_message(OPS, APPROVER, "boss", "reject too early", Some(second.id));
+    let n2 = wait_until("the second notice", SOON, || async {
+        inbox(&d, "ann:dc:inbox").await.into_iter().nth(1)
+    })
+    .await;
+    assert_eq!(
+        (n2["status"].as_str(), n2["reason"].as_str()),
+        ("rejected", "too early")
+    );
+    assert_eq!(n2["approver"], format!("discord:{APPROVER}"));
+    let edited = wait_until("the second card closed", SOON, || async {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .find(|p| p.id == second.id)
+                .and_then(|p| p.edits.last().cloned())
+        })
+    })
+    .await;
+    assert!(
+        edited.contains("Rejected") && edited.contains("too early"),
+        "{edited}"
+    );
+    assert!(fake.with(|r| contents(r, TALK)).is_empty(), "nothing sent");
+    assert!(
+        inbox(&d, "dc:inbox").await.is_empty(),
+        "the reply to the card is not agent mail"
+    );
+}
+
+/// Expiry closes the card, and a late ✅ is ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_closes_the_card_and_late_answers_are_ignored() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, &GATED.replace("timeout = 0", "timeout = 1"), "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"slow"),
+            ],
+        )
+        .await
+        .unwrap();
+    let card = card(&fake, 0).await;
+    let notice = wait_until("the expiry notice", SOON, || async {
+        inbox(&d, "ann:dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "expired");
+    let edited = wait_until("the card closed", SOON, || async {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .find(|p| p.id == card.id)
+                .and_then(|p| p.edits.last().cloned())
+        })
+    })
+    .await;
+    assert!(edited.contains("Expired"), "{edited}");
+    fake.user_reaction(OPS, card.id, APPROVER, "✅");
+    // A later inbound message is handled after the reaction event.
+    fake.user_message(TALK, APPROVER, "boss", "marker", None);
+    wait_until("the marker", SOON, || async {
+        (!inbox(&d, "dc:inbox").await.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        fake.with(|r| contents(r, TALK)).is_empty(),
+        "a late answer sends nothing"
+    );
+}
+
+/// Inbound messages in listened channels become inbox entries (the bot's own
+/// and other channels' do not), the ping command runs, and the ingest resumes
+/// after the gateway connection drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbound_messages_ping_and_resume() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    let _ping = d.process("cowboy-discord-ping", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    // The bot's own message (the fake reports it on the gateway).
+    store
+        .xadd(
+            "dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"from the bot"),
+            ],
+        )
+        .await
+        .unwrap();
+    wait_until("the bot's post", SOON, || async {
+        fake.with(|r| r.posted.first().cloned())
+    })
+    .await;
+    fake.user_message(999, APPROVER, "boss", "elsewhere", None);
+    let mid = fake.user_message(TALK, APPROVER, "boss", "hello bot", Some(123));
+    let entry = wait_until("an inbox entry", SOON, || async {
+        inbox(&d, "dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(entry["content"], "hello bot");
+    assert_eq!(entry["channel_id"], TALK.to_string());
+    assert_eq!(entry["message_id"], mid.to_string());
+    assert_eq!(entry["author_id"], APPROVER.to_string());
+    assert_eq!(entry["author"], "boss");
+    assert_eq!(entry["reply_to"], "123");
+    assert!(!entry["timestamp"].is_empty());
+    wait_until("the ping command ran", SOON, || async {
+        std::fs::read_to_string(d.path("pinged"))
+            .ok()
+            .filter(|s| s.contains("hello bot"))
+    })
+    .await;
+    fake.drop_gateway();
+    wait_until("a resume or a new session", SOON, || async {
+        fake.with(|r| (r.resumes + r.identifies >= 2).then_some(()))
+    })
+    .await;
+    fake.user_message(TALK, APPROVER, "boss", "after the drop", None);
+    let entries = wait_until("the message after the drop", SOON, || async {
+        let e = inbox(&d, "dc:inbox").await;
+        (e.len() >= 2).then_some(e)
+    })
+    .await;
+    let texts: Vec<&str> = entries.iter().map(|e| e["content"].as_str()).collect();
+    assert_eq!(
+        texts,
+        ["hello bot", "after the drop"],
+        "not the bot's own, not other channels'"
+    );
+    let beat = wait_until("users/@me in the heartbeat", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let b = harness::hash(&mut store, &keys::heartbeat("dc")).await;
+            (b.get("platform").map(String::as_str) == Some("ok")).then_some(b)
+        }
+    })
+    .await;
+    assert!(beat.contains_key("ping"));
+    assert!(fake.with(|r| r.me_calls) >= 1);
+}
+
+/// Approval across bridges: a console bridge notifying through Discord is
+/// decided by a Discord reaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_bridge_is_approved_by_discord_reaction() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(
+        &fake,
+        "",
+        "[bridges.desk]\ntype = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"\ndestinations = [\"*\"]\napproval = { required = true, notify = \"dc\", notify_channel = \"222222222222222222\", timeout = 0, approvers = [\"discord:42000000000000042\"] }\n",
+    );
+    let _dc_outbox = d.process("cowboy-discord-outbox", "dc");
+    let _dc_ingest = d.process("cowboy-discord-ingest", "dc");
+    let _desk: Process = d.process("cowboy-console-outbox", "desk");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:desk:outbox",
+            &[
+                ("channel_id", b"ops"),
+                ("content", b"console, approved on Discord"),
+            ],
+        )
+        .await
+        .unwrap();
+    let card = card(&fake, 0).await;
+    fake.user_reaction(OPS, card.id, APPROVER, "✅");
+    let sent = wait_until("console delivery", SOON, || async {
+        d.delivered("desk.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "console, approved on Discord");
+}
