@@ -299,6 +299,24 @@ pub fn binary(name: &str) -> PathBuf {
     let path = dir.join(name);
     let built = BUILT.get_or_init(|| {
         let mut cmd = Command::new(env!("CARGO"));
+        // The variables cargo sets for this test process would change build-script
+        // fingerprints (ring reads CARGO_MANIFEST_DIR) and force a rebuild every run.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            let ours = key.starts_with("CARGO_PKG_")
+                || key.starts_with("CARGO_BIN_")
+                || key.starts_with("CARGO_MANIFEST_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "OUT_DIR",
+                ]
+                .contains(&key.as_ref());
+            if ours {
+                cmd.env_remove(key.as_ref());
+            }
+        }
         cmd.args(["build", "--workspace", "--bins", "--quiet"])
             .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
         if dir.file_name().is_some_and(|p| p == "release") {

@@ -417,7 +417,7 @@ async fn answers_that_decide_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_to_an_expired_approval_is_ignored() {
     let stack = MailStack::start();
-    let d = deployment(&stack, &APPROVAL.replace("timeout = 0", "timeout = 1"), "");
+    let d = deployment(&stack, &APPROVAL.replace("timeout = 0", "timeout = 3"), "");
     let _outbox = d.process("cowboy-email-outbox", "mail");
     let _ingest = d.process("cowboy-email-ingest", "mail");
     let mut store = d.store().await;
