@@ -310,6 +310,34 @@ pub async fn find_by_prefix(store: &mut Store, prefix: &str) -> Result<String> {
     }
 }
 
+/// Record fields copied onto notification and outcome entries, as
+/// (entry field, record field): what a notify bridge needs to show an approval
+/// without reading the record (which its user may not be allowed to).
+pub const SUMMARY_FIELDS: &[(&str, &str)] = &[
+    ("approval_source", "source"),
+    ("approval_agent", "agent"),
+    ("approval_channel", "channel_id"),
+    ("approval_sha256", "content_sha256"),
+    ("approval_expires_at", "expires_at"),
+    ("approval_bytes", "content_bytes"),
+];
+
+/// The [`SUMMARY_FIELDS`] of a record, as entry fields.
+pub fn summary(record: &Record) -> Vec<(&'static str, &[u8])> {
+    SUMMARY_FIELDS
+        .iter()
+        .map(|(entry, field)| (*entry, record.get(field).as_bytes()))
+        .collect()
+}
+
+/// Removes skin tones and presentation selectors, so 👍🏽 counts as 👍.
+pub fn normalize_emoji(emoji: &str) -> String {
+    emoji
+        .chars()
+        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
+        .collect()
+}
+
 /// How to answer, for surfaces that react (console, Discord).
 pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
 

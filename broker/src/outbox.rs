@@ -428,19 +428,16 @@ impl<S: Sender> OutboxService<S> {
     /// approval this bridge notified: show it on the notification, then ack.
     async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
         let text = |k: &str| entry.text(k).unwrap_or("").to_string();
-        let mut fields = HashMap::new();
-        for (ours, theirs) in [
-            ("source", "approval_source"),
-            ("agent", "approval_agent"),
-            ("channel_id", "approval_channel"),
-            ("content_sha256", "approval_sha256"),
-            ("expires_at", "approval_expires_at"),
-            ("content_bytes", "approval_bytes"),
+        let extra = [
             ("approver", "approval_approver"),
             ("reason", "approval_reason"),
-        ] {
-            fields.insert(ours.to_string(), text(theirs));
-        }
+        ];
+        let fields: HashMap<String, String> = approval::SUMMARY_FIELDS
+            .iter()
+            .map(|(entry, field)| (*field, *entry))
+            .chain(extra)
+            .map(|(field, entry)| (field.to_string(), text(entry)))
+            .collect();
         let record = Record {
             id: text("approval_id"),
             fields,
@@ -548,18 +545,13 @@ impl<S: Sender> OutboxService<S> {
         }
         let content =
             approval::render_notification(record, &message.content, approval::REACT_HINT, None);
-        let fields: Vec<(&str, &[u8])> = vec![
+        let mut fields: Vec<(&str, &[u8])> = vec![
             ("approval_id", record.id.as_bytes()),
             ("channel_id", record.get("notify_channel").as_bytes()),
             ("content", content.as_bytes()),
-            ("approval_source", record.source().as_bytes()),
-            ("approval_agent", record.get("agent").as_bytes()),
-            ("approval_channel", record.get("channel_id").as_bytes()),
-            ("approval_sha256", record.get("content_sha256").as_bytes()),
-            ("approval_expires_at", record.get("expires_at").as_bytes()),
-            ("approval_bytes", record.get("content_bytes").as_bytes()),
             ("approval_content", message.content.as_bytes()),
         ];
+        fields.extend(approval::summary(record));
         let notification = self.store.xadd(&stream, &fields).await?;
         set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await
     }
@@ -782,20 +774,15 @@ impl<S: Sender> OutboxService<S> {
         let key = keys::approval(&record.id);
         let external = record.get("notify_external_id");
         if let (Some(outcome), false) = (outcome, external.is_empty()) {
-            let fields: Vec<(&str, &[u8])> = vec![
+            let mut fields: Vec<(&str, &[u8])> = vec![
                 ("approval_id", record.id.as_bytes()),
                 ("approval_outcome", outcome.as_bytes()),
                 ("approval_external_id", external.as_bytes()),
                 ("channel_id", record.get("notify_channel").as_bytes()),
                 ("approval_approver", record.get("approver").as_bytes()),
                 ("approval_reason", record.get("reason").as_bytes()),
-                ("approval_source", record.source().as_bytes()),
-                ("approval_agent", record.get("agent").as_bytes()),
-                ("approval_channel", record.get("channel_id").as_bytes()),
-                ("approval_sha256", record.get("content_sha256").as_bytes()),
-                ("approval_expires_at", record.get("expires_at").as_bytes()),
-                ("approval_bytes", record.get("content_bytes").as_bytes()),
             ];
+            fields.extend(approval::summary(record));
             self.store
                 .xadd(&keys::outbox(record.get("notify")), &fields)
                 .await?;

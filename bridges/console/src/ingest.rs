@@ -49,11 +49,7 @@ pub enum Line {
 
 /// What an emoji means for an approval, skin tones and presentation selectors ignored.
 pub fn verdict_of(emoji: &str) -> Option<Verdict> {
-    let bare: String = emoji
-        .chars()
-        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
-        .collect();
-    match bare.as_str() {
+    match broker::approval::normalize_emoji(emoji).as_str() {
         "✅" | "✔" | "👍" => Some(Verdict::Approved),
         "❌" | "✖" | "👎" => Some(Verdict::Rejected),
         _ => None,

@@ -1,7 +1,7 @@
 //! Pure logic of the Discord bridge: splitting long content, nonces, the
 //! approval card, and what a reaction or a reply to the card means.
 
-use broker::approval::{Record, Verdict};
+use broker::approval::{normalize_emoji, Record, Verdict};
 
 /// Discord's limit on a message's content, in UTF-16 code units.
 pub const LIMIT: usize = 2000;
@@ -133,14 +133,6 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
         text = split(&text, LIMIT).remove(0);
     }
     text
-}
-
-/// Removes skin tones and presentation selectors, so 👍🏽 counts as 👍.
-pub fn normalize_emoji(emoji: &str) -> String {
-    emoji
-        .chars()
-        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
-        .collect()
 }
 
 /// What a reaction means, given the configured emoji sets.
