@@ -103,7 +103,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             sels.push(selector(&inboxes, "+xadd"));
             sels.push(selector(
                 &[format!("~{}*", keys::APPROVAL_PREFIX)],
-                "+hget +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
+                "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
             ));
             let wake: Vec<String> = config
                 .requesters_of(name)

@@ -17,10 +17,21 @@ use crate::SOON;
 /// and the config body that names them.
 struct Secrets {
     dir: tempfile::TempDir,
+    /// The `desk` bridge's own lines (type and settings); console by default.
+    desk: String,
+    /// Who may approve `mail`'s messages.
+    approvers: String,
 }
 
 impl Secrets {
     fn new() -> Secrets {
+        Secrets::with_desk(
+            "type = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"",
+            "console:boss",
+        )
+    }
+
+    fn with_desk(desk: &str, approver: &str) -> Secrets {
         let dir = tempfile::tempdir().unwrap();
         let mut users = vec!["admin".to_string(), "ann".into(), "bob".into()];
         for b in ["mail", "desk"] {
@@ -35,7 +46,11 @@ impl Secrets {
             )
             .unwrap();
         }
-        Secrets { dir }
+        Secrets {
+            dir,
+            desk: desk.to_string(),
+            approvers: format!("\"{approver}\""),
+        }
     }
 
     fn file(&self, user: &str) -> String {
@@ -71,20 +86,25 @@ type = "console"
 output = "{{dir}}/mail.out"
 input = "{{dir}}/mail.in"
 destinations = ["*"]
-approval = {{ required = true, notify = "desk", notify_channel = "ops", timeout = 0, approvers = ["console:boss"] }}
+approval = {{ required = true, notify = "desk", notify_channel = "{channel}", timeout = 0, approvers = [{approvers}] }}
 {mail}
 
 [bridges.desk]
-type = "console"
-output = "{{dir}}/desk.out"
-input = "{{dir}}/desk.in"
-destinations = ["ops"]
+{desk_settings}
+destinations = ["*"]
 {desk}
 "#,
             ann = self.file("ann"),
             bob = self.file("bob"),
             mail = services("mail"),
             desk = services("desk"),
+            desk_settings = self.desk,
+            approvers = self.approvers,
+            channel = if self.desk.contains("discord") {
+                "222222222222222222"
+            } else {
+                "ops"
+            },
         )
     }
 
@@ -428,6 +448,93 @@ async fn the_approval_flow_runs_under_least_privilege() {
     assert!(harness::hash(&mut admin, "approval:desk_map")
         .await
         .is_empty());
+}
+
+/// The Discord bridge's services (the real binaries) work under exactly the
+/// rules `cowboy acl` renders: a console bridge's message is approved on a card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discord_services_run_under_their_acl_users() {
+    use harness::discord::{FakeDiscord, TOKEN};
+    let fake = FakeDiscord::start(&[222_222_222_222_222_222]).await;
+    let desk = format!(
+        "type = \"discord\"\ntoken_file = \"{{dir}}/token\"\napi_base = \"{}\"\ngateway_url = \"{}\"\nchannels = [\"222222222222222222\"]",
+        fake.api_base(),
+        fake.gateway_url()
+    );
+    let secrets = Secrets::with_desk(&desk, "discord:42000000000000042");
+    let (d, _) = secrets.deployment();
+    std::fs::write(d.path("token"), TOKEN).unwrap();
+    let _procs: Vec<harness::Process> = [
+        ("cowboy-console-outbox", "mail"),
+        ("cowboy-discord-outbox", "desk"),
+        ("cowboy-discord-ingest", "desk"),
+        ("cowboy-discord-ping", "desk"),
+    ]
+    .iter()
+    .map(|(b, n)| d.process(b, n))
+    .collect();
+    wait_until("the gateway session", SOON, || async {
+        fake.identified().then_some(())
+    })
+    .await;
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "channel_id",
+            "bob@example.org",
+            "content",
+            "under ACL",
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    let card = wait_until("a card with the bot's reactions", SOON, || async {
+        fake.with(|r| {
+            let card = r.posted.first()?.clone();
+            (r.reactions.len() == 2).then_some(card)
+        })
+    })
+    .await;
+    fake.user_reaction(
+        222_222_222_222_222_222,
+        card.id,
+        42_000_000_000_000_042,
+        "✅",
+    );
+    let sent = wait_until("delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "under ACL");
+    let mut admin = d.store().await;
+    wait_until(
+        "the ping's users/@me check under its ACL user",
+        SOON,
+        || {
+            let mut admin = admin.clone();
+            async move {
+                let b = harness::hash(&mut admin, &keys::heartbeat("desk")).await;
+                (b.get("platform").map(String::as_str) == Some("ok")).then_some(())
+            }
+        },
+    )
+    .await;
+    let logs: String = [
+        "cowboy-discord-outbox-desk.log",
+        "cowboy-discord-ingest-desk.log",
+    ]
+    .iter()
+    .map(|f| std::fs::read_to_string(d.path(f)).unwrap_or_default())
+    .collect();
+    assert!(
+        !logs.contains("NOPERM") && !logs.contains("refused"),
+        "{logs}"
+    );
+    assert!(stream(&mut admin, "desk:dead").await.is_empty());
 }
 
 /// A service running with too few permissions fails at start-up with exit code
