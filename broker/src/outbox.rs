@@ -49,6 +49,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(30);
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 /// Longest single block on the read, so shutdown and heartbeats stay timely.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
+/// Consecutive Redis failures (with growing pauses, about five minutes in all)
+/// before the service gives up and exits for its supervisor to restart it.
+const MAX_FAILURES: u32 = 15;
 /// Redis TTL put on a settled record in case the final delete never happens.
 const SETTLED_TTL_SECS: i64 = 24 * 3600;
 
@@ -205,64 +208,91 @@ impl<S: Sender> OutboxService<S> {
     /// by waiting (permissions, config) or after Redis stayed away.
     pub async fn run(mut self) -> Result<()> {
         self.prepare().await?;
-        let mut blocking = self.store.blocking().await?;
-        self.recover(&mut blocking).await?;
+        let mut blocking = Some(self.store.blocking().await?);
+        if let Some(conn) = blocking.as_mut() {
+            self.recover(conn).await?;
+        }
         systemd::ready();
         tracing::info!(bridge = %self.name, parked = self.parked.len(), "outbox service running");
-        let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
-        let new_ids = vec![">"; keys.len()];
-        let mut last_sweep = Instant::now();
-        let mut last_beat: Option<Instant> = None;
+        let mut loop_state = LoopState {
+            last_sweep: Instant::now(),
+            last_beat: None,
+        };
         let mut failures = 0u32;
         while !self.shutdown.is_set() {
             self.watchdog.tick();
-            if last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
-                self.store
-                    .heartbeat(&self.name, "outbox", HEARTBEAT_EVERY * 3)
-                    .await?;
-                last_beat = Some(Instant::now());
-            }
-            let block = self.block_for(last_sweep);
-            let read = tokio::select! {
-                _ = self.shutdown.wait() => break,
-                r = read_group(&mut blocking, &self.group, &self.consumer, &keys, &new_ids, self.bridge.batch, Some(block)) => r,
+            let step = match blocking.as_mut() {
+                Some(conn) => self.step(conn, &mut loop_state).await,
+                None => self.reconnect().await.map(|conn| {
+                    blocking = Some(conn);
+                    true
+                }),
             };
-            match read {
-                Ok(batch) => {
-                    failures = 0;
-                    for (key, entries) in batch {
-                        let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
-                            continue;
-                        };
-                        for (id, fields) in entries {
-                            self.handle(idx, id, fields, false).await?;
-                        }
-                    }
+            match step {
+                Ok(true) => failures = 0,
+                Ok(false) => break,
+                // Redis lost its data (restarted without persistence): groups come back empty.
+                Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => {
+                    tracing::warn!("consumer group missing; creating it again");
+                    self.prepare().await?;
                 }
-                Err(e) if e.is_retriable() && failures < 30 => {
+                Err(e) if e.is_retriable() && failures < MAX_FAILURES => {
                     failures += 1;
-                    tracing::warn!(error = %e, "outbox read failed; reconnecting");
+                    tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
+                    blocking = None;
                     if !self.shutdown.sleep(backoff(failures)).await {
                         break;
                     }
-                    blocking = match self.store.blocking().await {
-                        Ok(c) => c,
-                        Err(_) => continue,
-                    };
-                    // Entries delivered in a lost reply sit in the pending list.
-                    self.recover(&mut blocking).await?;
-                    continue;
                 }
                 Err(e) => return Err(e),
-            }
-            self.settle_due().await?;
-            if last_sweep.elapsed() >= SWEEP_EVERY {
-                self.sweep().await?;
-                last_sweep = Instant::now();
             }
         }
         tracing::info!(bridge = %self.name, "outbox service stopped");
         Ok(())
+    }
+
+    /// A fresh blocking connection, and whatever a lost reply left pending.
+    async fn reconnect(&mut self) -> Result<redis::aio::MultiplexedConnection> {
+        let mut conn = self.store.blocking().await?;
+        self.recover(&mut conn).await?;
+        tracing::info!(bridge = %self.name, "reconnected to Redis");
+        Ok(conn)
+    }
+
+    /// One turn of the loop: heartbeat, one blocking read, handling, deadlines,
+    /// sweep. Returns false when shutdown came during the read.
+    async fn step(
+        &mut self,
+        blocking: &mut redis::aio::MultiplexedConnection,
+        st: &mut LoopState,
+    ) -> Result<bool> {
+        if st.last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
+            self.store
+                .heartbeat(&self.name, "outbox", HEARTBEAT_EVERY * 3)
+                .await?;
+            st.last_beat = Some(Instant::now());
+        }
+        let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
+        let new_ids = vec![">"; keys.len()];
+        let block = self.block_for(st.last_sweep);
+        let batch = tokio::select! {
+            _ = self.shutdown.wait() => return Ok(false),
+            r = read_group(blocking, &self.group, &self.consumer, &keys, &new_ids, self.bridge.batch, Some(block)) => r?,
+        };
+        for (key, entries) in batch {
+            let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
+                continue;
+            };
+            for (id, fields) in entries {
+                self.handle(idx, id, fields, false).await?;
+            }
+        }
+        self.settle_due().await?;
+        if st.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.sweep().await?;
+            st.last_sweep = Instant::now();
+        }
+        Ok(true)
     }
 
     fn block_for(&self, last_sweep: Instant) -> Duration {
@@ -920,6 +950,12 @@ impl<S: Sender> OutboxService<S> {
         let group = self.group.clone();
         self.store.ack(stream, &group, &[id]).await
     }
+}
+
+/// Timers of the main loop.
+struct LoopState {
+    last_sweep: Instant,
+    last_beat: Option<Instant>,
 }
 
 /// The outcome of a send after retries.

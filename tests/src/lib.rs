@@ -24,7 +24,8 @@ use redis::AsyncCommands;
 pub struct RedisServer {
     child: Child,
     pub port: u16,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
 }
 
 impl RedisServer {
@@ -36,42 +37,39 @@ impl RedisServer {
     /// Starts a server with extra arguments (e.g. `--aclfile PATH`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for attempt in 0..5 {
             let port = free_port();
-            let mut child = match Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-            {
-                Ok(c) => c,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                    "redis-server is not installed; install it (Debian: apt-get install -y redis-server)"
-                ),
-                Err(e) => panic!("cannot start redis-server: {e}"),
-            };
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return RedisServer {
-                        child,
-                        port,
-                        _dir: dir,
-                    };
-                }
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // port taken meanwhile: try another
-                }
-                std::thread::sleep(Duration::from_millis(10));
+            if let Some(child) = spawn_redis(port, dir.path(), &extra) {
+                return RedisServer {
+                    child,
+                    port,
+                    dir,
+                    extra,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
             eprintln!("redis-server attempt {attempt} on port {port} failed; retrying");
         }
         panic!("redis-server did not start after 5 attempts");
+    }
+
+    /// Kills the server and starts it again on the same port and folder (what
+    /// it persisted, if its arguments asked for persistence, comes back).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(child) = spawn_redis(self.port, self.dir.path(), &self.extra) {
+                self.child = child;
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     pub fn url(&self) -> String {
@@ -89,6 +87,47 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Starts redis-server and waits until it accepts connections; None if it exited.
+fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
+    let mut child = match Command::new("redis-server")
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            panic!("redis-server is not installed; install it (Debian: apt-get install -y redis-server)")
+        }
+        Err(e) => panic!("cannot start redis-server: {e}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Some(child);
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            return None; // the port was taken meanwhile
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 fn free_port() -> u16 {

@@ -528,3 +528,50 @@ async fn approval_off_delivers_and_acks() {
     );
     assert!(hash(&mut store, "approval:mail_map").await.is_empty());
 }
+
+/// Redis goes away and comes back (with its data, as a persisting Redis does):
+/// the outbox reconnects by itself, the parked entry is still parked and is
+/// delivered on approval, and new entries flow again. Without its data, the
+/// groups are created again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_survives_a_redis_restart() {
+    let redis =
+        harness::RedisServer::start_with(&["--appendonly", "yes", "--appendfsync", "always"]);
+    let mut d = Deployment::with_redis(redis, &approval_config(0));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "before the restart", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    d.redis.restart();
+    let mut store = d.store().await;
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["status"],
+        "pending"
+    );
+    approval::decide(
+        &mut store,
+        &d.config,
+        &id,
+        approval::Verdict::Approved,
+        "cli:op",
+        "",
+    )
+    .await
+    .unwrap();
+    wait_until(
+        "delivery after the restart",
+        Duration::from_secs(30),
+        || async { d.delivered("mail.out").first().cloned() },
+    )
+    .await;
+    agent_sends(&d, "after the restart", "r2").await;
+    notification(&d, 1).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert_eq!(
+        d.delivered("desk.out").len(),
+        2,
+        "one notification each, none repeated"
+    );
+}
