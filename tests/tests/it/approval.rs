@@ -575,3 +575,62 @@ async fn the_outbox_survives_a_redis_restart() {
         "one notification each, none repeated"
     );
 }
+
+/// Total commands Redis has processed (from INFO commandstats).
+async fn commands_processed(store: &mut broker::Store) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Waiting costs the same whatever is parked: with 300 parked entries, an idle
+/// outbox sends Redis a handful of commands over six seconds (one blocking read
+/// per wake-up, a heartbeat), not one per parked entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_cost_does_not_grow_with_parked_entries() {
+    let d = Deployment::new(&approval_config(0));
+    let mut store = d.store().await;
+    for i in 0..300 {
+        store
+            .xadd(
+                "ann:mail:outbox",
+                &[
+                    ("channel_id", b"bob@example.org"),
+                    ("content", format!("m{i}").as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let outbox = d.spawn("outbox", "mail");
+    wait_until("300 parked and notified", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let ids = approval::list_ids(&mut store).await.unwrap();
+            let mut notified = 0;
+            for id in &ids {
+                notified += hash(&mut store, &keys::approval(id))
+                    .await
+                    .contains_key("notified") as usize;
+            }
+            (notified == 300).then_some(())
+        }
+    })
+    .await;
+    // Count over more than one wake-up (the longest block is 5 s).
+    let before = commands_processed(&mut store).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = commands_processed(&mut store).await - before;
+    outbox.stop().await.unwrap();
+    // Our own INFO call counts once; the outbox blocks at most 5 s per read.
+    assert!(
+        during <= 12,
+        "{during} commands while idle with 300 parked entries"
+    );
+}
