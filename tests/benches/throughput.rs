@@ -21,12 +21,28 @@ async fn fill(store: &mut Store, stream: &str, n: usize, fields: &[(&str, &[u8])
 /// The floor: XREADGROUP 64 at a time, one XACK per entry.
 async fn floor(store: &mut Store) -> Duration {
     store.ensure_group("floor", "g").await.unwrap();
-    fill(store, "floor", N, &[("channel_id", b"c"), ("content", b"hello")]).await;
+    fill(
+        store,
+        "floor",
+        N,
+        &[("channel_id", b"c"), ("content", b"hello")],
+    )
+    .await;
     let mut conn = store.blocking().await.unwrap();
     let start = Instant::now();
     let mut done = 0;
     while done < N {
-        let batch = broker::store::read_group(&mut conn, "g", "c", &["floor".to_string()], &[">"], 64, None).await.unwrap();
+        let batch = broker::store::read_group(
+            &mut conn,
+            "g",
+            "c",
+            &["floor".to_string()],
+            &[">"],
+            64,
+            None,
+        )
+        .await
+        .unwrap();
         for (_, entries) in batch {
             for (id, _) in entries {
                 store.ack("floor", "g", &[id.as_str()]).await.unwrap();
@@ -40,8 +56,12 @@ async fn floor(store: &mut Store) -> Duration {
 async fn drained(d: &Deployment, stream: &str, group: &str, n: usize) {
     let mut store = d.store().await;
     loop {
-        let groups: Vec<std::collections::HashMap<String, redis::Value>> =
-            redis::cmd("XINFO").arg("GROUPS").arg(stream).query_async(&mut store.conn).await.unwrap_or_default();
+        let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(stream)
+            .query_async(&mut store.conn)
+            .await
+            .unwrap_or_default();
         let read = groups
             .iter()
             .find(|g| g.get("name") == Some(&redis::Value::BulkString(group.as_bytes().to_vec())))
@@ -63,7 +83,13 @@ async fn main() {
     let d = Deployment::new("[bridges.mail]\ntype = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\"\ndestinations = [\"*\"]\n");
     let mut store = d.store().await;
     let floor_time = floor(&mut store).await;
-    fill(&mut store, "mail:outbox", N, &[("channel_id", b"c"), ("content", b"hello")]).await;
+    fill(
+        &mut store,
+        "mail:outbox",
+        N,
+        &[("channel_id", b"c"), ("content", b"hello")],
+    )
+    .await;
     let start = Instant::now();
     let outbox = d.spawn("outbox", "mail");
     drained(&d, "mail:outbox", "mail-outbox", N).await;
@@ -81,7 +107,13 @@ async fn main() {
     let p = 1000;
     let d = Deployment::new("[bridges.mail]\ntype = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\"\ndestinations = [\"*\"]\napproval = { required = true, notify_channel = \"ops\", timeout = 0, approvers = [\"cli:op\"] }\n");
     let mut store = d.store().await;
-    fill(&mut store, "mail:outbox", p, &[("channel_id", b"c"), ("content", b"hello")]).await;
+    fill(
+        &mut store,
+        "mail:outbox",
+        p,
+        &[("channel_id", b"c"), ("content", b"hello")],
+    )
+    .await;
     let start = Instant::now();
     let outbox = d.spawn("outbox", "mail");
     // The notifications go to mail:outbox too (notify = itself): wait until they are delivered.
