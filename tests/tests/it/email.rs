@@ -90,6 +90,27 @@ async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
     stream(&mut store, key).await
 }
 
+fn base64_encode(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (b[0] as u32) << 16 | (b[1] as u32) << 8 | b[2] as u32;
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// An agent entry arrives with the right headers, threading, and non-ASCII
 /// subject and body intact; its Message-ID is derived from the entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +257,15 @@ async fn inbound_mail_reaches_the_inbox_and_pings() {
     assert_eq!(entry["subject"], "Grüße");
     assert_eq!(entry["message_id"], "in.1@bridge.test");
     assert_eq!(entry["content"].trim_end(), "Hallo ✓");
+    wait_until("the handled mail flagged \\Seen", MAIL, || async {
+        let dir = stack.dir.path().join("mail/bridge.test/bridge/Maildir/cur");
+        std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(",S"))
+            .then_some(())
+    })
+    .await;
     wait_until("the ping command ran", MAIL, || async {
         std::fs::read_to_string(d.path("pinged"))
             .ok()
