@@ -371,6 +371,32 @@ async fn approval_by_email_reply() {
         1,
         "delivered once, the rejected one never"
     );
+
+    // An HTML-only reply, base64-encoded, approves too.
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"third")],
+        )
+        .await
+        .unwrap();
+    let notes = wait_mails(&stack, "approver", 3).await;
+    let html = "<html><body><p>Approve</p><blockquote>REJECT</blockquote></body></html>";
+    let raw = reply("approver@bridge.test", &notes[2].message_id, "").replace(
+        "Content-Type: text/plain; charset=utf-8\r\n\r\n\r\n",
+        &format!(
+            "MIME-Version: 1.0\r\nContent-Type: text/html; charset=utf-8\r\nContent-Transfer-Encoding: base64\r\n\r\n{}\r\n",
+            base64_encode(html.as_bytes())
+        ),
+    );
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &raw,
+        Some("approver"),
+    );
+    let sent = wait_mails(&stack, "bob", 2).await;
+    assert_eq!(sent[1].body.trim_end(), "third");
     assert!(
         inbox(&d, "mail:inbox").await.is_empty(),
         "answers never reach the agent as mail"
