@@ -27,6 +27,9 @@ use tokio::sync::Mutex;
 use crate::config::DiscordSettings;
 use crate::render;
 
+/// Attempts at an event while Redis is unavailable (about two minutes in all).
+const RETRIES: u32 = 10;
+
 /// The gateway intents the ingest asks for.
 pub fn intents(dms: bool) -> GatewayIntents {
     let mut i = GatewayIntents::GUILD_MESSAGES
@@ -177,14 +180,27 @@ impl EventHandler for Handler {
     }
 
     async fn message(&self, _ctx: Context, msg: Message) {
-        if let Err(e) = self.on_message(&msg).await {
-            tracing::error!(error = %e, "message not carried");
+        let mut attempt = 0;
+        while let Err(e) = self.on_message(&msg).await {
+            attempt += 1;
+            if !e.is_retriable() || attempt > RETRIES {
+                tracing::error!(error = %e, message = %msg.id, "message not carried");
+                return;
+            }
+            // Redis is away: the gateway will not send this event again, so wait here.
+            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
         }
     }
 
     async fn reaction_add(&self, ctx: Context, reaction: Reaction) {
-        if let Err(e) = self.on_reaction(&ctx, &reaction).await {
-            tracing::error!(error = %e, "reaction not handled");
+        let mut attempt = 0;
+        while let Err(e) = self.on_reaction(&ctx, &reaction).await {
+            attempt += 1;
+            if !e.is_retriable() || attempt > RETRIES {
+                tracing::error!(error = %e, message = %reaction.message_id, "reaction not handled");
+                return;
+            }
+            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
         }
     }
 }
