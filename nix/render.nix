@@ -48,7 +48,7 @@ let
       ping = b.ping or { };
       files = b.redisPasswordFiles or { };
     in
-    table "bridges.${key name}" ((b.settings or { }) // secretTree (b.secrets or { }) // {
+    table "bridges.${key name}" (merge (b.settings or { }) (secretTree (b.secrets or { })) // {
       type = b.type;
       approval = nonNull {
         required = approval.required or null;

@@ -84,17 +84,42 @@ fn every_nix_file_parses() {
 /// including each console bridge's own settings.
 #[test]
 fn rendered_examples_load() {
-    for example in ["minimal", "approval-via-another-bridge", "per-agent"] {
+    for example in [
+        "minimal",
+        "approval-via-another-bridge",
+        "per-agent",
+        "discord-approved-by-email",
+    ] {
         let text = render(example);
         let config = Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
+        // Each bridge crate accepts its own settings (unknown keys would fail here).
         for (name, bridge) in &config.bridges {
-            if bridge.kind == "console" {
-                bridge
+            let checked: Result<(), String> = match bridge.kind.as_str() {
+                "console" => bridge
                     .settings::<console::config::ConsoleSettings>(name)
-                    .unwrap_or_else(|e| panic!("{example}: {e}"));
-            }
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                "email" => email::settings(&config, name)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                "discord" => discord::settings(&config, name)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                other => panic!("unknown type {other}"),
+            };
+            checked.unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
         }
     }
+    let c = Config::parse(&render("discord-approved-by-email")).unwrap();
+    let mail = email::settings(&c, "email").unwrap();
+    assert_eq!(
+        mail.smtp.host, "mail.example.org",
+        "secrets merge into their table, not over it"
+    );
+    assert_eq!(
+        mail.smtp.password_file.unwrap().to_str(),
+        Some("$CREDENTIALS_DIRECTORY/smtp.password_file")
+    );
     let c = Config::parse(&render("approval-via-another-bridge")).unwrap();
     let mail = &c.bridges["mail"].approval;
     assert!(mail.required && mail.notify.as_deref() == Some("desk") && mail.timeout == 600);
