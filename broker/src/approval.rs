@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 use crate::keys;
 use crate::store::Store;
 
+/// About how many wake-ups a `{bridge}:decisions` stream keeps.
+const DECISIONS_KEPT: u64 = 10_000;
+
 /// Characters of content kept in `content_preview` (the protocol's 200).
 pub const PREVIEW_CHARS: usize = 200;
 
@@ -261,15 +264,21 @@ pub async fn decide(
     );
     // Wake the requesting outbox service; if this is lost it still sees the decision
     // at its next sweep.
-    store
-        .xadd(
-            &keys::decisions(&requester),
-            &[
-                ("approval_id", id.as_bytes()),
-                ("status", verdict.as_str().as_bytes()),
-            ],
-        )
-        .await?;
+    // Capped: a wake-up trimmed before it was read is covered by that sweep too.
+    let stream = keys::decisions(&requester);
+    let _: String = redis::cmd("XADD")
+        .arg(&stream)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(DECISIONS_KEPT)
+        .arg("*")
+        .arg("approval_id")
+        .arg(id)
+        .arg("status")
+        .arg(verdict.as_str())
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
     Ok(Outcome::Decided)
 }
 
