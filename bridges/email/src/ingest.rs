@@ -131,6 +131,12 @@ impl EmailIngest {
 
     async fn session(&mut self, shutdown: &Shutdown, ready: &mut bool) -> Result<()> {
         let mut session = login(&self.settings.imap, &self.bridge).await?;
+        if let Some(folder) = &self.settings.imap.move_to {
+            // UID MOVE into a missing folder fails; create it (an existing one is fine).
+            if let Err(e) = session.create(folder).await {
+                tracing::debug!(folder, error = %e, "CREATE of the move_to folder (it may exist)");
+            }
+        }
         let mailbox = session
             .select(&self.settings.imap.mailbox)
             .await

@@ -552,6 +552,43 @@ async fn ingest_resumes_after_restarts() {
     assert_eq!(entries.len(), 3);
 }
 
+/// With `imap.move_to`, handled mail is moved to that folder (created if missing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handled_mail_can_be_moved() {
+    let stack = MailStack::start();
+    let settings = stack
+        .bridge_settings()
+        .replace("password_file =", "move_to = \"Handled\", password_file =");
+    let d = Deployment::new(&format!(
+        "[bridges.mail]\ntype = \"email\"\ndestinations = [\"*@bridge.test\"]\n{settings}"
+    ));
+    let _ingest = d.process("cowboy-email-ingest", "mail");
+    stack.send_raw(
+        "bob@bridge.test",
+        "bridge@bridge.test",
+        "From: bob@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: move me\r\n\r\nx\r\n",
+        None,
+    );
+    wait_until("an inbox entry", MAIL, || async {
+        inbox(&d, "mail:inbox").await.into_iter().next()
+    })
+    .await;
+    let folder = stack
+        .dir
+        .path()
+        .join("mail/bridge.test/bridge/Maildir/.Handled");
+    wait_until("the mail in Handled", MAIL, || async {
+        let count = |sub: &str| {
+            std::fs::read_dir(folder.join(sub))
+                .map(|d| d.count())
+                .unwrap_or(0)
+        };
+        (count("new") + count("cur") == 1).then_some(())
+    })
+    .await;
+    assert!(stack.mails("bridge").is_empty(), "nothing left in INBOX");
+}
+
 /// Approval across bridges: a console bridge whose approvals go out by email is
 /// decided by an email reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
