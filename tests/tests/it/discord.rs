@@ -80,6 +80,19 @@ async fn card(fake: &FakeDiscord, n: usize) -> harness::discord::Posted {
     .await
 }
 
+/// Waits for the card's closing edit and returns its text.
+async fn closed(fake: &FakeDiscord, card: u64) -> String {
+    wait_until("the card closed", SOON, || async {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .find(|p| p.id == card)
+                .and_then(|p| p.edits.last().cloned())
+        })
+    })
+    .await
+}
+
 /// An agent entry is delivered with its content, reply reference and a nonce
 /// derived from the entry (enforced).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,15 +303,7 @@ async fn approval_by_reaction() {
         fake.with(|r| (!contents(r, TALK).is_empty()).then_some(()))
     })
     .await;
-    let edited = wait_until("the card closed", SOON, || async {
-        fake.with(|r| {
-            r.posted
-                .iter()
-                .find(|p| p.id == card.id)
-                .and_then(|p| p.edits.last().cloned())
-        })
-    })
-    .await;
+    let edited = closed(&fake, card.id).await;
     assert!(
         edited.contains("Approved") && edited.contains(&format!("<@{APPROVER}>")),
         "{edited}"
@@ -358,15 +363,7 @@ async fn rejection_by_reaction_or_reply() {
         ("rejected", "too early")
     );
     assert_eq!(n2["approver"], format!("discord:{APPROVER}"));
-    let edited = wait_until("the second card closed", SOON, || async {
-        fake.with(|r| {
-            r.posted
-                .iter()
-                .find(|p| p.id == second.id)
-                .and_then(|p| p.edits.last().cloned())
-        })
-    })
-    .await;
+    let edited = closed(&fake, second.id).await;
     assert!(
         edited.contains("Rejected") && edited.contains("too early"),
         "{edited}"
@@ -405,15 +402,7 @@ async fn expiry_closes_the_card_and_late_answers_are_ignored() {
     })
     .await;
     assert_eq!(notice["status"], "expired");
-    let edited = wait_until("the card closed", SOON, || async {
-        fake.with(|r| {
-            r.posted
-                .iter()
-                .find(|p| p.id == card.id)
-                .and_then(|p| p.edits.last().cloned())
-        })
-    })
-    .await;
+    let edited = closed(&fake, card.id).await;
     assert!(edited.contains("Expired"), "{edited}");
     fake.user_reaction(OPS, card.id, APPROVER, "✅");
     // A later inbound message is handled after the reaction event.
