@@ -298,38 +298,24 @@ pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
         p.push(probe(agent, Refused, false, &["XRANGE", key, "-", "+"]));
     }
     // Multi-stream reads mixing an allowed and a forbidden key, in both orders.
-    p.push(probe(
-        agent,
-        Refused,
-        false,
-        &[
-            "XREADGROUP",
-            "GROUP",
-            &group,
-            "probe",
-            "STREAMS",
-            &own_in,
-            &their_in,
-            ">",
-            ">",
-        ],
-    ));
-    p.push(probe(
-        agent,
-        Refused,
-        false,
-        &[
-            "XREADGROUP",
-            "GROUP",
-            &group,
-            "probe",
-            "STREAMS",
-            &their_in,
-            &own_in,
-            ">",
-            ">",
-        ],
-    ));
+    for (a, b) in [(&own_in, &their_in), (&their_in, &own_in)] {
+        p.push(probe(
+            agent,
+            Refused,
+            false,
+            &[
+                "XREADGROUP",
+                "GROUP",
+                &group,
+                "probe",
+                "STREAMS",
+                a,
+                b,
+                ">",
+                ">",
+            ],
+        ));
+    }
     p.push(probe(
         agent,
         Refused,

@@ -45,6 +45,16 @@ fn wait_port(port: u16, what: &str) {
     panic!("{what} did not listen on 127.0.0.1:{port}");
 }
 
+/// Runs a daemon's start command with stdio detached (a daemon that keeps an
+/// inherited pipe open would make waiting for its output hang).
+fn quietly(cmd: &mut Command) -> std::process::ExitStatus {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+}
+
 fn need(program: &str) {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
@@ -153,14 +163,7 @@ service auth {{
 
     fn run_dovecot(&self) {
         // Dovecot keeps inherited stdio open after daemonising: never capture it.
-        let status = Command::new("dovecot")
-            .arg("-c")
-            .arg(self.dovecot_conf())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
+        let status = quietly(Command::new("dovecot").arg("-c").arg(self.dovecot_conf()));
         assert!(
             status.success(),
             "dovecot failed to start; see {}/dovecot/dovecot.log",
@@ -245,15 +248,7 @@ maximal_backoff_time = 2s
             .arg(p.join("master.cf"))
             .status()
             .unwrap();
-        let status = Command::new("postfix")
-            .arg("-c")
-            .arg(&p)
-            .arg("start")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
+        let status = quietly(Command::new("postfix").arg("-c").arg(&p).arg("start"));
         assert!(
             status.success(),
             "postfix failed to start (needs root); see {}/postfix/postfix.log",
@@ -345,13 +340,12 @@ maximal_backoff_time = 2s
 
 impl Drop for MailStack {
     fn drop(&mut self) {
-        let _ = Command::new("postfix")
-            .arg("-c")
-            .arg(self.d().join("postfix"))
-            .arg("stop")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
+        quietly(
+            Command::new("postfix")
+                .arg("-c")
+                .arg(self.d().join("postfix"))
+                .arg("stop"),
+        );
         self.stop_dovecot();
     }
 }

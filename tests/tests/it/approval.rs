@@ -409,9 +409,26 @@ async fn a_decision_wakes_the_requesting_service() {
     let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
     agent_sends(&d, "now please", "r").await;
     let (id, _) = notification(&d, 0).await;
-    // Let the service settle into its blocking read.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both outbox services must be parked in their blocking reads, so only the
+    // decision itself can wake the requester.
     let mut store = d.store().await;
+    wait_until("both outboxes blocked in XREADGROUP", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("clients")
+                .query_async(&mut store.conn)
+                .await
+                .unwrap();
+            let blocked = info
+                .lines()
+                .find_map(|l| l.strip_prefix("blocked_clients:"))
+                .and_then(|n| n.trim().parse::<u32>().ok())
+                .unwrap_or(0);
+            (blocked >= 2).then_some(())
+        }
+    })
+    .await;
     approval::decide(
         &mut store,
         &d.config,
