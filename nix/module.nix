@@ -67,6 +67,7 @@ let
   renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
     redis = { url = cfg.redis.url; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
+    operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     bridges = mapAttrs bridgeInput enabledBridges;
     credentialsDirectory = dir;
   });
@@ -135,7 +136,7 @@ let
     };
   };
 
-  secretLike = k: builtins.match ".*(token|password|secret|key).*" k != null && builtins.match ".*_file" k == null;
+  inlineSecrets = import ./secrets.nix;
 in
 {
   options.services.cowboy = {
@@ -149,6 +150,14 @@ in
       acl = mkOption { type = types.bool; default = true; description = "Render ACL users with `cowboy acl` and turn the default user off."; };
       operator = mkOption { type = types.str; default = "cowboy-admin"; description = "Redis user of the operator CLI."; };
       operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };
+    };
+
+    operators = mkOption {
+      type = types.attrsOf (types.submodule {
+        options.passwordFile = mkOption { type = types.path; description = "The operator's Redis password file."; };
+      });
+      default = { };
+      description = "People who decide with `cowboy approvals` as `cli:NAME`; each gets its own Redis user, and the CLI proves the name by connecting as it.";
     };
 
     agents = mkOption {
@@ -176,7 +185,7 @@ in
         { assertion = !b.approval.required || b.approval.notify_channel != ""; message = "services.cowboy.bridges.${name}.approval.required needs approval.notify_channel."; }
         { assertion = !b.approval.required || b.approval.approvers != [ ]; message = "services.cowboy.bridges.${name}.approval.required needs at least one approver (type:id)."; }
         { assertion = enabledBridges ? ${notify}; message = "services.cowboy.bridges.${name}.approval.notify = \"${notify}\" names no enabled bridge."; }
-        { assertion = !(builtins.any secretLike (attrNames b.settings)); message = "services.cowboy.bridges.${name}.settings holds a secret inline (${toString (builtins.filter secretLike (attrNames b.settings))}); use tokenFile or secrets, which stay out of the Nix store."; }
+        { assertion = inlineSecrets b.settings == [ ]; message = "services.cowboy.bridges.${name}.settings holds a secret inline (${toString (inlineSecrets b.settings)}); use tokenFile or secrets, which stay out of the Nix store."; }
         { assertion = !cfg.redis.acl || builtins.all (s: b.redisPasswordFiles ? ${s}) services; message = "services.cowboy.bridges.${name}.redisPasswordFiles needs ingest, outbox and ping when redis.acl is on."; }
       ]) (attrNames enabledBridges)
       ++ [

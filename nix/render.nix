@@ -12,7 +12,7 @@
 # unit receives through LoadCredential (the loader expands the variable). With
 # `credentialsDirectory = null` the source paths are rendered instead, for tools
 # run by root (the operator CLI, `cowboy acl`).
-{ redis ? { }, agents ? { }, bridges ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
+{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
 let
   inherit (builtins) attrNames concatStringsSep filter isAttrs isBool isFloat isInt isList isPath isString map match replaceStrings typeOf;
 
@@ -79,4 +79,5 @@ table "redis" {
   password_file = redis.passwordFile or null;
 }
 + concatStringsSep "" (map (a: table "agents.${key a}" { password_file = agents.${a}.passwordFile or null; }) (attrNames agents))
++ concatStringsSep "" (map (o: table "operators.${key o}" { password_file = operators.${o}.passwordFile or null; }) (attrNames operators))
 + concatStringsSep "" (map (n: bridgeTable n bridges.${n}) enabled)

@@ -90,21 +90,36 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             ];
             write.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&write, "+xadd"));
-            let notify = keys::outbox(config.notify_bridge(name));
-            sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
             sels.push(selector(
-                &[format!("~{}*", keys::APPROVAL_PREFIX)],
-                "+hgetall +hget +hset +hdel +del +exists +hmget +expire +evalsha +eval +script|load +multi +exec",
+                &[format!("~{}", keys::in_flight(name))],
+                "+hset +hdel +hexists",
             ));
+            let parks = config.bridge(name).is_ok_and(|b| b.approval.required);
+            if parks {
+                let notify = keys::outbox(config.notify_bridge(name));
+                sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
+                sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
+            }
+            // Records only for a bridge that parks or shows cards: elsewhere a
+            // forged `approval_id` is refused without reading anything.
+            if parks || config.is_approval_surface(name) {
+                sels.push(selector(
+                    &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                    "+hgetall +hget +hset +hdel +del +exists +hmget +expire +evalsha +eval +script|load +multi +exec",
+                ));
+            }
         }
         Service::Ingest => {
             let mut inboxes = vec![format!("%W~{}", keys::inbox(name))];
             inboxes.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&inboxes, "+xadd"));
-            sels.push(selector(
-                &[format!("~{}*", keys::APPROVAL_PREFIX)],
-                "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
-            ));
+            // Deciding only on a bridge that some bridge asks through.
+            if config.is_approval_surface(name) {
+                sels.push(selector(
+                    &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                    "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
+                ));
+            }
             let wake: Vec<String> = config
                 .requesters_of(name)
                 .map(|r| format!("%W~{}", keys::decisions(r)))
@@ -153,6 +168,16 @@ pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
         name: operator.clone(),
         rules: format!("on #{hash} ~* &* +@all"),
     });
+    for (name, op) in &config.operators {
+        if Some(name) == config.redis.username.as_ref() {
+            continue;
+        }
+        let key = format!("operators.{name}.password_file");
+        users.push(User {
+            name: name.clone(),
+            rules: format!("on #{} ~* &* +@all", password_hash(&key, &op.password_file)?),
+        });
+    }
     for (agent, a) in &config.agents {
         let key = format!("agents.{agent}.password_file");
         let file = a
@@ -381,6 +406,8 @@ pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
     for args in admin {
         p.push(probe(agent, Refused, true, args));
     }
+    // The key approval ids are derived with: an agent that read it could compute them.
+    p.push(probe(agent, Refused, false, &["GET", &keys::id_key(bridge)]));
     p
 }
 
@@ -396,6 +423,9 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
         &["HSET", &keys::heartbeat(name), service.as_str(), "0"],
     )];
     let first_agent = config.agent_names().next();
+    let parks = config.bridge(name).is_ok_and(|b| b.approval.required);
+    let surface = config.is_approval_surface(name);
+    let when = |yes: bool| if yes { Allowed } else { Refused };
     match service {
         Service::Outbox => {
             p.push(probe(
@@ -412,22 +442,31 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
             ));
             p.push(probe(
                 u,
-                Allowed,
+                when(parks || surface),
                 false,
                 &["HGETALL", &keys::approval("acl-check")],
             ));
+            p.push(probe(u, when(parks), false, &["GET", &keys::id_key(name)]));
             p.push(probe(
                 u,
                 Allowed,
-                true,
-                &[
-                    "XADD",
-                    &keys::outbox(config.notify_bridge(name)),
-                    "*",
-                    "acl_check",
-                    "1",
-                ],
+                false,
+                &["HEXISTS", &keys::in_flight(name), "acl-check"],
             ));
+            if parks {
+                p.push(probe(
+                    u,
+                    Allowed,
+                    true,
+                    &[
+                        "XADD",
+                        &keys::outbox(config.notify_bridge(name)),
+                        "*",
+                        "acl_check",
+                        "1",
+                    ],
+                ));
+            }
             p.push(probe(u, Refused, true, &["FLUSHALL"]));
             p.push(probe(u, Refused, false, &["KEYS", "*"]));
             p.push(probe(
@@ -455,7 +494,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
             ));
             p.push(probe(
                 u,
-                Allowed,
+                when(surface),
                 false,
                 &["HGET", &keys::approval_map(name), "acl-check"],
             ));
@@ -465,6 +504,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 false,
                 &["XRANGE", &keys::outbox(name), "-", "+"],
             ));
+            p.push(probe(u, Refused, false, &["GET", &keys::id_key(name)]));
             p.push(probe(
                 u,
                 Refused,

@@ -12,8 +12,11 @@
 //!   disarm the card for the real approvers.
 //! - A decision is followed by an entry on the requesting bridge's
 //!   `{bridge}:decisions` stream, which wakes its outbox service at once.
-//! - Approval ids are derived from (stream, entry id), so a restarted service finds
-//!   the record of a parked entry without any extra index.
+//! - Approval ids are derived from (stream, entry id) with a secret key ([`IdKey`])
+//!   that only the requesting outbox service reads: a restarted service finds the
+//!   record of a parked entry without any extra index, and an agent, who knows its
+//!   stream and entry ids, still cannot compute the id of anything.
+//! - A settled record is never decided again ([`DECIDE`] refuses `settled_at`).
 
 use std::collections::HashMap;
 
@@ -126,10 +129,84 @@ pub async fn load(store: &mut Store, id: &str) -> Result<Option<Record>> {
     }))
 }
 
-/// The approval id of a parked entry: stable across restarts.
-pub fn id_for(stream: &str, entry_id: &str) -> String {
-    const NAMESPACE: uuid::Uuid = uuid::uuid!("1b5a7c0e-6c8f-4c59-9d0e-6f1f3c0b8a21");
-    uuid::Uuid::new_v5(&NAMESPACE, format!("{stream}\n{entry_id}").as_bytes()).to_string()
+/// The secret that approval ids are derived with: 32 random bytes kept in
+/// `{bridge}:id-key`, readable only by the bridge's outbox user (and the operator).
+#[derive(Clone)]
+pub struct IdKey([u8; 32]);
+
+impl std::fmt::Debug for IdKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdKey(..)")
+    }
+}
+
+impl IdKey {
+    pub fn from_bytes(bytes: [u8; 32]) -> IdKey {
+        IdKey(bytes)
+    }
+
+    /// Reads the bridge's key, creating it on first use (`SET NX`, so two workers
+    /// starting together agree on one key).
+    pub async fn load(store: &mut Store, bridge: &str) -> Result<IdKey> {
+        let key = keys::id_key(bridge);
+        // Two v4 UUIDs: 244 random bits from the OS generator.
+        let fresh = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&fresh)
+            .arg("NX")
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("SET {key} NX"), e))?;
+        let saved: String = store
+            .conn
+            .get(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+        let bytes = hex::decode(saved.trim())
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes")))?;
+        Ok(IdKey(bytes))
+    }
+
+    /// The approval id of a parked entry: HMAC-SHA256 of (stream, entry id) as a
+    /// version-8 UUID. Stable across restarts, not computable without the key.
+    pub fn id_for(&self, stream: &str, entry_id: &str) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        mac.update(stream.as_bytes());
+        mac.update(b"\n");
+        mac.update(entry_id.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        uuid::Uuid::new_v8(bytes).to_string()
+    }
+}
+
+/// sha256 over a canonical encoding of named values, in the given order: each
+/// as `name`, then `-` when absent or `LEN:` and the bytes when present, then a
+/// newline. Lengths make the encoding unambiguous whatever the values contain.
+pub fn fields_sha256<'a>(fields: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> String {
+    let mut h = Sha256::new();
+    for (name, value) in fields {
+        h.update(name.as_bytes());
+        h.update(b"=");
+        match value {
+            None => h.update(b"-"),
+            Some(v) => {
+                h.update(format!("{}:", v.len()).as_bytes());
+                h.update(v);
+            }
+        }
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
 }
 
 /// sha256 of the exact bytes that will be sent, hex.
@@ -157,6 +234,7 @@ if not f[1] then return 'missing' end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[4]) >= expires then return 'expired' end
 if f[1] ~= 'pending' then return f[1] end
+if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return 'settled' end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
 return 'decided'
 "#;
@@ -167,6 +245,27 @@ if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 "#;
+
+/// The notify side's check of a notification entry against its record, and the
+/// claim that makes it the only one. ARGV: this bridge, the entry id, the entry's
+/// digest. Returns `ok`, or why the entry is not the notification: `missing`,
+/// `not-ours` (another notify bridge), `settled`, `digest` (not the entry the
+/// requesting service wrote), `claimed` (another entry was shown already).
+pub(crate) const CLAIM: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'notify', 'notify_sha256', 'notify_entry', 'settled_at')
+if not f[1] then return 'missing' end
+if f[1] ~= ARGV[1] then return 'not-ours' end
+if f[4] then return 'settled' end
+if f[2] ~= ARGV[3] then return 'digest' end
+if f[3] and f[3] ~= ARGV[2] then return 'claimed' end
+if not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
+return 'ok'
+"#;
+
+/// Whether `id` has the shape of an approval id (so no other key is ever read).
+pub fn is_id(id: &str) -> bool {
+    uuid::Uuid::try_parse(id).is_ok_and(|u| u.hyphenated().to_string() == id)
+}
 
 /// What became of an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -319,26 +418,6 @@ pub async fn find_by_prefix(store: &mut Store, prefix: &str) -> Result<String> {
     }
 }
 
-/// Record fields copied onto notification and outcome entries, as
-/// (entry field, record field): what a notify bridge needs to show an approval
-/// without reading the record (which its user may not be allowed to).
-pub const SUMMARY_FIELDS: &[(&str, &str)] = &[
-    ("approval_source", "source"),
-    ("approval_agent", "agent"),
-    ("approval_channel", "channel_id"),
-    ("approval_sha256", "content_sha256"),
-    ("approval_expires_at", "expires_at"),
-    ("approval_bytes", "content_bytes"),
-];
-
-/// The [`SUMMARY_FIELDS`] of a record, as entry fields.
-pub fn summary(record: &Record) -> Vec<(&'static str, &[u8])> {
-    SUMMARY_FIELDS
-        .iter()
-        .map(|(entry, field)| (*entry, record.get(field).as_bytes()))
-        .collect()
-}
-
 /// Removes skin tones and presentation selectors, so 👍🏽 counts as 👍.
 pub fn normalize_emoji(emoji: &str) -> String {
     emoji
@@ -350,53 +429,116 @@ pub fn normalize_emoji(emoji: &str) -> String {
 /// How to answer, for surfaces that react (console, Discord).
 pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
 
-/// Renders the human-readable approval request. `limit` is the most bytes the
-/// notify platform shows; if the full text does not fit, the content is cut at a
-/// character boundary and the text says how many bytes are hidden and how to see them.
+/// Shows agent text without letting it act on the display: control characters
+/// (other than tab) and bidirectional overrides become visible placeholders, so
+/// a carriage return cannot overwrite a line and U+202E cannot reverse one.
+pub fn display_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\t' => "\t".to_string(),
+            c if c.is_control() => format!("<U+{:04X}>", c as u32),
+            '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' => {
+                format!("<U+{:04X}>", c as u32)
+            }
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+/// The marker in front of every line of agent content in plain-text frames.
+pub const CONTENT_MARK: &str = "| ";
+
+/// The frame's lines about a parked message (everything but its content), in
+/// order: what a human needs to decide, each value on its own labelled line.
+pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
+    let deadline = match record.expires_at() {
+        0 => "never expires".to_string(),
+        t => format!("{t} (unix seconds); undecided by then, it is dropped"),
+    };
+    let optional = |field: &str| match record.get(field) {
+        "" => "(none)".to_string(),
+        v => display_safe(v),
+    };
+    vec![
+        format!("Approval requested [{}]", record.id),
+        format!("From:      {}", record.agent().unwrap_or("an agent on the shared outbox")),
+        format!("Via:       {}", record.source()),
+        format!("To:        {}", display_safe(record.get("channel_id"))),
+        format!("Subject:   {}", optional("subject")),
+        format!("Reply to:  {}", optional("reply_to")),
+        format!("Size:      {} bytes", record.get("content_bytes")),
+        format!("Digest:    {} (sha256 of the whole message)", record.get("message_sha256")),
+        format!("Deadline:  {deadline}"),
+        format!(
+            "To decide: {how_to_answer}, or run `cowboy approvals approve|reject {}`",
+            &record.id[..8.min(record.id.len())]
+        ),
+    ]
+}
+
+/// Renders the plain-text approval request: the frame, then every line of the
+/// content behind [`CONTENT_MARK`], then an end line. No line the agent wrote can
+/// read as a frame line. `limit` is the most bytes the notify platform shows; if
+/// the whole text does not fit, whole content lines are kept while they fit and
+/// the end line says how many bytes are hidden and how to see them.
 pub fn render_notification(
     record: &Record,
     content: &str,
     how_to_answer: &str,
     limit: Option<usize>,
 ) -> String {
-    let deadline = match record.expires_at() {
-        0 => "never expires".to_string(),
-        t => format!("expires at {t} (unix seconds)"),
-    };
-    let who = record.agent().unwrap_or("an agent on the shared outbox");
-    let head = format!(
-        "Approval requested [{id}]\n{who} wants to send via `{bridge}` to `{dest}`\nsha256 {sha} ({bytes} bytes), {deadline}\nTo decide: {how_to_answer}, or run `cowboy approvals approve|reject {short}`\n---\n",
-        id = record.id,
-        bridge = record.source(),
-        dest = record.get("channel_id"),
-        sha = record.get("content_sha256"),
-        bytes = content.len(),
-        short = &record.id[..8.min(record.id.len())],
-    );
-    let full = format!("{head}{content}");
+    let mut out = frame_head(record, how_to_answer).join("\n");
+    out.push_str("\nThe message, every line marked with \"| \":\n");
+    let total = content.len();
+    let lines: Vec<&str> = content.split('\n').collect();
+    let marked = |l: &str| format!("{CONTENT_MARK}{}\n", display_safe(l));
+    let end_all = format!("(end of message: {total} bytes, {} lines)", lines.len());
+    let full = out.len() + lines.iter().map(|l| marked(l).len()).sum::<usize>() + end_all.len();
     match limit {
-        Some(limit) if full.len() > limit => {
-            let tail_note = |hidden: usize| {
+        Some(limit) if full > limit => {
+            let note = |hidden: usize| {
                 format!(
-                    "\n--- {hidden} of {} bytes hidden; see all: cowboy approvals show {}",
-                    content.len(),
+                    "(message cut here: {hidden} of {total} bytes hidden; see all: cowboy approvals show {})",
                     record.id
                 )
             };
-            // Reserve room for the note at its widest, then cut on a char boundary.
-            let room = limit.saturating_sub(head.len() + tail_note(content.len()).len());
-            let mut cut = room.min(content.len());
-            while !content.is_char_boundary(cut) {
-                cut -= 1;
+            let room = limit.saturating_sub(out.len() + note(total).len());
+            let (mut used, mut shown) = (0usize, 0usize);
+            for line in &lines {
+                let m = marked(line);
+                if used + m.len() <= room {
+                    used += m.len();
+                    shown += line.len() + 1;
+                    out.push_str(&m);
+                    continue;
+                }
+                // The first line that does not fit is shown as far as it fits.
+                let space = room.saturating_sub(used + CONTENT_MARK.len() + 1);
+                let (mut cut, mut width) = (0, 0);
+                for (i, c) in line.char_indices() {
+                    let w = display_safe(c.encode_utf8(&mut [0; 4])).len();
+                    if width + w > space {
+                        break;
+                    }
+                    width += w;
+                    cut = i + c.len_utf8();
+                }
+                if cut > 0 {
+                    out.push_str(&marked(&line[..cut]));
+                    shown += cut;
+                }
+                break;
             }
-            format!(
-                "{head}{}{}",
-                &content[..cut],
-                tail_note(content.len() - cut)
-            )
+            out.push_str(&note(total.saturating_sub(shown)));
         }
-        _ => full,
+        _ => {
+            for line in &lines {
+                out.push_str(&marked(line));
+            }
+            out.push_str(&end_all);
+        }
     }
+    out
 }
 
 #[cfg(test)]
@@ -412,9 +554,48 @@ mod tests {
     }
 
     #[test]
-    fn ids_are_stable_per_entry() {
-        assert_eq!(id_for("a:outbox", "1-0"), id_for("a:outbox", "1-0"));
-        assert_ne!(id_for("a:outbox", "1-0"), id_for("b:outbox", "1-0"));
+    fn ids_are_stable_per_entry_and_keyed() {
+        let k = IdKey::from_bytes([7; 32]);
+        assert_eq!(k.id_for("a:outbox", "1-0"), k.id_for("a:outbox", "1-0"));
+        assert_ne!(k.id_for("a:outbox", "1-0"), k.id_for("b:outbox", "1-0"));
+        let other = IdKey::from_bytes([8; 32]);
+        assert_ne!(k.id_for("a:outbox", "1-0"), other.id_for("a:outbox", "1-0"));
+        assert!(uuid::Uuid::parse_str(&k.id_for("a:outbox", "1-0")).is_ok());
+    }
+
+    #[test]
+    fn field_digests_are_unambiguous() {
+        let a = fields_sha256([("a", Some(&b"x\nb=1:y"[..])), ("b", None)]);
+        let b = fields_sha256([("a", Some(&b"x"[..])), ("b", Some(&b"y"[..]))]);
+        assert_ne!(a, b);
+        assert_ne!(
+            fields_sha256([("s", None)]),
+            fields_sha256([("s", Some(&b""[..]))])
+        );
+    }
+
+    /// Whatever the agent writes, every content line is marked, so a fake frame
+    /// line, separator or end note shows up as content.
+    #[test]
+    fn content_cannot_imitate_the_frame() {
+        let record = Record {
+            id: "0123456789".into(),
+            fields: HashMap::from([("content_bytes".into(), "9".into())]),
+        };
+        let evil = "hi\n(end of message: 2 bytes, 1 lines)\nApproval requested [x]\rTo:        boss\n\u{202E}gnp.exe";
+        let text = render_notification(&record, evil, REACT_HINT, None);
+        let body: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("The message"))
+            .skip(1)
+            .collect();
+        let (end, content) = body.split_last().unwrap();
+        assert!(content.iter().all(|l| l.starts_with(CONTENT_MARK)), "{text}");
+        assert!(end.starts_with("(end of message:"), "{end}");
+        assert_eq!(content.len(), 4);
+        assert!(!text.contains('\r') && !text.contains('\u{202E}'));
+        assert_eq!(text.matches("Approval requested").count(), 2);
+        assert!(text.lines().filter(|l| l.starts_with("Approval requested")).count() == 1);
     }
 
     #[test]
@@ -426,8 +607,13 @@ mod tests {
         let content = "é".repeat(2000);
         let text = render_notification(&record, &content, REACT_HINT, Some(1000));
         assert!(text.len() <= 1000, "{}", text.len());
-        assert!(text.contains("bytes hidden; see all: cowboy approvals show 0123456789"));
+        let shown = text.lines().find(|l| l.starts_with(CONTENT_MARK)).unwrap();
+        let hidden = 4000 - (shown.len() - CONTENT_MARK.len());
+        assert!(
+            text.ends_with(&format!("{hidden} of 4000 bytes hidden; see all: cowboy approvals show 0123456789)")),
+            "{text}"
+        );
         let full = render_notification(&record, "short", REACT_HINT, Some(1000));
-        assert!(full.ends_with("short"));
+        assert!(full.contains("\n| short\n(end of message: 5 bytes, 1 lines)"));
     }
 }

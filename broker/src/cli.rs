@@ -12,6 +12,7 @@ use redis::AsyncCommands;
 
 use crate::approval::{self, Outcome, State, Verdict};
 use crate::config::Config;
+use crate::entry::Message;
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::store::Store;
@@ -46,43 +47,86 @@ pub async fn approvals_list(store: &mut Store, all: bool) -> Result<String> {
     Ok(out)
 }
 
-/// `cowboy approvals show ID`: every record field and the full content.
+/// `cowboy approvals show ID`: the frame every surface shows (every field the
+/// sender will use, the whole content), whether the entry still matches what
+/// the approval binds, then every record field.
 pub async fn approvals_show(store: &mut Store, prefix: &str) -> Result<String> {
     let id = approval::find_by_prefix(store, prefix).await?;
     let r = approval::load(store, &id)
         .await?
         .ok_or_else(|| Error::Request(format!("approval {id} was settled meanwhile")))?;
     let mut out = format!(
-        "approval {id}\nstate: {}\n",
+        "approval {id}\nstate: {}\n\n",
         r.state(crate::now_secs_f64()).as_str()
     );
+    let entry = store.entry(r.get("stream"), r.get("entry_id")).await?;
+    match entry {
+        Some(entry) => {
+            let text = |k: &str| entry.text(k).filter(|v| !v.is_empty()).map(str::to_string);
+            let message = Message {
+                channel_id: text("channel_id").unwrap_or_default(),
+                content: String::from_utf8_lossy(entry.get("content").unwrap_or_default())
+                    .into_owned(),
+                subject: text("subject"),
+                reply_to: text("reply_to"),
+                ..Message::default()
+            };
+            let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
+            out.push_str(&approval::render_notification(&r, &message.content, &how, None));
+            let sha = message.sha256();
+            let _ = writeln!(
+                out,
+                "\n\nThe entry's digest {sha} {}",
+                if sha == r.get("message_sha256") {
+                    "matches the approval."
+                } else {
+                    "DIFFERS FROM THE APPROVAL: it will not be sent."
+                }
+            );
+        }
+        None => out.push_str("the entry is no longer in its stream: it will not be sent\n"),
+    }
+    out.push_str("\nrecord:\n");
     let mut fields: Vec<_> = r.fields.iter().collect();
     fields.sort();
     for (k, v) in fields {
         if k != "content_preview" {
-            let _ = writeln!(out, "{k}: {v}");
+            let _ = writeln!(out, "  {k}: {}", approval::display_safe(v));
         }
-    }
-    let entry = store.entry(r.get("stream"), r.get("entry_id")).await?;
-    match entry.as_ref().and_then(|e| e.get("content")) {
-        Some(content) => {
-            let sha = approval::sha256_hex(content);
-            let _ = writeln!(
-                out,
-                "--- content ({} bytes, sha256 {}{}):\n{}",
-                content.len(),
-                sha,
-                if sha == r.get("content_sha256") {
-                    ""
-                } else {
-                    ", DIFFERS FROM THE RECORD"
-                },
-                String::from_utf8_lossy(content)
-            );
-        }
-        None => out.push_str("--- content: the entry is no longer in its stream\n"),
     }
     Ok(out)
+}
+
+/// The connection a CLI decision is made on. Without `[operators]`, `cli:NAME`
+/// is a label and the given store is used. With operators declared, NAME must be
+/// one of them, and the decision is made over a connection as Redis user NAME
+/// with its password, which `ACL WHOAMI` confirms.
+pub async fn decision_store(config: &Config, operator: &str, store: Store) -> Result<Store> {
+    if config.operators.is_empty() {
+        return Ok(store);
+    }
+    let op = config.operators.get(operator).ok_or_else(|| {
+        Error::Request(format!(
+            "`{operator}` is not declared in [operators]; pass --as NAME (COWBOY_OPERATOR) with your operator name"
+        ))
+    })?;
+    let redis = crate::config::RedisConfig {
+        url: config.redis.url.clone(),
+        username: Some(operator.to_string()),
+        password_file: Some(op.password_file.clone()),
+    };
+    let mut store = Store::connect(&redis).await?;
+    let whoami: String = redis::cmd("ACL")
+        .arg("WHOAMI")
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis("ACL WHOAMI", e))?;
+    if whoami != operator {
+        return Err(Error::Request(format!(
+            "connected as Redis user `{whoami}`, not `{operator}`: is the Redis ACL loaded?"
+        )));
+    }
+    Ok(store)
 }
 
 /// `cowboy approvals approve|reject ID`.
@@ -151,7 +195,9 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
     let mut parked: HashMap<String, usize> = HashMap::new();
     for id in approval::list_ids(store).await? {
         if let Some(r) = approval::load(store, &id).await? {
-            *parked.entry(r.source().to_string()).or_default() += 1;
+            if !r.fields.contains_key("settled_at") {
+                *parked.entry(r.source().to_string()).or_default() += 1;
+            }
         }
     }
     let mut out = String::new();

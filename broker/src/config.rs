@@ -30,6 +30,8 @@ pub struct Config {
     pub agents: BTreeMap<String, AgentConfig>,
     /// The bridges of this deployment, by name.
     pub bridges: BTreeMap<String, BridgeConfig>,
+    /// Operators who decide through the CLI as `cli:NAME`, each its own Redis user.
+    pub operators: BTreeMap<String, OperatorConfig>,
 }
 
 /// The file as written; bridges are split into common keys and settings afterwards.
@@ -45,6 +47,19 @@ pub struct RawConfig {
     /// `[bridges.NAME]`.
     #[serde(default)]
     pub bridges: BTreeMap<String, toml::Table>,
+    /// `[operators.NAME]`.
+    #[serde(default)]
+    pub operators: BTreeMap<String, OperatorConfig>,
+}
+
+/// `[operators.NAME]`: a person who decides with the CLI. With any operator
+/// declared, `cli:NAME` decides only over a connection as Redis user NAME
+/// (checked with `ACL WHOAMI`), so the name is proven, not typed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorConfig {
+    /// File holding the operator's Redis password (`cowboy acl` renders the user).
+    pub password_file: PathBuf,
 }
 
 /// `[redis]`.
@@ -303,6 +318,7 @@ impl Config {
             redis: raw.redis,
             agents: raw.agents,
             bridges,
+            operators: raw.operators,
         };
         config.validate()?;
         Ok(config)
@@ -311,6 +327,16 @@ impl Config {
     fn validate(&self) -> Result<(), ConfigError> {
         for name in self.agents.keys() {
             check_name(&format!("agents.{name}"), name)?;
+        }
+        for name in self.operators.keys() {
+            let at = format!("operators.{name}");
+            check_name(&at, name)?;
+            if self.agents.contains_key(name) || self.bridges.contains_key(name) {
+                return Err(ConfigError::invalid(
+                    at,
+                    "an operator cannot share a name with an agent or a bridge",
+                ));
+            }
         }
         for (name, bridge) in &self.bridges {
             let at = format!("bridges.{name}");
@@ -355,6 +381,15 @@ impl Config {
                 let ok = who
                     .split_once(':')
                     .is_some_and(|(kind, id)| APPROVER_KINDS.contains(&kind) && !id.is_empty());
+                let unproven = who.strip_prefix("cli:").is_some_and(|op| {
+                    !self.operators.is_empty() && !self.operators.contains_key(op)
+                });
+                if unproven {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.approvers[{i}]"),
+                        format!("`{who}` names no `[operators]` entry (with operators declared, every cli: approver must be one)"),
+                    ));
+                }
                 if !ok {
                     return Err(ConfigError::invalid(
                         format!("{at}.approval.approvers[{i}]"),
@@ -427,12 +462,19 @@ impl Config {
         redis
     }
 
-    /// The bridges whose approvals are notified through `name`.
+    /// The bridges that park entries and ask through `name` (approval required,
+    /// `notify` naming it). Only these make `name` an approval surface.
     pub fn requesters_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
         self.bridges
-            .keys()
-            .map(String::as_str)
-            .filter(move |b| self.notify_bridge(b) == name)
+            .iter()
+            .filter(move |(b, c)| c.approval.required && self.notify_bridge(b) == name)
+            .map(|(b, _)| b.as_str())
+    }
+
+    /// Whether `name` carries some bridge's approval notifications, so its ingest
+    /// may decide and its outbox may show cards.
+    pub fn is_approval_surface(&self, name: &str) -> bool {
+        self.requesters_of(name).next().is_some()
     }
 
     /// Agent names, in a stable order.

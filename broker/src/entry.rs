@@ -11,16 +11,12 @@ use crate::store::Entry;
 pub const AGENT_FIELDS: &[&str] = &["channel_id", "content", "subject", "reply_to", "request_id"];
 
 /// Fields only the broker writes, on approval notifications in a flat outbox.
-pub const NOTIFICATION_FIELDS: &[&str] = &[
-    "approval_id",
-    "approval_source",
-    "approval_agent",
-    "approval_channel",
-    "approval_sha256",
-    "approval_expires_at",
-    "approval_bytes",
-    "approval_content",
-];
+pub const NOTIFICATION_FIELDS: &[&str] = &["approval_id", "channel_id", "content", "approval_content"];
+
+/// Largest accepted `subject`, in bytes (one RFC 5322 header line).
+pub const MAX_SUBJECT_BYTES: usize = 998;
+/// Largest accepted `reply_to`, in bytes (a Message-ID or a platform message id).
+pub const MAX_REPLY_TO_BYTES: usize = 998;
 
 /// A valid outbound message.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -38,47 +34,48 @@ pub struct Message {
 }
 
 impl Message {
-    /// Parses and validates an entry. `notification` allows the broker's fields.
-    pub fn from_entry(
-        entry: &Entry,
-        bridge: &BridgeConfig,
-        notification: bool,
-    ) -> Result<Message, String> {
+    /// Parses and validates an agent's entry.
+    pub fn from_entry(entry: &Entry, bridge: &BridgeConfig) -> Result<Message, String> {
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &entry.fields {
-            let known = AGENT_FIELDS.contains(&name.as_str())
-                || (notification && NOTIFICATION_FIELDS.contains(&name.as_str()));
-            if name == "approval_id" && !notification {
-                return Err("field `approval_id` is reserved for the broker".into());
+            if NOTIFICATION_FIELDS.contains(&name.as_str()) && !AGENT_FIELDS.contains(&name.as_str()) {
+                return Err(format!("field `{name}` is reserved for the broker"));
             }
-            if !known {
-                return Err(format!("unknown field `{name}`"));
+            if !AGENT_FIELDS.contains(&name.as_str()) {
+                return Err(format!("unknown field `{}`", name.escape_debug()));
             }
             if !seen.insert(name.as_str()) {
                 return Err(format!("field `{name}` appears twice"));
             }
         }
-        let text = |name: &str| -> Result<Option<String>, String> {
-            match entry.get(name) {
-                None => Ok(None),
-                Some(bytes) => std::str::from_utf8(bytes)
-                    .map(|s| Some(s.to_string()))
-                    .map_err(|_| format!("field `{name}` is not valid UTF-8")),
-            }
-        };
-        let channel_id = text("channel_id")?
+        let channel_id = text(entry, "channel_id")?
             .filter(|c| !c.trim().is_empty())
             .ok_or("missing field `channel_id`")?;
-        let content = text("content")?.ok_or("missing field `content`")?;
-        // Notifications are rendered by the broker and may legitimately be larger.
-        if !notification && content.len() > bridge.max_content_bytes {
+        let content = text(entry, "content")?.ok_or("missing field `content`")?;
+        if content.len() > bridge.max_content_bytes {
             return Err(format!(
                 "content is {} bytes, over the limit of {}",
                 content.len(),
                 bridge.max_content_bytes
             ));
         }
-        if !notification && !bridge.allows_destination(&channel_id) {
+        let subject = text(entry, "subject")?.filter(|s| !s.is_empty());
+        let reply_to = text(entry, "reply_to")?.filter(|s| !s.is_empty());
+        for (name, value, max) in [
+            ("channel_id", Some(&channel_id), MAX_REPLY_TO_BYTES),
+            ("subject", subject.as_ref(), MAX_SUBJECT_BYTES),
+            ("reply_to", reply_to.as_ref(), MAX_REPLY_TO_BYTES),
+        ] {
+            let Some(value) = value else { continue };
+            if value.len() > max {
+                return Err(format!("{name} is {} bytes, over the limit of {max}", value.len()));
+            }
+            // One line each: a line break would let the value pose as a second frame line.
+            if value.chars().any(char::is_control) {
+                return Err(format!("{name} contains control characters (line breaks, tabs, ...)"));
+            }
+        }
+        if !bridge.allows_destination(&channel_id) {
             return Err(format!(
                 "destination `{channel_id}` is not on this bridge's `destinations` allow-list"
             ));
@@ -86,12 +83,33 @@ impl Message {
         Ok(Message {
             channel_id,
             content,
-            subject: text("subject")?.filter(|s| !s.is_empty()),
-            reply_to: text("reply_to")?.filter(|s| !s.is_empty()),
-            request_id: text("request_id")?,
-            approval_id: text("approval_id")?,
-            approval_content: text("approval_content")?,
+            subject,
+            reply_to,
+            request_id: text(entry, "request_id")?,
+            approval_id: None,
+            approval_content: None,
         })
+    }
+
+    /// sha256 of a canonical encoding of everything a sender uses: destination,
+    /// subject, reply_to and content. This is what an approval binds; a field a
+    /// bridge starts sending must be added here.
+    pub fn sha256(&self) -> String {
+        crate::approval::fields_sha256([
+            ("channel_id", Some(self.channel_id.as_bytes())),
+            ("subject", self.subject.as_deref().map(str::as_bytes)),
+            ("reply_to", self.reply_to.as_deref().map(str::as_bytes)),
+            ("content", Some(self.content.as_bytes())),
+        ])
+    }
+}
+
+fn text(entry: &Entry, name: &str) -> Result<Option<String>, String> {
+    match entry.get(name) {
+        None => Ok(None),
+        Some(bytes) => std::str::from_utf8(bytes)
+            .map(|s| Some(s.to_string()))
+            .map_err(|_| format!("field `{name}` is not valid UTF-8")),
     }
 }
 
@@ -183,16 +201,48 @@ mod tests {
                 &[("channel_id", b"ok"), ("content", b"hi"), ("colour", b"x")],
                 "unknown field",
             ),
+            (
+                &[("channel_id", b"ok"), ("content", b"hi"), ("subject", b"a\nb")],
+                "subject contains control characters",
+            ),
+            (
+                &[("channel_id", b"ok"), ("content", b"hi"), ("reply_to", &[b'x'; 999])],
+                "reply_to is 999 bytes",
+            ),
+            (
+                &[("channel_id", b"ok"), ("content", b"hi"), ("approval_content", b"x")],
+                "reserved",
+            ),
         ];
         for (fields, want) in cases {
-            let err = Message::from_entry(&entry(fields), &b, false).unwrap_err();
+            let err = Message::from_entry(&entry(fields), &b).unwrap_err();
             assert!(err.contains(want), "{err} lacks {want}");
         }
         let ok = Message::from_entry(
             &entry(&[("channel_id", b"ok"), ("content", b"hi")]),
             &b,
-            false,
         );
         assert_eq!(ok.unwrap().content, "hi");
+    }
+
+    /// The digest binds every field the sender uses, not only the content.
+    #[test]
+    fn the_digest_covers_the_whole_message() {
+        let m = Message {
+            channel_id: "ok".into(),
+            content: "hi".into(),
+            ..Message::default()
+        };
+        let with = |f: &dyn Fn(&mut Message)| {
+            let mut n = m.clone();
+            f(&mut n);
+            n.sha256()
+        };
+        let base = m.sha256();
+        assert_ne!(base, with(&|n| n.subject = Some("URGENT".into())));
+        assert_ne!(base, with(&|n| n.reply_to = Some("x@y".into())));
+        assert_ne!(base, with(&|n| n.channel_id = "other".into()));
+        assert_ne!(base, with(&|n| n.content = "hi!".into()));
+        assert_eq!(base, with(&|n| n.request_id = Some("r".into())));
     }
 }

@@ -58,6 +58,12 @@ impl Ingest {
         self.store.xadd(&stream, &all).await
     }
 
+    /// Whether this bridge carries some bridge's approval notifications. Only then
+    /// may it decide (its Redis user has no rights on approvals otherwise).
+    pub fn is_approval_surface(&self) -> bool {
+        self.config.is_approval_surface(&self.name)
+    }
+
     /// A human answered the notification this bridge delivered as `external_id`.
     /// `user` is the platform's id of the human, without the type prefix.
     pub async fn answer(
@@ -67,6 +73,9 @@ impl Ingest {
         user: &str,
         reason: &str,
     ) -> Result<Outcome> {
+        if !self.is_approval_surface() {
+            return Ok(Outcome::Unknown);
+        }
         let approver = format!("{}:{user}", self.kind);
         let outcome = approval::resolve_approval(
             &mut self.store,

@@ -4,7 +4,8 @@
 //! DESIGN.md ("Redis keys") can be read, and changed, in a single file.
 //!
 //! Names chosen by the broker beyond that contract (`{bridge}:decisions`,
-//! `{bridge}:heartbeat`, `{bridge}:ingest:cursor`) all start with the bridge
+//! `{bridge}:heartbeat`, `{bridge}:ingest:cursor`, `{bridge}:id-key`,
+//! `{bridge}:in-flight`) all start with the bridge
 //! name, so an agent's ACL patterns (`{agent}:*`) never reach them as long as
 //! agent and bridge names differ, which the config loader enforces.
 
@@ -63,6 +64,18 @@ pub fn heartbeat(bridge: &str) -> String {
 /// Where an ingest that reads a local source (the console file) keeps its position.
 pub fn ingest_cursor(bridge: &str) -> String {
     format!("{bridge}:ingest:cursor")
+}
+
+/// The secret approval ids of a requesting bridge are derived with
+/// ([`crate::approval::IdKey`]); only that bridge's outbox user may read it.
+pub fn id_key(bridge: &str) -> String {
+    format!("{bridge}:id-key")
+}
+
+/// Deliveries that a sender which cannot deduplicate (email) has started and not
+/// yet finished: a delivery key found here after a crash is reported uncertain.
+pub fn in_flight(bridge: &str) -> String {
+    format!("{bridge}:in-flight")
 }
 
 /// The prefix every approval key starts with.

@@ -11,17 +11,33 @@
 //!   a notice, or settled. A parked entry stays pending, so a restart finds it in
 //!   the pending list ("resume or start") with the same derived approval id.
 //! - Parking is three idempotent steps, each safe to repeat after a crash: create
-//!   the record if absent; write the notification unless the record says it was
-//!   written (after a crash in between, the notify outbox is searched for it
-//!   first); remember the notification id in the record. No step spans two keys,
-//!   so the protocol works unchanged on Redis Cluster.
+//!   the record if absent (it holds the digest of the one notification it will
+//!   write); write that notification unless the record says it was written (after
+//!   a crash in between, the notify outbox is searched for it by digest first);
+//!   remember the notification id in the record. No step spans two keys, so the
+//!   protocol works unchanged on Redis Cluster.
+//! - Only the requesting service can ask. On the notify side an entry carrying
+//!   `approval_id` is shown only when its digest is the record's `notify_sha256`
+//!   and it is the first such entry (the record's `notify_entry` claim); its
+//!   destination is the record's `notify_channel`, which must also pass this
+//!   bridge's `destinations`. Anything else is dead-lettered.
+//! - Only real outcomes change a card. An outcome entry names an approval and an
+//!   outcome; it is acted on only when the record exists, is settled with that
+//!   outcome and names this bridge, and the card's text is built from the record.
+//!   The requester keeps such a record (with a TTL) for the notify side, which
+//!   deletes it once the card is updated.
+//! - A parked entry that vanished from its stream (trimmed or deleted) is settled
+//!   as failed, at start-up and in the sweep: notice, record closed, card updated.
 //! - Settling marks the record `settled_at` (with a Redis TTL as a safety net)
 //!   before acking, then deletes it: a crash in between neither repeats the
 //!   outcome nor leaves a record behind forever.
 //! - An approved entry is re-read from its stream and its sha256 compared with the
 //!   record's before it is sent; a mismatch is refused.
-//! - A send that started before a crash is retried only with `retry = true`, so
-//!   the sender can deduplicate by `delivery_key` or report the delivery uncertain.
+//! - A send that may have happened before a crash is retried only with `retry =
+//!   true`, so the sender can deduplicate by `delivery_key` or report the delivery
+//!   uncertain. For senders that cannot deduplicate ([`Sender::DEDUPLICATES`]),
+//!   each delivery is marked in `{bridge}:in-flight` first, so `retry` is set
+//!   exactly when an attempt may have reached the platform.
 //! - Idle cost does not grow with the number of parked entries: the service
 //!   blocks on one read, woken by new entries, by decisions, or by the next
 //!   deadline kept in memory; a slow sweep (one pipelined round trip) catches a
@@ -34,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::approval::{self, Record, State};
+use crate::approval::{self, IdKey, Record, State};
 use crate::config::{BridgeConfig, Config};
 use crate::entry::{Message, Notice};
 use crate::error::{Error, Result};
@@ -84,20 +100,26 @@ pub enum SendError {
 /// The outcome of an approval, for the notify bridge to show on its notification.
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome<'a> {
-    /// `approved`, `rejected`, `expired` or `failed`.
+    /// `approved`, `rejected`, `expired` or `failed`, as the record says.
     pub outcome: &'a str,
     /// The notification's id on the platform.
     pub external_id: &'a str,
     /// Where the notification was sent.
     pub channel_id: &'a str,
-    /// The approval as it was (id, source, agent, channel_id, sha256, ...), and
-    /// `approver` / `reason` when decided.
+    /// The settled record, as the requesting service left it (verified: only
+    /// the broker writes records).
     pub record: &'a Record,
 }
 
 /// What a platform does for the outbox: deliver and name the result, and
 /// optionally show an approval's outcome on its notification.
 pub trait Sender: Send + Sync + 'static {
+    /// Whether sending one delivery key twice is harmless because the sender or
+    /// its platform drops the duplicate (a nonce, a search before writing). When
+    /// false, the outbox marks each delivery in flight, and `retry` is set only
+    /// when such a mark shows an earlier attempt may have reached the platform.
+    const DEDUPLICATES: bool = true;
+
     /// Delivers one message and returns its id on the platform (the external id).
     fn send(
         &self,
@@ -148,6 +170,9 @@ pub struct OutboxService<S> {
     sources: Vec<Source>,
     parked: HashMap<String, Parked>,
     deadlines: BTreeSet<(u64, String)>,
+    /// The secret approval ids are derived with; loaded by [`Self::prepare`]
+    /// when this bridge parks.
+    id_key: Option<IdKey>,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -190,6 +215,7 @@ impl<S: Sender> OutboxService<S> {
             sources,
             parked: HashMap::new(),
             deadlines: BTreeSet::new(),
+            id_key: None,
             shutdown,
             watchdog: Watchdog::from_env(),
         })
@@ -200,6 +226,9 @@ impl<S: Sender> OutboxService<S> {
     pub async fn prepare(&mut self) -> Result<()> {
         for source in &self.sources {
             self.store.ensure_group(&source.key, &self.group).await?;
+        }
+        if self.bridge.approval.required && self.id_key.is_none() {
+            self.id_key = Some(IdKey::load(&mut self.store, &self.name).await?);
         }
         Ok(())
     }
@@ -347,9 +376,7 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<()> {
         let source = self.sources[idx].clone();
         let Some(fields) = fields else {
-            // Deleted from the stream while pending: nothing left to deliver.
-            tracing::warn!(stream = %source.key, id, "pending entry no longer exists; acked");
-            return self.ack(&source.key, &id).await;
+            return self.vanished(idx, &id).await;
         };
         let entry = Entry { id, fields };
         if source.kind == Kind::Decisions {
@@ -366,11 +393,7 @@ impl<S: Sender> OutboxService<S> {
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, retry).await;
         }
-        let approval_id = approval::id_for(&source.key, &entry.id);
-        if retry && self.parked.contains_key(&approval_id) {
-            return Ok(());
-        }
-        let message = match Message::from_entry(&entry, &self.bridge, false) {
+        let message = match Message::from_entry(&entry, &self.bridge) {
             Ok(m) => m,
             Err(reason) => {
                 let n = Notice {
@@ -384,36 +407,53 @@ impl<S: Sender> OutboxService<S> {
         if !self.bridge.approval.required {
             return self.deliver_and_ack(idx, &entry, &message, retry).await;
         }
+        let approval_id = self.approval_id(&source.key, &entry.id)?;
+        if retry && self.parked.contains_key(&approval_id) {
+            return Ok(());
+        }
         self.park(idx, &entry, &message, approval_id, retry).await
     }
 
-    /// An entry carrying `approval_id` on the flat outbox: a notification only when
-    /// that approval exists, is pending and names this bridge as `notify`.
+    fn approval_id(&self, stream: &str, entry_id: &str) -> Result<String> {
+        let key = self.id_key.as_ref().ok_or_else(|| {
+            Error::Request("the approval id key is not loaded (prepare was not called)".into())
+        })?;
+        Ok(key.id_for(stream, entry_id))
+    }
+
+    /// A pending entry whose body is gone from its stream (trimmed by its writer's
+    /// `MAXLEN`, or deleted). If it was parked, its approval is settled as failed.
+    async fn vanished(&mut self, idx: usize, entry_id: &str) -> Result<()> {
+        let source = self.sources[idx].clone();
+        if self.bridge.approval.required && source.kind != Kind::Decisions {
+            let id = self.approval_id(&source.key, entry_id)?;
+            if let Some(record) = approval::load(&mut self.store, &id).await? {
+                tracing::warn!(approval = %id, stream = %source.key, entry = entry_id, "parked entry vanished from its stream; settled as failed");
+                if record.fields.contains_key("settled_at") {
+                    return self.finish(idx, entry_id, &record, None).await;
+                }
+                let n = Notice {
+                    status: "failed",
+                    reason: "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent",
+                    approval_id: Some(&id),
+                    request_id: Some(record.get("request_id")),
+                    ..Notice::default()
+                };
+                self.notice(idx, entry_id, None, n).await?;
+                return self.finish(idx, entry_id, &record, Some("failed")).await;
+            }
+        }
+        tracing::warn!(stream = %source.key, entry = entry_id, "pending entry no longer exists; acked");
+        self.ack(&source.key, entry_id).await
+    }
+
+    /// An entry carrying `approval_id` on the flat outbox: shown only when it is the
+    /// one notification the requesting service wrote for a pending approval.
     async fn handle_notification(&mut self, idx: usize, entry: &Entry, retry: bool) -> Result<()> {
         let id = entry.text("approval_id").unwrap_or_default().to_string();
-        let record = if id.is_empty() {
-            None
-        } else {
-            approval::load(&mut self.store, &id).await?
-        };
-        let refusal = match &record {
-            None => Some(format!("approval `{id}` does not exist")),
-            Some(r) if self.config.notify_bridge(r.source()) != self.name => Some(format!(
-                "approval `{id}` does not notify through bridge `{}`",
-                self.name
-            )),
-            Some(r) => match r.state(crate::now_secs_f64()) {
-                State::Pending => None,
-                other => Some(format!("approval `{id}` is {}", other.as_str())),
-            },
-        };
-        let message = match refusal {
-            None => Message::from_entry(entry, &self.bridge, true),
-            Some(reason) => Err(reason),
-        };
-        let (record, message) = match (record, message) {
-            (Some(r), Ok(m)) => (r, m),
-            (_, Err(reason)) => {
+        let (record, message) = match self.check_notification(entry, &id).await? {
+            Ok(checked) => checked,
+            Err(reason) => {
                 let n = Notice {
                     status: "invalid",
                     reason: &reason,
@@ -422,7 +462,6 @@ impl<S: Sender> OutboxService<S> {
                 };
                 return self.dead_letter(idx, entry, n).await;
             }
-            (None, Ok(_)) => unreachable!("a missing record is refused above"),
         };
         let key = delivery_key(&self.sources[idx].key, &entry.id);
         let out = Outgoing {
@@ -454,38 +493,141 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// An outcome entry written by a requesting service when it settled an
-    /// approval this bridge notified: show it on the notification, then ack.
-    async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
-        let text = |k: &str| entry.text(k).unwrap_or("").to_string();
-        let extra = [
-            ("approver", "approval_approver"),
-            ("reason", "approval_reason"),
-        ];
-        let fields: HashMap<String, String> = approval::SUMMARY_FIELDS
-            .iter()
-            .map(|(entry, field)| (*field, *entry))
-            .chain(extra)
-            .map(|(field, entry)| (field.to_string(), text(entry)))
-            .collect();
-        let record = Record {
-            id: text("approval_id"),
-            fields,
+    /// Verifies a notification entry against its record and claims the record for
+    /// it. `Ok(Err(reason))` is a refusal; the entry then goes to the dead letter.
+    async fn check_notification(
+        &mut self,
+        entry: &Entry,
+        id: &str,
+    ) -> Result<std::result::Result<(Record, Message), String>> {
+        if !self.config.is_approval_surface(&self.name) {
+            return Ok(Err(format!(
+                "bridge `{}` carries no approval notifications (no bridge with approval.required names it as notify)",
+                self.name
+            )));
+        }
+        if !approval::is_id(id) {
+            return Ok(Err(format!("approval `{id}` does not exist")));
+        }
+        let Some(record) = approval::load(&mut self.store, id).await? else {
+            return Ok(Err(format!("approval `{id}` does not exist")));
         };
-        let (outcome, external_id, channel_id) = (
-            text("approval_outcome"),
-            text("approval_external_id"),
-            text("channel_id"),
+        if record.get("notify") != self.name || self.config.notify_bridge(record.source()) != self.name {
+            return Ok(Err(format!(
+                "approval `{id}` does not notify through bridge `{}`",
+                self.name
+            )));
+        }
+        match record.state(crate::now_secs_f64()) {
+            State::Pending => {}
+            other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
+        }
+        let channel = record.get("notify_channel").to_string();
+        if !self.bridge.allows_destination(&channel) {
+            return Ok(Err(format!(
+                "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
+            )));
+        }
+        let digest = approval::fields_sha256(
+            entry.fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
         );
+        let key = keys::approval(id);
+        let claim: String = redis::Script::new(approval::CLAIM)
+            .key(&key)
+            .arg(&self.name)
+            .arg(&entry.id)
+            .arg(&digest)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?;
+        let refusal = match claim.as_str() {
+            "ok" => None,
+            "digest" => Some(format!(
+                "not the notification the requesting service wrote for approval `{id}` (its digest differs); not shown"
+            )),
+            "claimed" => Some(format!(
+                "approval `{id}` was already notified by entry {}; a second notification is not shown",
+                record.get("notify_entry")
+            )),
+            "missing" => Some(format!("approval `{id}` does not exist")),
+            "settled" => Some(format!("approval `{id}` is settled")),
+            other => Some(format!("approval `{id}` cannot be notified here ({other})")),
+        };
+        if let Some(reason) = refusal {
+            tracing::warn!(approval = %id, entry = %entry.id, reason, "forged or repeated notification refused");
+            return Ok(Err(reason));
+        }
+        let text = |name: &str| entry.text(name).map(str::to_string);
+        let message = Message {
+            channel_id: channel,
+            content: text("content").unwrap_or_default(),
+            approval_id: Some(id.to_string()),
+            approval_content: text("approval_content"),
+            ..Message::default()
+        };
+        Ok(Ok((record, message)))
+    }
+
+    /// An outcome entry written by a requesting service when it settled an
+    /// approval this bridge notified: acted on only when the record confirms it,
+    /// and shown from the record, never from the entry's text.
+    async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
+        let id = entry.text("approval_id").unwrap_or("").to_string();
+        let claimed = entry.text("approval_outcome").unwrap_or("");
+        let record = if approval::is_id(&id) {
+            approval::load(&mut self.store, &id).await?
+        } else {
+            None
+        };
+        let refusal = match &record {
+            _ if entry.fields.len() != 2 => {
+                Some("outcome entries carry `approval_id` and `approval_outcome` only".to_string())
+            }
+            None => Some(format!("no settled approval `{id}` to show an outcome for")),
+            Some(r) if r.get("notify") != self.name => {
+                Some(format!("approval `{id}` was not notified through this bridge"))
+            }
+            Some(r) if !r.fields.contains_key("settled_at") => {
+                Some(format!("approval `{id}` is not settled"))
+            }
+            Some(r) if r.get("outcome") != claimed => Some(format!(
+                "the outcome `{claimed}` is not the record's `{}`",
+                r.get("outcome")
+            )),
+            Some(r) if r.get("notify_external_id").is_empty() => {
+                Some(format!("no notification of approval `{id}` was delivered here"))
+            }
+            Some(_) => None,
+        };
+        let record = match (refusal, record) {
+            (None, Some(r)) => r,
+            (reason, _) => {
+                let reason = reason.unwrap_or_default();
+                tracing::warn!(approval = %id, reason, "forged outcome refused");
+                let n = Notice {
+                    status: "invalid",
+                    reason: &reason,
+                    ..Notice::default()
+                };
+                return self.dead_letter(idx, entry, n).await;
+            }
+        };
         let update = Outcome {
-            outcome: &outcome,
-            external_id: &external_id,
-            channel_id: &channel_id,
+            outcome: record.get("outcome"),
+            external_id: record.get("notify_external_id"),
+            channel_id: record.get("notify_channel"),
             record: &record,
         };
         if let Err(e) = self.sender.update(update).await {
             tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
         }
+        let key = keys::approval(&record.id);
+        let _: i64 = self
+            .store
+            .conn
+            .del(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
         self.ack(&self.sources[idx].key.clone(), &entry.id).await
     }
 
@@ -538,6 +680,8 @@ impl<S: Sender> OutboxService<S> {
         put("status", "pending".into());
         put("source", self.name.clone());
         put("channel_id", message.channel_id.clone());
+        put("subject", message.subject.clone().unwrap_or_default());
+        put("reply_to", message.reply_to.clone().unwrap_or_default());
         put("content_preview", approval::preview(&message.content));
         put("created_at", now.to_string());
         put("expires_at", expires_at.to_string());
@@ -553,40 +697,49 @@ impl<S: Sender> OutboxService<S> {
             "content_sha256",
             approval::sha256_hex(message.content.as_bytes()),
         );
+        put("message_sha256", message.sha256());
         put("content_bytes", message.content.len().to_string());
         put("request_id", message.request_id.clone().unwrap_or_default());
         // Unguessable and single-use: notify bridges build reply tokens from it
         // (an email's Message-ID), so knowing the approval id is not enough to answer.
         put("nonce", uuid::Uuid::new_v4().simple().to_string());
-        Record {
+        let mut record = Record {
             id: id.to_string(),
             fields,
-        }
+        };
+        // Written with the record, before the notification exists: the notify side
+        // shows only the entry with exactly this digest.
+        let digest = notification_digest(&notification_fields(&record, &message.content));
+        record.fields.insert("notify_sha256".into(), digest);
+        record
     }
 
     /// Writes the notification for `record` once. When a previous attempt may have
     /// written it (`resumed`), the notify outbox is searched first.
     async fn notify(&mut self, record: &Record, message: &Message, resumed: bool) -> Result<()> {
-        let stream = keys::outbox(self.config.notify_bridge(&self.name));
+        let stream = keys::outbox(record.get("notify"));
+        let fields = notification_fields(record, &message.content);
+        let digest = notification_digest(&fields);
+        if digest != record.get("notify_sha256") {
+            // A record parked by an older version: bind the notification now, before it exists.
+            set_if_exists(&mut self.store, &record.id, &[("notify_sha256", &digest)]).await?;
+        }
         if resumed {
-            if let Some(found) = self.find_notification(&stream, record).await? {
+            if let Some(found) = self.find_notification(&stream, record, &digest).await? {
                 return set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await;
             }
         }
-        let content =
-            approval::render_notification(record, &message.content, approval::REACT_HINT, None);
-        let mut fields: Vec<(&str, &[u8])> = vec![
-            ("approval_id", record.id.as_bytes()),
-            ("channel_id", record.get("notify_channel").as_bytes()),
-            ("content", content.as_bytes()),
-            ("approval_content", message.content.as_bytes()),
-        ];
-        fields.extend(approval::summary(record));
+        let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_slice())).collect();
         let notification = self.store.xadd(&stream, &fields).await?;
         set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await
     }
 
-    async fn find_notification(&mut self, stream: &str, record: &Record) -> Result<Option<String>> {
+    async fn find_notification(
+        &mut self,
+        stream: &str,
+        record: &Record,
+        digest: &str,
+    ) -> Result<Option<String>> {
         // Stream ids are millisecond timestamps: start a minute before the record
         // was created to allow for clock skew between this host and Redis.
         let created: u64 = record.get("created_at").parse().unwrap_or(0);
@@ -594,7 +747,12 @@ impl<S: Sender> OutboxService<S> {
         loop {
             let page = self.store.range(stream, &start, "+", 500).await?;
             for entry in &page {
-                if entry.text("approval_id") == Some(record.id.as_str()) {
+                let theirs = || {
+                    approval::fields_sha256(
+                        entry.fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+                    )
+                };
+                if entry.text("approval_id") == Some(record.id.as_str()) && theirs() == digest {
                     return Ok(Some(entry.id.clone()));
                 }
             }
@@ -641,7 +799,10 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Re-reads every parked record in one pipelined round trip and settles the
-    /// decided ones: the fallback for a decision whose wake-up was lost.
+    /// decided ones: the fallback for a decision whose wake-up was lost. Then
+    /// settles as failed every parked entry that vanished from its stream: one
+    /// `XRANGE - + COUNT 1` per stream finds its oldest entry, and an agent can
+    /// only drop entries from the head (`XADD MAXLEN`).
     async fn sweep(&mut self) -> Result<()> {
         if self.parked.is_empty() {
             return Ok(());
@@ -659,6 +820,28 @@ impl<S: Sender> OutboxService<S> {
             if status.as_deref() != Some("pending") {
                 self.settle(id).await?;
             }
+        }
+        let mut vanished = Vec::new();
+        for idx in 0..self.sources.len() {
+            let mine: Vec<&Parked> = self.parked.values().filter(|p| p.source == idx).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let first = self.store.range(&self.sources[idx].key, "-", "+", 1).await?;
+            let oldest = first.first().and_then(|e| stream_id(&e.id));
+            for p in mine {
+                let gone = match (stream_id(&p.entry_id), oldest) {
+                    (Some(mine), Some(oldest)) => mine < oldest,
+                    (_, None) => true,
+                    (None, _) => false,
+                };
+                if gone {
+                    vanished.push((idx, p.entry_id.clone()));
+                }
+            }
+        }
+        for (idx, entry_id) in vanished {
+            self.vanished(idx, &entry_id).await?;
         }
         Ok(())
     }
@@ -736,14 +919,14 @@ impl<S: Sender> OutboxService<S> {
             self.notice(idx, entry_id, None, n).await?;
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
-        let checked = Message::from_entry(&entry, &self.bridge, false).and_then(|m| {
-            let sha = approval::sha256_hex(m.content.as_bytes());
-            if sha == record.get("content_sha256") {
+        let checked = Message::from_entry(&entry, &self.bridge).and_then(|m| {
+            let sha = m.sha256();
+            if sha == record.get("message_sha256") {
                 Ok(m)
             } else {
                 Err(format!(
-                    "content sha256 {sha} differs from the approved {}; not sent",
-                    record.get("content_sha256")
+                    "message sha256 {sha} differs from the approved {}; not sent",
+                    record.get("message_sha256")
                 ))
             }
         });
@@ -793,7 +976,10 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// Marks the record settled, acks the entry, deletes the record and its map entry.
+    /// Marks the record settled with its outcome, tells the notify bridge, acks the
+    /// entry, and closes the record: deleted, or, when a card was delivered, left
+    /// (with its TTL) for the notify side, which deletes it once the card shows the
+    /// outcome.
     async fn finish(
         &mut self,
         idx: usize,
@@ -802,25 +988,18 @@ impl<S: Sender> OutboxService<S> {
         outcome: Option<&str>,
     ) -> Result<()> {
         let key = keys::approval(&record.id);
-        let external = record.get("notify_external_id");
-        if let (Some(outcome), false) = (outcome, external.is_empty()) {
-            let mut fields: Vec<(&str, &[u8])> = vec![
-                ("approval_id", record.id.as_bytes()),
-                ("approval_outcome", outcome.as_bytes()),
-                ("approval_external_id", external.as_bytes()),
-                ("channel_id", record.get("notify_channel").as_bytes()),
-                ("approval_approver", record.get("approver").as_bytes()),
-                ("approval_reason", record.get("reason").as_bytes()),
-            ];
-            fields.extend(approval::summary(record));
-            self.store
-                .xadd(&keys::outbox(record.get("notify")), &fields)
-                .await?;
-        }
-        if !record.id.is_empty() {
+        let external = record.get("notify_external_id").to_string();
+        let card = !external.is_empty();
+        if !record.id.is_empty() && !record.fields.contains_key("settled_at") {
             let _: () = redis::pipe()
                 .atomic()
-                .hset(&key, "settled_at", crate::now_secs())
+                .hset_multiple(
+                    &key,
+                    &[
+                        ("settled_at", crate::now_secs().to_string()),
+                        ("outcome", outcome.unwrap_or("failed").to_string()),
+                    ],
+                )
                 .ignore()
                 .expire(&key, SETTLED_TTL_SECS)
                 .ignore()
@@ -828,14 +1007,23 @@ impl<S: Sender> OutboxService<S> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
         }
+        if let (Some(outcome), true) = (outcome, card) {
+            let fields: Vec<(&str, &[u8])> = vec![
+                ("approval_id", record.id.as_bytes()),
+                ("approval_outcome", outcome.as_bytes()),
+            ];
+            self.store
+                .xadd(&keys::outbox(record.get("notify")), &fields)
+                .await?;
+        }
         self.ack(&self.sources[idx].key.clone(), entry_id).await?;
         if !record.id.is_empty() {
             let mut pipe = redis::pipe();
-            pipe.del(&key).ignore();
-            let external = record.get("notify_external_id");
-            if !external.is_empty() {
-                pipe.hdel(keys::approval_map(record.get("notify")), external)
+            if card {
+                pipe.hdel(keys::approval_map(record.get("notify")), &external)
                     .ignore();
+            } else {
+                pipe.del(&key).ignore();
             }
             let _: () = pipe
                 .query_async(&mut self.store.conn)
@@ -853,25 +1041,66 @@ impl<S: Sender> OutboxService<S> {
         message: &Message,
         retry: bool,
     ) -> Result<()> {
-        let key = delivery_key(&self.sources[idx].key, &entry.id);
+        let stream = self.sources[idx].key.clone();
+        let key = delivery_key(&stream, &entry.id);
+        let mut retry = retry;
+        if !S::DEDUPLICATES {
+            retry = retry && self.in_flight(&key).await?;
+            self.mark_in_flight(&key).await?;
+        }
         let out = Outgoing {
             message,
             delivery_key: &key,
             retry,
             approval: None,
         };
-        match self.deliver(out).await? {
+        let result = match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
                 tracing::debug!(entry = %entry.id, external_id, "delivered");
-                self.ack(&self.sources[idx].key.clone(), &entry.id).await
+                self.ack(&stream, &entry.id).await
             }
             Delivery::Failed(n) => self.dead_letter(idx, entry, n).await,
-            Delivery::Interrupted => Ok(()),
+            Delivery::Interrupted => return Ok(()),
+        };
+        if !S::DEDUPLICATES {
+            self.clear_in_flight(&key).await?;
         }
+        result
+    }
+
+    async fn in_flight(&mut self, delivery_key: &str) -> Result<bool> {
+        let key = keys::in_flight(&self.name);
+        self.store
+            .conn
+            .hexists(&key, delivery_key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HEXISTS {key}"), e))
+    }
+
+    async fn mark_in_flight(&mut self, delivery_key: &str) -> Result<()> {
+        let key = keys::in_flight(&self.name);
+        let _: i64 = self
+            .store
+            .conn
+            .hset(&key, delivery_key, crate::now_secs())
+            .await
+            .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
+        Ok(())
+    }
+
+    async fn clear_in_flight(&mut self, delivery_key: &str) -> Result<()> {
+        let key = keys::in_flight(&self.name);
+        let _: i64 = self
+            .store
+            .conn
+            .hdel(&key, delivery_key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+        Ok(())
     }
 
     /// Sends, waiting out transient failures with backoff until shutdown.
-    async fn deliver(&mut self, mut out: Outgoing<'_>) -> Result<Delivery> {
+    async fn deliver(&mut self, out: Outgoing<'_>) -> Result<Delivery> {
         let mut attempt = 0u32;
         loop {
             match self.sender.send(out).await {
@@ -883,8 +1112,7 @@ impl<S: Sender> OutboxService<S> {
                     if !self.shutdown.sleep(backoff(attempt)).await {
                         return Ok(Delivery::Interrupted);
                     }
-                    // The failed attempt may have reached the platform.
-                    out.retry = true;
+                    // `Transient` means not delivered, so `retry` stays as it was.
                 }
                 Err(SendError::Permanent(why)) => {
                     return Ok(Delivery::Failed(FailedNotice::new("failed", why)))
@@ -1007,6 +1235,30 @@ impl AsNotice for FailedNotice {
             ..Notice::default()
         }
     }
+}
+
+/// The notification entry for a parked record, in the order it is written: the
+/// approval id, the destination from the record, the plain-text frame (for
+/// platforms that show text as is) and the exact content (for those that lay out
+/// their own card). Deterministic, so a resumed park writes the same entry.
+fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let frame = approval::render_notification(record, content, approval::REACT_HINT, None);
+    vec![
+        ("approval_id", record.id.clone().into_bytes()),
+        ("channel_id", record.get("notify_channel").as_bytes().to_vec()),
+        ("content", frame.into_bytes()),
+        ("approval_content", content.as_bytes().to_vec()),
+    ]
+}
+
+fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
+    approval::fields_sha256(fields.iter().map(|(k, v)| (*k, Some(v.as_slice()))))
+}
+
+/// A stream entry id as (milliseconds, sequence), for ordering.
+fn stream_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
 }
 
 /// The stable identity of one stream entry, for senders that deduplicate.

@@ -47,6 +47,7 @@ pub fn key_paths() -> Vec<String> {
     };
     add("redis.", field_names::<RedisConfig>());
     add("agents.*.", field_names::<AgentConfig>());
+    add("operators.*.", field_names::<OperatorConfig>());
     for f in field_names::<BridgeCommon>() {
         match *f {
             "approval" => add("bridges.*.approval.", field_names::<ApprovalConfig>()),

@@ -3,6 +3,7 @@
 {
   redis = { url = "redis://127.0.0.1:6390"; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
   agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
+  operators.root.passwordFile = "/etc/cowboy/secrets/root";
   bridges.all = {
     type = "console";
     destinations = [ "*" ];

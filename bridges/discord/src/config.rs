@@ -32,6 +32,17 @@ pub struct DiscordSettings {
     /// Another gateway websocket URL (tests), e.g. `ws://127.0.0.1:8081`.
     #[serde(default)]
     pub gateway_url: Option<String>,
+    /// What agent messages may ping: any of `users`, `roles`, `everyone` (which
+    /// also covers `@here`). Approval cards never ping anyone, whatever this says.
+    #[serde(default = "default_mentions")]
+    pub mentions: Vec<String>,
+}
+
+/// The values `mentions` accepts.
+pub const MENTION_KINDS: &[&str] = &["users", "roles", "everyone"];
+
+fn default_mentions() -> Vec<String> {
+    vec!["users".to_string()]
 }
 
 fn default_approve() -> Vec<String> {
@@ -67,6 +78,14 @@ impl DiscordSettings {
                         message: format!("`{v}` is not a URL"),
                     });
                 }
+            }
+        }
+        for (i, m) in self.mentions.iter().enumerate() {
+            if !MENTION_KINDS.contains(&m.as_str()) {
+                return Err(ConfigError::Invalid {
+                    key: format!("bridges.{bridge}.mentions[{i}]"),
+                    message: format!("`{m}` is not one of {}", MENTION_KINDS.join(", ")),
+                });
             }
         }
         if self.approve_emoji.is_empty() || self.reject_emoji.is_empty() {

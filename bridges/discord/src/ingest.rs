@@ -71,6 +71,9 @@ impl Handler {
     /// Whether `message_id` is one of our live approval cards.
     async fn is_card(&self, message_id: u64) -> Result<bool> {
         let mut ingest = self.ingest.lock().await;
+        if !ingest.is_approval_surface() {
+            return Ok(false);
+        }
         let map = keys::approval_map(ingest.name());
         let found: bool = ingest
             .store

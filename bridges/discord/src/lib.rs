@@ -57,6 +57,7 @@ pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -
     let s = settings(&config, &name)?;
     let sender = DiscordSender {
         http: Arc::new(http(&s, &token(&s, &name)?)),
+        mentions: s.mentions.clone(),
     };
     let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
     OutboxService::new(config, &name, sender, store, shutdown)?
@@ -86,6 +87,7 @@ pub async fn run_ping(config: Arc<Config>, name: String, shutdown: Shutdown) -> 
     let s = settings(&config, &name)?;
     let sender = Arc::new(DiscordSender {
         http: Arc::new(http(&s, &token(&s, &name)?)),
+        mentions: Vec::new(),
     });
     let store = Store::connect(&config.redis_for(&name, Service::Ping)).await?;
     let probe: broker::ping::Probe = Box::new(move || {

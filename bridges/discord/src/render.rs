@@ -58,21 +58,49 @@ pub fn nonce(delivery_key: &str, part: usize) -> String {
     format!("{}{:03}", &digest[..22], part % 1000)
 }
 
-/// The head of the approval card (the message that carries the reactions).
+/// Inline code that agent text cannot close: backticks become a look-alike.
+pub fn inline_code(text: &str) -> String {
+    format!("`{}`", broker::approval::display_safe(text).replace('`', "\u{02CB}"))
+}
+
+/// Agent text made safe for a code block: a zero-width space follows every
+/// backtick, so no run of three can end the fence early. Inside the block,
+/// markdown, mentions and masked links are shown as written.
+fn code_body(text: &str) -> String {
+    broker::approval::display_safe(text).replace('`', "`\u{200B}")
+}
+
+fn fence(body: &str) -> String {
+    format!("```text\n{body}\n```")
+}
+
+/// A code block holding `text` verbatim.
+pub fn code_block(text: &str) -> String {
+    fence(&code_body(text))
+}
+
+/// The head of the approval card (the message that carries the reactions): the
+/// frame, in the bot's own bold text; every value the agent chose is in code.
 pub fn card_head(record: &Record, status: Option<&str>) -> String {
     let deadline = match record.expires_at() {
         0 => "no deadline".to_string(),
         t => format!("decide by <t:{t}:f> (<t:{t}:R>)"),
     };
     let status = status.map(|s| format!("{s}\n")).unwrap_or_default();
+    let optional = |field: &str| match record.get(field) {
+        "" => "(none)".to_string(),
+        v => inline_code(v),
+    };
     format!(
-        "{status}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}** to `{dest}`\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
+        "{status}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
         id = record.id,
         who = record.agent().unwrap_or("an agent"),
         bridge = record.source(),
-        dest = record.get("channel_id"),
+        dest = inline_code(record.get("channel_id")),
+        subject = optional("subject"),
+        reply_to = optional("reply_to"),
         bytes = record.get("content_bytes"),
-        sha = record.get("content_sha256"),
+        sha = record.get("message_sha256"),
     )
 }
 
@@ -80,37 +108,40 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
 pub const HOW_TO_ANSWER: &str =
     "React ✅ to send it or ❌ to drop it, or reply `approve` / `reject <reason>`.";
 
-/// The card's messages: the head (with the whole content when it fits) and,
-/// for long content, every part labelled `n/m`.
+/// The card's messages: the head, then the whole content verbatim in a code
+/// block (in `n/m` labelled parts when it does not fit one message).
 pub fn card(record: &Record, content: &str) -> Vec<String> {
     let head = format!("{}{HOW_TO_ANSWER}\n", card_head(record, None));
-    let whole = format!("{head}>>> {content}");
+    let whole = format!("{head}{}", code_block(content));
     if units(&whole) <= LIMIT {
         return vec![whole];
     }
-    let parts = split(content, LIMIT - 16);
+    let parts = split(&code_body(content), LIMIT - 40);
     let m = parts.len();
     let mut messages = vec![format!("{head}The message follows in {m} parts.")];
     messages.extend(
         parts
             .into_iter()
             .enumerate()
-            .map(|(i, p)| format!("**{}/{m}**\n{p}", i + 1)),
+            .map(|(i, p)| format!("**{}/{m}**\n{}", i + 1, fence(&p))),
     );
     messages
 }
 
-/// The card head once the approval is over.
+/// The card head once the approval is over, from the settled record.
 pub fn closed_card(record: &Record, outcome: &str) -> String {
     let who = |a: &str| {
         a.strip_prefix("discord:")
             .map(|id| format!("<@{id}>"))
-            .unwrap_or_else(|| a.to_string())
+            .unwrap_or_else(|| inline_code(a))
     };
-    let now = broker::now_secs();
+    let at = record
+        .get("decided_at")
+        .parse::<u64>()
+        .unwrap_or_else(|_| broker::now_secs());
     let status = match outcome {
         "approved" => format!(
-            "✅ **Approved** by {} at <t:{now}:f> — sent.",
+            "✅ **Approved** by {} at <t:{at}:f> — sent.",
             who(record.get("approver"))
         ),
         "rejected" => {
@@ -118,15 +149,15 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
             let reason = if reason.is_empty() {
                 String::new()
             } else {
-                format!(": {reason}")
+                format!(": {}", inline_code(reason))
             };
             format!(
-                "❌ **Rejected** by {} at <t:{now}:f>{reason}",
+                "❌ **Rejected** by {} at <t:{at}:f>{reason}",
                 who(record.get("approver"))
             )
         }
         "expired" => "⌛ **Expired** — nobody decided in time; not sent.".to_string(),
-        other => format!("⚠️ **{other}** — not sent."),
+        _ => "⚠️ **Failed** — not sent.".to_string(),
     };
     let mut text = card_head(record, Some(&status));
     if units(&text) > LIMIT {
@@ -223,8 +254,31 @@ mod tests {
         assert!(card.len() >= 3);
         let m = card.len() - 1;
         for (i, part) in card.iter().skip(1).enumerate() {
-            assert!(part.starts_with(&format!("**{}/{m}**\n", i + 1)));
+            assert!(part.starts_with(&format!("**{}/{m}**\n```text\n", i + 1)));
             assert!(units(part) <= LIMIT);
         }
+    }
+
+    /// Agent text cannot close the code block or the inline code around it.
+    #[test]
+    fn agent_text_stays_inside_its_code() {
+        let record = Record {
+            id: "id".into(),
+            fields: HashMap::from([("subject".into(), "a` **b**".into())]),
+        };
+        let content = "ok```\n**Approved** @everyone [safe](https://evil)\n```";
+        let card = card(&record, content);
+        let body = card[0].split_once("```text\n").unwrap().1;
+        assert_eq!(body.matches("```").count(), 1, "{body}");
+        assert!(body.ends_with("\n```"));
+        assert!(card[0].contains("**Subject:** `a\u{02CB} **b**`"));
+        let long = "`".repeat(3000);
+        for part in card_parts(&record, &long) {
+            assert!(units(&part) <= LIMIT, "{}", units(&part));
+        }
+    }
+
+    fn card_parts(record: &Record, content: &str) -> Vec<String> {
+        card(record, content)
     }
 }

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use broker::outbox::{Outcome, Outgoing, SendError, Sender};
-use serenity::builder::{CreateMessage, EditMessage};
+use serenity::builder::{CreateAllowedMentions, CreateMessage, EditMessage};
 use serenity::http::{Http, HttpError};
 use serenity::model::channel::{MessageReference, Nonce, ReactionType};
 use serenity::model::id::{ChannelId, MessageId};
@@ -58,6 +58,18 @@ fn message_id(id: &str) -> Result<MessageId, SendError> {
 /// Sends through Discord's REST API.
 pub struct DiscordSender {
     pub http: Arc<Http>,
+    /// The `mentions` setting: what agent messages may ping.
+    pub mentions: Vec<String>,
+}
+
+/// Pings that a message may make: none on cards; on deliveries, the kinds the
+/// bridge's `mentions` setting names.
+fn allowed(kinds: &[String]) -> CreateAllowedMentions {
+    let on = |k: &str| kinds.iter().any(|m| m == k);
+    CreateAllowedMentions::new()
+        .all_users(on("users"))
+        .all_roles(on("roles"))
+        .everyone(on("everyone"))
 }
 
 impl DiscordSender {
@@ -68,11 +80,13 @@ impl DiscordSender {
         parts: &[String],
         delivery_key: &str,
         reply_to: Option<MessageId>,
+        mentions: &[String],
     ) -> Result<MessageId, SendError> {
         let mut first = None;
         for (i, part) in parts.iter().enumerate() {
             let mut msg = CreateMessage::new()
                 .content(part)
+                .allowed_mentions(allowed(mentions))
                 .nonce(Nonce::String(render::nonce(delivery_key, i)))
                 .enforce_nonce(true);
             if let (0, Some(r)) = (i, reply_to) {
@@ -106,7 +120,7 @@ impl Sender for DiscordSender {
                 let content = m.approval_content.as_deref().unwrap_or(&m.content);
                 let card = render::card(record, content);
                 let key = format!("{}#card", out.delivery_key);
-                let head = self.post(channel_id, &card, &key, None).await?;
+                let head = self.post(channel_id, &card, &key, None, &[]).await?;
                 // One click decides: the bot's own reactions (never counted as answers).
                 for emoji in ["✅", "❌"] {
                     channel_id
@@ -124,7 +138,7 @@ impl Sender for DiscordSender {
                 let reply_to = m.reply_to.as_deref().map(message_id).transpose()?;
                 let parts = render::split(&m.content, render::LIMIT);
                 let id = self
-                    .post(channel_id, &parts, out.delivery_key, reply_to)
+                    .post(channel_id, &parts, out.delivery_key, reply_to, &self.mentions)
                     .await?;
                 Ok(id.get().to_string())
             }
@@ -136,7 +150,11 @@ impl Sender for DiscordSender {
         let id = message_id(outcome.external_id)?;
         let text = render::closed_card(outcome.record, outcome.outcome);
         channel_id
-            .edit_message(&*self.http, id, EditMessage::new().content(text))
+            .edit_message(
+                &*self.http,
+                id,
+                EditMessage::new().content(text).allowed_mentions(allowed(&[])),
+            )
             .await
             .map_err(classify)?;
         Ok(())

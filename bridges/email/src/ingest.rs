@@ -300,6 +300,14 @@ impl EmailIngest {
             .unwrap_or_default();
         let message_id = mail.message_id().unwrap_or("").to_string();
         if refs.iter().any(|r| verdict::is_approval_id(r)) {
+            if !self.ingest.is_approval_surface() {
+                tracing::warn!(from, "reply to an approval email on a bridge that carries none; ignored");
+                return Ok(());
+            }
+            if verdict::is_automatic(mail.headers_raw()) {
+                tracing::info!(from, "automatic reply to an approval email ignored (it decides nothing and is not answered)");
+                return Ok(());
+            }
             let auth: Vec<String> = mail
                 .header_values("Authentication-Results")
                 .filter_map(|v| v.as_text().map(str::to_string))
@@ -380,7 +388,7 @@ impl EmailIngest {
         if self.settings.require_authentication {
             let domain = from.rsplit('@').next().unwrap_or("");
             let authserv = self.settings.authserv_id.as_deref().unwrap_or("");
-            if !verdict::authenticated(auth.iter().map(String::as_str), authserv, domain) {
+            if !crate::authres::authenticated(auth.iter().map(String::as_str), authserv, domain) {
                 tracing::warn!(from, approval = %approval_id, "answer without passing DKIM/DMARC from our server ignored");
                 return Ok(());
             }
@@ -409,7 +417,7 @@ impl EmailIngest {
                 let reply_to = (!message_id.is_empty()).then_some(message_id);
                 if let Err(e) = self
                     .reply
-                    .send_text(from, &subject, text, id, reply_to)
+                    .send_text(from, &subject, text, id, reply_to, Some("auto-replied"))
                     .await
                 {
                     tracing::warn!(error = %e, "could not send the not-understood reply");

@@ -8,6 +8,7 @@
 //! - [`ingest`]: the IMAP follower, answers and inbound mail.
 //! - [`verdict`]: pure logic: verdicts, `Authentication-Results`, Message-IDs.
 
+pub mod authres;
 pub mod config;
 pub mod ingest;
 pub mod send;

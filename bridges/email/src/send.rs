@@ -1,14 +1,21 @@
 //! Delivery over SMTP, and the approval email.
 //!
 //! Invariants: the Message-ID is generated here, derived from the stream entry
-//! (or, for a notification, from the approval's random nonce), so a retried send
-//! carries the same id and a receiving system can drop the duplicate; every
-//! header value is typed by lettre or cleaned of control characters, so no field
-//! of an entry can inject a header; recipients are parsed before sending.
+//! (or, for a notification, from the approval's random nonce); every header value
+//! is typed by lettre or cleaned of control characters, so no field of an entry
+//! can inject a header; recipients are parsed before sending.
+//!
+//! SMTP cannot deduplicate, so a delivery is never sent twice blindly: a send
+//! the outbox marks as a retry (an earlier attempt may have been accepted) is
+//! reported `uncertain` with its Message-ID instead, and an error after the
+//! server may have accepted the message (a lost connection, a timeout) is
+//! uncertain too. Only a refused connection or a 4xx reply is retried, since
+//! then the server has certainly not taken the message. Approval emails are the
+//! exception: a duplicate one is harmless (same Message-ID, same nonce).
 
 use std::time::Duration;
 
-use broker::approval::Record;
+use broker::approval::{self, Record};
 use broker::config::read_secret;
 use broker::outbox::{Outgoing, SendError, Sender};
 use lettre::message::{header::ContentType, Mailbox};
@@ -74,6 +81,8 @@ impl EmailSender {
     }
 
     /// Sends one text/plain message; returns its Message-ID (without brackets).
+    /// `auto` marks mail the bridge writes by itself (RFC 3834 `Auto-Submitted`),
+    /// so vacation responders leave it alone.
     pub async fn send_text(
         &self,
         to: &str,
@@ -81,6 +90,7 @@ impl EmailSender {
         body: String,
         message_id: String,
         reply_to: Option<&str>,
+        auto: Option<&str>,
     ) -> Result<String, SendError> {
         let to: Mailbox = to
             .parse()
@@ -99,49 +109,105 @@ impl EmailSender {
                 .in_reply_to(format!("<{id}>"))
                 .references(format!("<{id}>"));
         }
+        if let Some(auto) = auto {
+            builder = builder
+                .header(AutoSubmitted(auto.to_string()))
+                .header(AutoResponseSuppress);
+        }
         let email = builder
             .body(body)
             .map_err(|e| SendError::Permanent(format!("cannot build the message: {e}")))?;
         match self.smtp.send(email).await {
             Ok(_) => Ok(message_id),
-            Err(e) if e.is_permanent() => Err(SendError::Permanent(format!(
-                "the mail server refused it: {e}"
-            ))),
-            Err(e) => Err(SendError::Transient(format!("SMTP: {e}"))),
+            Err(e) => Err(classify(&e, &message_id)),
         }
     }
 }
 
-/// The approval email: readable on a phone, complete, and saying how to answer.
+/// Classifies an SMTP failure: a 5xx reply will never work; a 4xx reply or a
+/// refused connection means the server did not take the message; anything else
+/// (a lost connection, a timeout) may have come after the server accepted it.
+fn classify(e: &lettre::transport::smtp::Error, message_id: &str) -> SendError {
+    if e.is_permanent() {
+        return SendError::Permanent(format!("the mail server refused it: {e}"));
+    }
+    if e.is_transient() || refused_connection(e) {
+        return SendError::Transient(format!("SMTP: {e}"));
+    }
+    SendError::Uncertain(format!(
+        "SMTP: {e}; the server may have accepted Message-ID <{message_id}>"
+    ))
+}
+
+fn refused_connection(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+            );
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// `Auto-Submitted` (RFC 3834): `auto-generated` or `auto-replied`.
+#[derive(Clone)]
+struct AutoSubmitted(String);
+
+impl lettre::message::header::Header for AutoSubmitted {
+    fn name() -> lettre::message::header::HeaderName {
+        lettre::message::header::HeaderName::new_from_ascii_str("Auto-Submitted")
+    }
+    fn parse(s: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(AutoSubmitted(s.to_string()))
+    }
+    fn display(&self) -> lettre::message::header::HeaderValue {
+        lettre::message::header::HeaderValue::new(Self::name(), self.0.clone())
+    }
+}
+
+/// `X-Auto-Response-Suppress: All`: Exchange's own way of saying the same.
+#[derive(Clone)]
+struct AutoResponseSuppress;
+
+impl lettre::message::header::Header for AutoResponseSuppress {
+    fn name() -> lettre::message::header::HeaderName {
+        lettre::message::header::HeaderName::new_from_ascii_str("X-Auto-Response-Suppress")
+    }
+    fn parse(_: &str) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(AutoResponseSuppress)
+    }
+    fn display(&self) -> lettre::message::header::HeaderValue {
+        lettre::message::header::HeaderValue::new(Self::name(), "All".to_string())
+    }
+}
+
+/// How to answer, in the approval email.
+pub const HOW_TO_ANSWER: &str =
+    "reply to this email with APPROVE on the first line to send it, or REJECT and a reason to drop it";
+
+/// The approval email: the broker's frame, every content line marked.
 pub fn approval_body(record: &Record, content: &str) -> String {
-    let deadline = match record.expires_at() {
-        0 => "This request does not expire.".to_string(),
-        t => format!("Answer before {t} (unix time); after that the message is dropped."),
-    };
-    format!(
-        "{who} wants to send a message.\n\n\
-         Via:       {bridge}\n\
-         To:        {dest}\n\
-         Size:      {bytes} bytes\n\
-         SHA-256:   {sha}\n\
-         Approval:  {id}\n\n\
-         {deadline}\n\n\
-         Reply to this email with APPROVE on the first line to send it,\n\
-         or REJECT and a reason to drop it.\n\n\
-         ----- the complete message -----\n{content}\n----- end of message -----\n",
-        who = record.agent().unwrap_or("An agent on the shared outbox"),
-        bridge = record.source(),
-        dest = record.get("channel_id"),
-        bytes = content.len(),
-        sha = record.get("content_sha256"),
-        id = record.id,
-    )
+    let mut body = approval::render_notification(record, content, HOW_TO_ANSWER, None);
+    body.push('\n');
+    body
 }
 
 impl Sender for EmailSender {
+    const DEDUPLICATES: bool = false;
+
     async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         let m = out.message;
         let domain = self.settings.domain();
+        if out.retry && out.approval.is_none() {
+            let id = verdict::entry_message_id(out.delivery_key, domain);
+            return Err(SendError::Uncertain(format!(
+                "an earlier attempt may have been accepted by the mail server (Message-ID <{id}>); not sent again"
+            )));
+        }
         match out.approval {
             Some(record) => {
                 let nonce = record.get("nonce");
@@ -161,6 +227,7 @@ impl Sender for EmailSender {
                     approval_body(record, content),
                     id,
                     None,
+                    Some("auto-generated"),
                 )
                 .await
             }
@@ -176,6 +243,7 @@ impl Sender for EmailSender {
                     m.content.clone(),
                     id,
                     m.reply_to.as_deref(),
+                    None,
                 )
                 .await
             }

@@ -1,5 +1,5 @@
-//! Pure logic of email answers: the verdict in a reply, the anti-spoofing check
-//! on `Authentication-Results`, and the Message-IDs the bridge generates.
+//! Pure logic of email answers: the verdict in a reply, what marks a mail as
+//! automatic, and the Message-IDs the bridge generates.
 
 use broker::approval::Verdict;
 
@@ -54,44 +54,22 @@ fn is_attribution(line: &str) -> bool {
     line.ends_with("wrote:")
 }
 
-/// Whether the topmost `Authentication-Results` header added by `authserv_id`
-/// shows `dkim=pass` or `dmarc=pass` for `domain`. Headers come in message
-/// order (topmost first); only the first one carrying our authserv-id counts,
-/// since anything below it may have been written by the sender.
-pub fn authenticated<'a>(
-    headers: impl IntoIterator<Item = &'a str>,
-    authserv_id: &str,
-    domain: &str,
-) -> bool {
-    let domain = domain.to_ascii_lowercase();
-    let Some(ours) = headers.into_iter().find(|h| {
-        h.split(';')
-            .next()
-            .and_then(|id| id.split_whitespace().next())
-            .is_some_and(|id| id.eq_ignore_ascii_case(authserv_id))
-    }) else {
-        return false;
-    };
-    ours.split(';').skip(1).any(|result| {
-        let lower = result.to_ascii_lowercase();
-        let mut words = lower.split_whitespace();
-        let Some(method) = words.next() else {
-            return false;
-        };
-        let props: Vec<&str> = words.collect();
-        let aligned = |keys: &[&str]| {
-            props.iter().any(|p| {
-                keys.iter().any(|k| {
-                    p.strip_prefix(k).is_some_and(|v| {
-                        let v = v.trim_start_matches('@');
-                        v == domain
-                    })
-                })
-            })
-        };
-        match method {
-            "dkim=pass" => aligned(&["header.d=", "header.i="]),
-            "dmarc=pass" => aligned(&["header.from="]),
+/// Whether a mail was written by a machine (a vacation responder, a bounce, a
+/// list), from its headers as (name, value): such a mail never decides and is
+/// never answered, so two robots cannot talk each other into a decision.
+pub fn is_automatic<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> bool {
+    headers.into_iter().any(|(name, value)| {
+        let value = value.trim().to_ascii_lowercase();
+        match name.to_ascii_lowercase().as_str() {
+            // RFC 3834: anything but `no` (parameters after `;` aside).
+            "auto-submitted" => value.split(';').next().map(str::trim) != Some("no"),
+            "x-autoreply" | "x-autorespond" => true,
+            "precedence" => matches!(value.as_str(), "bulk" | "junk" | "list" | "auto_reply"),
+            "list-id" | "list-unsubscribe" => true,
+            "return-path" => {
+                let path = value.trim_matches(['<', '>', ' ']);
+                path.is_empty() || path.split('@').next() == Some("mailer-daemon")
+            }
             _ => false,
         }
     })
@@ -174,41 +152,29 @@ mod tests {
     }
 
     #[test]
-    fn only_the_topmost_result_of_our_server_counts() {
-        let ours = "mx.example.org; dkim=pass header.d=example.org header.s=s1; spf=pass";
-        let forged = "mx.example.org; dmarc=pass header.from=example.org";
-        assert!(authenticated([ours], "mx.example.org", "example.org"));
-        assert!(authenticated(
-            ["other.host; dkim=pass header.d=example.org", ours],
-            "mx.example.org",
-            "Example.org"
-        ));
-        // Our server says fail; a forged pass below it must not count.
-        assert!(!authenticated(
-            ["mx.example.org; dkim=fail header.d=example.org", forged],
-            "mx.example.org",
-            "example.org"
-        ));
-        assert!(!authenticated(
-            ["mx.example.org; dkim=pass header.d=evil.org"],
-            "mx.example.org",
-            "example.org"
-        ));
-        assert!(!authenticated(
-            ["mx.example.org; spf=pass smtp.mailfrom=example.org"],
-            "mx.example.org",
-            "example.org"
-        ));
-        assert!(authenticated(
-            ["mx.example.org; dmarc=pass (p=reject) header.from=example.org"],
-            "mx.example.org",
-            "example.org"
-        ));
-        assert!(!authenticated(
-            Vec::<&str>::new(),
-            "mx.example.org",
-            "example.org"
-        ));
+    fn machines_are_recognised() {
+        for h in [
+            ("Auto-Submitted", "auto-replied"),
+            ("auto-submitted", "auto-generated; owner-email=x@y"),
+            ("X-Autoreply", "yes"),
+            ("X-Autorespond", "Vacation"),
+            ("Precedence", "bulk"),
+            ("Precedence", "auto_reply"),
+            ("List-Id", "<ops.example.org>"),
+            ("Return-Path", "<>"),
+            ("Return-Path", "<MAILER-DAEMON@mx.example.org>"),
+        ] {
+            assert!(is_automatic([h]), "{h:?}");
+        }
+        for h in [
+            ("Auto-Submitted", "no"),
+            ("Precedence", "first-class"),
+            ("Return-Path", "<ann@example.org>"),
+            ("X-Auto-Response-Suppress", "All"),
+            ("Subject", "Auto-Submitted"),
+        ] {
+            assert!(!is_automatic([h]), "{h:?}");
+        }
     }
 
     #[test]

@@ -94,7 +94,8 @@ enum Approvals {
     /// Approve (any unambiguous id prefix).
     Approve {
         id: String,
-        /// Who decides; must be on the approvers list as `cli:NAME`.
+        /// Who decides; must be on the approvers list as `cli:NAME`. With
+        /// `[operators]` declared, NAME is proven by connecting as that Redis user.
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
@@ -160,27 +161,24 @@ async fn main() -> ExitCode {
                 Approvals::List { all } => cli::approvals_list(&mut store, all).await,
                 Approvals::Show { id } => cli::approvals_show(&mut store, &id).await,
                 Approvals::Approve { id, operator: who } => {
-                    cli::approvals_decide(
-                        &mut store,
-                        &config,
-                        &id,
-                        Verdict::Approved,
-                        &operator(who),
-                        "",
-                    )
-                    .await
+                    let who = operator(who);
+                    let mut store = cli::decision_store(&config, &who, store).await?;
+                    cli::approvals_decide(&mut store, &config, &id, Verdict::Approved, &who, "")
+                        .await
                 }
                 Approvals::Reject {
                     id,
                     reason,
                     operator: who,
                 } => {
+                    let who = operator(who);
+                    let mut store = cli::decision_store(&config, &who, store).await?;
                     cli::approvals_decide(
                         &mut store,
                         &config,
                         &id,
                         Verdict::Rejected,
-                        &operator(who),
+                        &who,
                         &reason,
                     )
                     .await

@@ -228,3 +228,18 @@ fn unit_templates_verify() {
         );
     }
 }
+
+/// The module's secret assertion sees secrets at every nesting level of
+/// `settings` (and inside lists), not only top-level keys; `*_file` keys pass.
+#[test]
+fn inline_secrets_are_found_at_any_depth() {
+    let expr = r#"import ./secrets.nix { smtp = { host = "h"; password = "x"; password_file = "/f"; }; token_file = "/t"; imap.auth.api_key = "k"; hooks = [ { secret = "s"; } ]; channels = [ "1" ]; }"#;
+    let out = tool("nix-instantiate", "nix-bin")
+        .current_dir(root().join("nix"))
+        .args(["--eval", "--strict", "--json", "-E", expr])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let found: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(found, ["hooks.secret", "imap.auth.api_key", "smtp.password"]);
+}

@@ -173,6 +173,7 @@ async fn a_retried_send_creates_one_message() {
     let d = deployment(&fake, "", "");
     let s = discord::settings(&d.config, "dc").unwrap();
     let sender = discord::send::DiscordSender {
+        mentions: vec!["users".into()],
         http: std::sync::Arc::new(discord::http(&s, TOKEN)),
     };
     let message = broker::entry::Message {
