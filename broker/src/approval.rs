@@ -430,12 +430,12 @@ pub fn normalize_emoji(emoji: &str) -> String {
 pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
 
 /// Shows agent text without letting it act on the display: control characters
-/// (other than tab) and bidirectional overrides become visible placeholders, so
+/// (other than tab and newline) and bidirectional overrides become visible placeholders, so
 /// a carriage return cannot overwrite a line and U+202E cannot reverse one.
 pub fn display_safe(text: &str) -> String {
     text.chars()
         .map(|c| match c {
-            '\t' => "\t".to_string(),
+            '\t' | '\n' => c.to_string(),
             c if c.is_control() => format!("<U+{:04X}>", c as u32),
             '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{200E}' | '\u{200F}' => {
                 format!("<U+{:04X}>", c as u32)

@@ -993,13 +993,12 @@ impl<S: Sender> OutboxService<S> {
         if !record.id.is_empty() && !record.fields.contains_key("settled_at") {
             let _: () = redis::pipe()
                 .atomic()
-                .hset_multiple(
-                    &key,
-                    &[
-                        ("settled_at", crate::now_secs().to_string()),
-                        ("outcome", outcome.unwrap_or("failed").to_string()),
-                    ],
-                )
+                .cmd("HSET")
+                .arg(&key)
+                .arg("settled_at")
+                .arg(crate::now_secs())
+                .arg("outcome")
+                .arg(outcome.unwrap_or("failed"))
                 .ignore()
                 .expire(&key, SETTLED_TTL_SECS)
                 .ignore()

@@ -452,8 +452,8 @@ async fn a_decision_wakes_the_requesting_service() {
     }
 }
 
-/// The bytes sent must be the bytes approved: a record whose sha256 does not
-/// match the entry refuses the send with a notice and a dead letter.
+/// The message sent must be the message approved: a record whose whole-message
+/// digest does not match the entry refuses the send with a notice and a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_digest_mismatch_refuses_the_send() {
     let d = Deployment::new(&approval_config(0));
@@ -464,7 +464,7 @@ async fn a_digest_mismatch_refuses_the_send() {
     let _: () = redis::AsyncCommands::hset(
         &mut store.conn,
         keys::approval(&id),
-        "content_sha256",
+        "message_sha256",
         "0".repeat(64),
     )
     .await

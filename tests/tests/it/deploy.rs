@@ -129,7 +129,7 @@ fn rendered_examples_load() {
 fn key_paths(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
     for (k, v) in table {
         // Names chosen by the user become `*`, as in broker::schema::key_paths.
-        let k = if prefix == "agents." || prefix == "bridges." {
+        let k = if ["agents.", "bridges.", "operators."].contains(&prefix) {
             "*"
         } else {
             k.as_str()

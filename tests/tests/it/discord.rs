@@ -279,9 +279,12 @@ async fn approval_by_reaction() {
         .unwrap();
     let card = card(&fake, 0).await;
     assert!(card.content.contains(content), "{}", card.content);
-    assert!(card
-        .content
-        .contains(&approval::sha256_hex(content.as_bytes())));
+    let message = broker::entry::Message {
+        channel_id: TALK.to_string(),
+        content: content.to_string(),
+        ..Default::default()
+    };
+    assert!(card.content.contains(&message.sha256()), "the whole-message digest");
     fake.user_reaction(OPS, card.id, STRANGER, "✅");
     wait_until("the stranger's reaction removed", SOON, || async {
         fake.with(|r| {

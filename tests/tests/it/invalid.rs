@@ -63,7 +63,7 @@ async fn invalid_entries_are_dead_lettered_and_the_loop_goes_on() {
                 ("content", b"hi"),
                 ("approval_id", b"nope"),
             ],
-            "does not exist",
+            "carries no approval notifications",
         ),
     ];
     let mut ids = Vec::new();
@@ -174,7 +174,7 @@ async fn a_forged_approval_id_never_bypasses_approval() {
     .await;
     assert!(dead[0]["reason"].contains("reserved"));
     assert!(
-        dead[1]["reason"].contains("does not notify through bridge `mail`"),
+        dead[1]["reason"].contains("bridge `mail` carries no approval notifications"),
         "{}",
         dead[1]["reason"]
     );
