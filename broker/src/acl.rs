@@ -175,7 +175,10 @@ pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
         let key = format!("operators.{name}.password_file");
         users.push(User {
             name: name.clone(),
-            rules: format!("on #{} ~* &* +@all", password_hash(&key, &op.password_file)?),
+            rules: format!(
+                "on #{} ~* &* +@all",
+                password_hash(&key, &op.password_file)?
+            ),
         });
     }
     for (agent, a) in &config.agents {
@@ -407,7 +410,12 @@ pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
         p.push(probe(agent, Refused, true, args));
     }
     // The key approval ids are derived with: an agent that read it could compute them.
-    p.push(probe(agent, Refused, false, &["GET", &keys::id_key(bridge)]));
+    p.push(probe(
+        agent,
+        Refused,
+        false,
+        &["GET", &keys::id_key(bridge)],
+    ));
     p
 }
 

@@ -461,13 +461,19 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
     };
     vec![
         format!("Approval requested [{}]", record.id),
-        format!("From:      {}", record.agent().unwrap_or("an agent on the shared outbox")),
+        format!(
+            "From:      {}",
+            record.agent().unwrap_or("an agent on the shared outbox")
+        ),
         format!("Via:       {}", record.source()),
         format!("To:        {}", display_safe(record.get("channel_id"))),
         format!("Subject:   {}", optional("subject")),
         format!("Reply to:  {}", optional("reply_to")),
         format!("Size:      {} bytes", record.get("content_bytes")),
-        format!("Digest:    {} (sha256 of the whole message)", record.get("message_sha256")),
+        format!(
+            "Digest:    {} (sha256 of the whole message)",
+            record.get("message_sha256")
+        ),
         format!("Deadline:  {deadline}"),
         format!(
             "To decide: {how_to_answer}, or run `cowboy approvals approve|reject {}`",
@@ -590,12 +596,20 @@ mod tests {
             .skip(1)
             .collect();
         let (end, content) = body.split_last().unwrap();
-        assert!(content.iter().all(|l| l.starts_with(CONTENT_MARK)), "{text}");
+        assert!(
+            content.iter().all(|l| l.starts_with(CONTENT_MARK)),
+            "{text}"
+        );
         assert!(end.starts_with("(end of message:"), "{end}");
         assert_eq!(content.len(), 4);
         assert!(!text.contains('\r') && !text.contains('\u{202E}'));
         assert_eq!(text.matches("Approval requested").count(), 2);
-        assert!(text.lines().filter(|l| l.starts_with("Approval requested")).count() == 1);
+        assert!(
+            text.lines()
+                .filter(|l| l.starts_with("Approval requested"))
+                .count()
+                == 1
+        );
     }
 
     #[test]
@@ -610,7 +624,9 @@ mod tests {
         let shown = text.lines().find(|l| l.starts_with(CONTENT_MARK)).unwrap();
         let hidden = 4000 - (shown.len() - CONTENT_MARK.len());
         assert!(
-            text.ends_with(&format!("{hidden} of 4000 bytes hidden; see all: cowboy approvals show 0123456789)")),
+            text.ends_with(&format!(
+                "{hidden} of 4000 bytes hidden; see all: cowboy approvals show 0123456789)"
+            )),
             "{text}"
         );
         let full = render_notification(&record, "short", REACT_HINT, Some(1000));

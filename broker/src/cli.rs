@@ -72,7 +72,12 @@ pub async fn approvals_show(store: &mut Store, prefix: &str) -> Result<String> {
                 ..Message::default()
             };
             let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
-            out.push_str(&approval::render_notification(&r, &message.content, &how, None));
+            out.push_str(&approval::render_notification(
+                &r,
+                &message.content,
+                &how,
+                None,
+            ));
             let sha = message.sha256();
             let _ = writeln!(
                 out,

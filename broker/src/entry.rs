@@ -11,7 +11,8 @@ use crate::store::Entry;
 pub const AGENT_FIELDS: &[&str] = &["channel_id", "content", "subject", "reply_to", "request_id"];
 
 /// Fields only the broker writes, on approval notifications in a flat outbox.
-pub const NOTIFICATION_FIELDS: &[&str] = &["approval_id", "channel_id", "content", "approval_content"];
+pub const NOTIFICATION_FIELDS: &[&str] =
+    &["approval_id", "channel_id", "content", "approval_content"];
 
 /// Largest accepted `subject`, in bytes (one RFC 5322 header line).
 pub const MAX_SUBJECT_BYTES: usize = 998;
@@ -38,7 +39,9 @@ impl Message {
     pub fn from_entry(entry: &Entry, bridge: &BridgeConfig) -> Result<Message, String> {
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &entry.fields {
-            if NOTIFICATION_FIELDS.contains(&name.as_str()) && !AGENT_FIELDS.contains(&name.as_str()) {
+            if NOTIFICATION_FIELDS.contains(&name.as_str())
+                && !AGENT_FIELDS.contains(&name.as_str())
+            {
                 return Err(format!("field `{name}` is reserved for the broker"));
             }
             if !AGENT_FIELDS.contains(&name.as_str()) {
@@ -68,11 +71,16 @@ impl Message {
         ] {
             let Some(value) = value else { continue };
             if value.len() > max {
-                return Err(format!("{name} is {} bytes, over the limit of {max}", value.len()));
+                return Err(format!(
+                    "{name} is {} bytes, over the limit of {max}",
+                    value.len()
+                ));
             }
             // One line each: a line break would let the value pose as a second frame line.
             if value.chars().any(char::is_control) {
-                return Err(format!("{name} contains control characters (line breaks, tabs, ...)"));
+                return Err(format!(
+                    "{name} contains control characters (line breaks, tabs, ...)"
+                ));
             }
         }
         if !bridge.allows_destination(&channel_id) {
@@ -202,15 +210,27 @@ mod tests {
                 "unknown field",
             ),
             (
-                &[("channel_id", b"ok"), ("content", b"hi"), ("subject", b"a\nb")],
+                &[
+                    ("channel_id", b"ok"),
+                    ("content", b"hi"),
+                    ("subject", b"a\nb"),
+                ],
                 "subject contains control characters",
             ),
             (
-                &[("channel_id", b"ok"), ("content", b"hi"), ("reply_to", &[b'x'; 999])],
+                &[
+                    ("channel_id", b"ok"),
+                    ("content", b"hi"),
+                    ("reply_to", &[b'x'; 999]),
+                ],
                 "reply_to is 999 bytes",
             ),
             (
-                &[("channel_id", b"ok"), ("content", b"hi"), ("approval_content", b"x")],
+                &[
+                    ("channel_id", b"ok"),
+                    ("content", b"hi"),
+                    ("approval_content", b"x"),
+                ],
                 "reserved",
             ),
         ];
@@ -218,10 +238,7 @@ mod tests {
             let err = Message::from_entry(&entry(fields), &b).unwrap_err();
             assert!(err.contains(want), "{err} lacks {want}");
         }
-        let ok = Message::from_entry(
-            &entry(&[("channel_id", b"ok"), ("content", b"hi")]),
-            &b,
-        );
+        let ok = Message::from_entry(&entry(&[("channel_id", b"ok"), ("content", b"hi")]), &b);
         assert_eq!(ok.unwrap().content, "hi");
     }
 

@@ -512,7 +512,9 @@ impl<S: Sender> OutboxService<S> {
         let Some(record) = approval::load(&mut self.store, id).await? else {
             return Ok(Err(format!("approval `{id}` does not exist")));
         };
-        if record.get("notify") != self.name || self.config.notify_bridge(record.source()) != self.name {
+        if record.get("notify") != self.name
+            || self.config.notify_bridge(record.source()) != self.name
+        {
             return Ok(Err(format!(
                 "approval `{id}` does not notify through bridge `{}`",
                 self.name
@@ -529,7 +531,10 @@ impl<S: Sender> OutboxService<S> {
             )));
         }
         let digest = approval::fields_sha256(
-            entry.fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+            entry
+                .fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
         );
         let key = keys::approval(id);
         let claim: String = redis::Script::new(approval::CLAIM)
@@ -584,9 +589,9 @@ impl<S: Sender> OutboxService<S> {
                 Some("outcome entries carry `approval_id` and `approval_outcome` only".to_string())
             }
             None => Some(format!("no settled approval `{id}` to show an outcome for")),
-            Some(r) if r.get("notify") != self.name => {
-                Some(format!("approval `{id}` was not notified through this bridge"))
-            }
+            Some(r) if r.get("notify") != self.name => Some(format!(
+                "approval `{id}` was not notified through this bridge"
+            )),
             Some(r) if !r.fields.contains_key("settled_at") => {
                 Some(format!("approval `{id}` is not settled"))
             }
@@ -594,9 +599,9 @@ impl<S: Sender> OutboxService<S> {
                 "the outcome `{claimed}` is not the record's `{}`",
                 r.get("outcome")
             )),
-            Some(r) if r.get("notify_external_id").is_empty() => {
-                Some(format!("no notification of approval `{id}` was delivered here"))
-            }
+            Some(r) if r.get("notify_external_id").is_empty() => Some(format!(
+                "no notification of approval `{id}` was delivered here"
+            )),
             Some(_) => None,
         };
         let record = match (refusal, record) {
@@ -749,7 +754,10 @@ impl<S: Sender> OutboxService<S> {
             for entry in &page {
                 let theirs = || {
                     approval::fields_sha256(
-                        entry.fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+                        entry
+                            .fields
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
                     )
                 };
                 if entry.text("approval_id") == Some(record.id.as_str()) && theirs() == digest {
@@ -827,7 +835,10 @@ impl<S: Sender> OutboxService<S> {
             if mine.is_empty() {
                 continue;
             }
-            let first = self.store.range(&self.sources[idx].key, "-", "+", 1).await?;
+            let first = self
+                .store
+                .range(&self.sources[idx].key, "-", "+", 1)
+                .await?;
             let oldest = first.first().and_then(|e| stream_id(&e.id));
             for p in mine {
                 let gone = match (stream_id(&p.entry_id), oldest) {
@@ -1244,7 +1255,10 @@ fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec
     let frame = approval::render_notification(record, content, approval::REACT_HINT, None);
     vec![
         ("approval_id", record.id.clone().into_bytes()),
-        ("channel_id", record.get("notify_channel").as_bytes().to_vec()),
+        (
+            "channel_id",
+            record.get("notify_channel").as_bytes().to_vec(),
+        ),
         ("content", frame.into_bytes()),
         ("approval_content", content.as_bytes().to_vec()),
     ]

@@ -60,7 +60,10 @@ pub fn nonce(delivery_key: &str, part: usize) -> String {
 
 /// Inline code that agent text cannot close: backticks become a look-alike.
 pub fn inline_code(text: &str) -> String {
-    format!("`{}`", broker::approval::display_safe(text).replace('`', "\u{02CB}"))
+    format!(
+        "`{}`",
+        broker::approval::display_safe(text).replace('`', "\u{02CB}")
+    )
 }
 
 /// Agent text made safe for a code block: a zero-width space follows every

@@ -138,7 +138,13 @@ impl Sender for DiscordSender {
                 let reply_to = m.reply_to.as_deref().map(message_id).transpose()?;
                 let parts = render::split(&m.content, render::LIMIT);
                 let id = self
-                    .post(channel_id, &parts, out.delivery_key, reply_to, &self.mentions)
+                    .post(
+                        channel_id,
+                        &parts,
+                        out.delivery_key,
+                        reply_to,
+                        &self.mentions,
+                    )
                     .await?;
                 Ok(id.get().to_string())
             }
@@ -153,7 +159,9 @@ impl Sender for DiscordSender {
             .edit_message(
                 &*self.http,
                 id,
-                EditMessage::new().content(text).allowed_mentions(allowed(&[])),
+                EditMessage::new()
+                    .content(text)
+                    .allowed_mentions(allowed(&[])),
             )
             .await
             .map_err(classify)?;

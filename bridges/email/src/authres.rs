@@ -40,7 +40,10 @@ pub struct AuthResults {
 #[derive(Debug, Clone, PartialEq)]
 enum Tok {
     /// A run of ordinary characters, or a quoted string (unquoted already).
-    Word { text: String, quoted: bool },
+    Word {
+        text: String,
+        quoted: bool,
+    },
     Semi,
     Equals,
     Slash,
@@ -263,9 +266,9 @@ pub fn authenticated<'a>(
     domain: &str,
 ) -> bool {
     let ours = headers.into_iter().find(|h| {
-        lex(h).ok().and_then(|t| t.into_iter().next()).is_some_and(|(t, _)| {
-            matches!(t, Tok::Word { text, .. } if text.eq_ignore_ascii_case(authserv_id))
-        })
+        lex(h).ok().and_then(|t| t.into_iter().next()).is_some_and(
+            |(t, _)| matches!(t, Tok::Word { text, .. } if text.eq_ignore_ascii_case(authserv_id)),
+        )
     });
     let Some(parsed) = ours.and_then(|h| parse(h).ok()) else {
         return false;
@@ -323,7 +326,8 @@ mod tests {
             Some("x; dkim=pass header.d=example.org@evil.test")
         );
         assert!(!authenticated([forged], "mx.example.org", "example.org"));
-        let comment = "mx.example.org; spf=fail (; dkim=pass header.d=example.org) smtp.mailfrom=evil.test";
+        let comment =
+            "mx.example.org; spf=fail (; dkim=pass header.d=example.org) smtp.mailfrom=evil.test";
         assert!(!authenticated([comment], "mx.example.org", "example.org"));
         assert!(!authenticated(
             ["mx.example.org; dkim=pass header.d=example.org (unclosed"],

@@ -301,7 +301,10 @@ impl EmailIngest {
         let message_id = mail.message_id().unwrap_or("").to_string();
         if refs.iter().any(|r| verdict::is_approval_id(r)) {
             if !self.ingest.is_approval_surface() {
-                tracing::warn!(from, "reply to an approval email on a bridge that carries none; ignored");
+                tracing::warn!(
+                    from,
+                    "reply to an approval email on a bridge that carries none; ignored"
+                );
                 return Ok(());
             }
             if verdict::is_automatic(mail.headers_raw()) {

@@ -344,7 +344,10 @@ async fn acl_check_reports_surprises() {
 /// a notice; an agent's forged `approval_id` is dead-lettered, not obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_approval_flow_runs_under_least_privilege() {
-    let _ = tracing_subscriber::fmt().with_env_filter("info").with_test_writer().try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
     let secrets = Secrets::new();
     let (d, _) = secrets.deployment();
     let default_user = redis::Client::open(d.redis.url())

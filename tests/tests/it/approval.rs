@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::{approval_config, SOON};
 
 /// Writes an entry to ann's outbox for `mail`, as the agent would.
-async fn agent_sends(d: &Deployment, content: &str, request_id: &str) -> String {
+pub(crate) async fn agent_sends(d: &Deployment, content: &str, request_id: &str) -> String {
     let mut store = d.store().await;
     store
         .xadd(
@@ -26,7 +26,7 @@ async fn agent_sends(d: &Deployment, content: &str, request_id: &str) -> String 
 }
 
 /// Waits for the n-th notification on desk's output and returns (approval id, external id).
-async fn notification(d: &Deployment, n: usize) -> (String, String) {
+pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
     let line = wait_until("an approval notification on desk.out", SOON, || async {
         d.delivered("desk.out").get(n).cloned()
     })
@@ -37,14 +37,14 @@ async fn notification(d: &Deployment, n: usize) -> (String, String) {
     )
 }
 
-fn react(d: &Deployment, external_id: &str, emoji: &str, user: &str, reason: &str) {
+pub(crate) fn react(d: &Deployment, external_id: &str, emoji: &str, user: &str, reason: &str) {
     d.write_input(
         "desk.in",
         json!({"kind": "reaction", "message_id": external_id, "emoji": emoji, "user": user, "reason": reason}),
     );
 }
 
-async fn inbox_notices(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
+pub(crate) async fn inbox_notices(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
     let mut store = d.store().await;
     stream(&mut store, key).await
 }
@@ -88,7 +88,8 @@ async fn parks_with_a_complete_record_and_notification() {
     let note = &d.delivered("desk.out")[0];
     assert_eq!(note.channel_id, "ops");
     assert!(
-        note.content.contains(&format!("| line one\n| {}\n", "x".repeat(500))),
+        note.content
+            .contains(&format!("| line one\n| {}\n", "x".repeat(500))),
         "full content in the notification, every line marked"
     );
     assert!(note.content.contains(&record["message_sha256"]));
@@ -236,15 +237,26 @@ async fn rejection_reaches_the_agent_with_its_reason() {
     assert_eq!(notice["approval_id"], id);
     assert_eq!(notice["entry_id"], entry_id);
     assert_eq!(notice["request_id"], "req-42");
+    let mut store = d.store().await;
+    // The notify side deletes the record once its notification shows the outcome.
+    wait_until("the record is deleted", SOON, || {
+        let mut store = store.clone();
+        let id = id.clone();
+        async move {
+            hash(&mut store, &keys::approval(&id))
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
     for s in services {
         s.stop().await.unwrap();
     }
-    let mut store = d.store().await;
     assert!(
         d.delivered("mail.out").is_empty(),
         "a rejected entry is never sent"
     );
-    assert!(hash(&mut store, &keys::approval(&id)).await.is_empty());
     assert_eq!(
         pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
         0

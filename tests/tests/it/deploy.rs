@@ -239,7 +239,14 @@ fn inline_secrets_are_found_at_any_depth() {
         .args(["--eval", "--strict", "--json", "-E", expr])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let found: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(found, ["hooks.secret", "imap.auth.api_key", "smtp.password"]);
+    assert_eq!(
+        found,
+        ["hooks.secret", "imap.auth.api_key", "smtp.password"]
+    );
 }

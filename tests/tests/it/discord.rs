@@ -284,7 +284,10 @@ async fn approval_by_reaction() {
         content: content.to_string(),
         ..Default::default()
     };
-    assert!(card.content.contains(&message.sha256()), "the whole-message digest");
+    assert!(
+        card.content.contains(&message.sha256()),
+        "the whole-message digest"
+    );
     fake.user_reaction(OPS, card.id, STRANGER, "✅");
     wait_until("the stranger's reaction removed", SOON, || async {
         fake.with(|r| {

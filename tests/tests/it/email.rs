@@ -326,8 +326,14 @@ async fn approval_by_email_reply() {
         subject: Some("Report".into()),
         ..Default::default()
     };
-    assert!(note.body.contains(&message.sha256()), "the whole-message digest");
-    assert!(note.body.contains("Subject:   Report"), "the subject is shown");
+    assert!(
+        note.body.contains(&message.sha256()),
+        "the whole-message digest"
+    );
+    assert!(
+        note.body.contains("Subject:   Report"),
+        "the subject is shown"
+    );
     assert!(note.body.contains("APPROVE") && note.body.contains("REJECT"));
     assert!(note.message_id.starts_with("cowboy-approval."));
     stack.send_raw(

@@ -1,0 +1,483 @@
+//! Consent integrity, tried as an attacker would: forged notifications and
+//! outcomes, fields the approver does not see, a frame the agent imitates, and
+//! parked entries that vanish. Each test also checks that the genuine flow still
+//! works after the attack.
+
+use std::collections::HashMap;
+
+use broker::{approval, keys, Store};
+use harness::{hash, stream, wait_until, Deployment};
+use serde_json::json;
+
+use crate::approval::{agent_sends, inbox_notices, notification, react};
+use crate::{approval_config, SOON};
+
+async fn dead(store: &mut Store, bridge: &str, n: usize) -> Vec<HashMap<String, String>> {
+    let key = keys::dead(bridge);
+    wait_until(&format!("{n} dead letters on {key}"), SOON, || {
+        let mut store = store.clone();
+        let key = key.clone();
+        async move {
+            let d = stream(&mut store, &key).await;
+            (d.len() >= n).then_some(d)
+        }
+    })
+    .await
+}
+
+async fn gone(store: &Store, id: &str) {
+    wait_until("the record is deleted", SOON, || {
+        let mut store = store.clone();
+        let key = keys::approval(id);
+        async move { hash(&mut store, &key).await.is_empty().then_some(()) }
+    })
+    .await;
+}
+
+fn fields(map: &[(&str, String)]) -> Vec<(String, Vec<u8>)> {
+    map.iter()
+        .map(|(k, v)| (k.to_string(), v.clone().into_bytes()))
+        .collect()
+}
+
+async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
+    let f: Vec<(&str, &[u8])> = f.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+    store.xadd(key, &f).await.unwrap()
+}
+
+/// Anyone who can write the notify bridge's flat outbox tries to get a card of
+/// their own in front of the approver for a real pending approval: a random id,
+/// the real id with other content and destination, an exact copy of the genuine
+/// notification, the genuine fields plus one. Each is dead-lettered, nothing is
+/// shown, the map holds only the genuine card, and approving that card sends the
+/// real message once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_notifications_are_refused_and_show_nothing() {
+    let d = Deployment::new(&approval_config(3600).replace(
+        "destinations = [\"ops\"]",
+        "destinations = [\"ops\", \"attacker\"]",
+    ));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "wire 50k EUR to the usual account", "r1").await;
+    let (id, external) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let genuine = store
+        .range("desk:outbox", "-", "+", 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let random = uuid::Uuid::new_v4().to_string();
+    let mut plus_one = genuine.fields.clone();
+    plus_one.push(("subject".into(), b"x".to_vec()));
+    let forgeries = [
+        fields(&[
+            ("approval_id", random.clone()),
+            ("channel_id", "attacker".into()),
+            ("content", "Lunch at noon?".into()),
+        ]),
+        fields(&[
+            ("approval_id", id.clone()),
+            ("channel_id", "attacker".into()),
+            ("content", "Lunch at noon?".into()),
+            ("approval_content", "Lunch at noon?".into()),
+        ]),
+        genuine.fields.clone(),
+        plus_one,
+    ];
+    for f in &forgeries {
+        xadd(&mut store, "desk:outbox", f).await;
+    }
+    let letters = dead(&mut store, "desk", forgeries.len()).await;
+    let reasons: Vec<&str> = letters.iter().map(|l| l["reason"].as_str()).collect();
+    assert!(reasons[0].contains("does not exist"), "{reasons:?}");
+    assert!(reasons[1].contains("digest differs"), "{reasons:?}");
+    assert!(reasons[2].contains("already notified"), "{reasons:?}");
+    assert!(reasons[3].contains("digest differs"), "{reasons:?}");
+    assert_eq!(d.delivered("desk.out").len(), 1, "only the genuine card");
+    assert_eq!(
+        hash(&mut store, &keys::approval_map("desk")).await,
+        HashMap::from([(external.clone(), id.clone())]),
+        "the map holds only the genuine card"
+    );
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "wire 50k EUR to the usual account");
+    gone(&store, &id).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert_eq!(d.delivered("desk.out").len(), 1);
+}
+
+/// On a bridge that notifies through itself, an entry carrying a real pending
+/// approval id is not "a notification" to be delivered verbatim: it is refused,
+/// and the parked message still waits for its decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_notifying_bridge_does_not_deliver_a_forged_notification() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.solo]
+type = "console"
+output = "{dir}/solo.out"
+input = "{dir}/solo.in"
+destinations = ["*"]
+approval = { required = true, notify_channel = "ops", timeout = 0, approvers = ["console:boss"] }
+"#,
+    );
+    let services = [d.spawn("outbox", "solo"), d.spawn("ingest", "solo")];
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:solo:outbox",
+            &[("channel_id", b"bob@example.org"), ("content", b"real")],
+        )
+        .await
+        .unwrap();
+    let card = wait_until("the card on solo.out", SOON, || async {
+        d.delivered("solo.out").first().cloned()
+    })
+    .await;
+    let id = card.approval_id.clone().unwrap();
+    xadd(
+        &mut store,
+        "solo:outbox",
+        &fields(&[
+            ("approval_id", id.clone()),
+            ("channel_id", "victim@example.org".into()),
+            ("content", "sent without anyone deciding".into()),
+        ]),
+    )
+    .await;
+    let letters = dead(&mut store, "solo", 1).await;
+    assert!(
+        letters[0]["reason"].contains("digest differs"),
+        "{letters:?}"
+    );
+    assert_eq!(
+        d.delivered("solo.out").len(),
+        1,
+        "nothing delivered verbatim"
+    );
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["status"],
+        "pending"
+    );
+    d.write_input(
+        "solo.in",
+        json!({"kind": "reaction", "message_id": card.external_id, "emoji": "✅", "user": "boss"}),
+    );
+    wait_until("the real message after approval", SOON, || async {
+        let out = d.delivered("solo.out");
+        out.iter().find(|l| l.content == "real").cloned()
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// The notification's destination is the record's `notify_channel`, and it must
+/// pass the notify bridge's `destinations` too: outside it, nothing is shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_outside_the_notify_destinations_is_refused() {
+    let d = Deployment::new(
+        &approval_config(3600)
+            .replace("destinations = [\"ops\"]", "destinations = [\"elsewhere\"]"),
+    );
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "hello", "r").await;
+    let mut store = d.store().await;
+    let letters = dead(&mut store, "desk", 1).await;
+    assert!(
+        letters[0]["reason"].contains("notify_channel `ops`"),
+        "{letters:?}"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("desk.out").is_empty());
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// Outcome entries are believed only when the record says so: a forged
+/// "approved" for a pending approval, an outcome for an id that does not exist,
+/// and one with extra text are dead-lettered; the pending record is untouched
+/// (not deleted, not decided) and is still decided and delivered normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_outcomes_change_nothing() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "pending text", "r").await;
+    let (id, external) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let before = hash(&mut store, &keys::approval(&id)).await;
+    let forged = [
+        fields(&[
+            ("approval_id", id.clone()),
+            ("approval_outcome", "approved".into()),
+        ]),
+        fields(&[
+            ("approval_id", uuid::Uuid::new_v4().to_string()),
+            ("approval_outcome", "approved".into()),
+        ]),
+        fields(&[
+            ("approval_id", id.clone()),
+            ("approval_outcome", "rejected".into()),
+            ("approval_reason", "rewritten by the attacker".into()),
+            ("approval_external_id", external.clone()),
+            ("channel_id", "ops".into()),
+        ]),
+    ];
+    for f in &forged {
+        xadd(&mut store, "desk:outbox", f).await;
+    }
+    let letters = dead(&mut store, "desk", forged.len()).await;
+    assert!(
+        letters[0]["reason"].contains("is not settled"),
+        "{letters:?}"
+    );
+    assert!(
+        letters[1]["reason"].contains("no settled approval"),
+        "{letters:?}"
+    );
+    assert!(letters[2]["reason"].contains("only"), "{letters:?}");
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await,
+        before,
+        "the record is untouched"
+    );
+    react(&d, &external, "✅", "boss", "");
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    gone(&store, &id).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// `subject` and `reply_to` are shown on the notification, kept in the record,
+/// covered by the whole-message digest and sent as approved; a subject over the
+/// limit or with a line break is refused before anyone is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_and_reply_to_are_shown_and_bound() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut store = d.store().await;
+    let subject = "URGENT (CEO): wire 50k EUR today";
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@example.org"),
+                ("content", b"Lunch at noon?"),
+                ("subject", subject.as_bytes()),
+                ("reply_to", b"<thread-1@example.org>"),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@example.org"),
+                ("content", b"hi"),
+                ("subject", b"Hello\nApproval requested [fake]"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (id, external) = notification(&d, 0).await;
+    let note = &d.delivered("desk.out")[0];
+    assert!(
+        note.content.contains(&format!("\nSubject:   {subject}\n")),
+        "{}",
+        note.content
+    );
+    assert!(note
+        .content
+        .contains("\nReply to:  <thread-1@example.org>\n"));
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["subject"], subject);
+    assert_eq!(record["reply_to"], "<thread-1@example.org>");
+    let message = broker::entry::Message {
+        channel_id: "bob@example.org".into(),
+        content: "Lunch at noon?".into(),
+        subject: Some(subject.into()),
+        reply_to: Some("<thread-1@example.org>".into()),
+        ..Default::default()
+    };
+    assert_eq!(record["message_sha256"], message.sha256());
+    assert!(note.content.contains(&message.sha256()));
+    let refused = wait_until("the notice for the bad subject", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert!(
+        refused["reason"].contains("subject contains control characters"),
+        "{refused:?}"
+    );
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.subject.as_deref(), Some(subject));
+    assert_eq!(sent.reply_to.as_deref(), Some("<thread-1@example.org>"));
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// An agent that writes the frame's own lines (a second header, a fake end,
+/// a fake truncation note, a carriage return) shows up as marked content: every
+/// line between the frame's head and its end line starts with "| ".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_content_cannot_imitate_the_frame() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let evil = "Lunch at noon?\n(end of message: 14 bytes, 1 lines)\n\nApproval requested [00000000]\nTo:        friend@example.org\r(message cut here: 900 of 914 bytes hidden)";
+    agent_sends(&d, evil, "r").await;
+    notification(&d, 0).await;
+    let text = d.delivered("desk.out")[0].content.clone();
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("The message, every line"));
+    lines.next();
+    let body: Vec<&str> = lines.collect();
+    let (end, content) = body.split_last().unwrap();
+    assert_eq!(content.len(), 5, "{text}");
+    assert!(content.iter().all(|l| l.starts_with("| ")), "{text}");
+    assert!(end.starts_with("(end of message:"), "{end}");
+    assert!(
+        !text.contains('\r'),
+        "control characters are shown, not obeyed"
+    );
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("Approval requested"))
+            .count(),
+        1
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// A parked entry trimmed away by its agent (`XADD … MAXLEN 1`) while the
+/// outbox was down is settled as failed when it starts: a notice naming the
+/// approval, the record closed, nothing sent; the entry that trimmed it is
+/// parked as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_parked_entry_is_settled_as_failed_at_start_up() {
+    let d = Deployment::new(&approval_config(3600));
+    let desk = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "first", "r-first").await;
+    let (id, _) = notification(&d, 0).await;
+    outbox.stop().await.unwrap();
+    let mut store = d.store().await;
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "MAXLEN",
+            "1",
+            "*",
+            "channel_id",
+            "bob@example.org",
+            "content",
+            "second",
+        ])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let outbox = d.spawn("outbox", "mail");
+    let notice = wait_until("a failure notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert_eq!(notice["approval_id"], id);
+    assert_eq!(notice["request_id"], "r-first");
+    assert!(notice["reason"].contains("vanished"), "{notice:?}");
+    gone(&store, &id).await;
+    notification(&d, 1).await;
+    outbox.stop().await.unwrap();
+    for s in desk {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// The same while the outbox runs: the periodic sweep (every 30 s) finds the
+/// parked entry gone from its stream and settles it as failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vanished_parked_entry_is_settled_as_failed_by_the_sweep() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "desk"), d.spawn("outbox", "mail")];
+    agent_sends(&d, "first", "r-first").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(&["ann:mail:outbox", "MAXLEN", "0"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let notice = wait_until(
+        "a failure notice from the sweep",
+        std::time::Duration::from_secs(45),
+        || async { inbox_notices(&d, "ann:mail:inbox").await.into_iter().next() },
+    )
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert_eq!(notice["approval_id"], id);
+    gone(&store, &id).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// Approval ids are keyed with a secret only the requesting outbox reads: the
+/// old public derivation (UUIDv5 of stream and entry id) does not give them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_ids_are_not_computable_from_public_data() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let entry_id = agent_sends(&d, "x", "r").await;
+    let (id, _) = notification(&d, 0).await;
+    let public = uuid::Uuid::new_v5(
+        &uuid::uuid!("1b5a7c0e-6c8f-4c59-9d0e-6f1f3c0b8a21"),
+        format!("ann:mail:outbox\n{entry_id}").as_bytes(),
+    );
+    assert_ne!(id, public.to_string());
+    assert!(approval::is_id(&id));
+    let mut store = d.store().await;
+    let key: String = redis::AsyncCommands::get(&mut store.conn, keys::id_key("mail"))
+        .await
+        .unwrap();
+    assert_eq!(key.len(), 64, "32 random bytes, hex");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
