@@ -36,6 +36,8 @@ pub struct Posted {
     pub enforce_nonce: bool,
     pub reference: Option<u64>,
     pub edits: Vec<String>,
+    /// `allowed_mentions` of the create call, and of each edit after it (Null when absent).
+    pub allowed_mentions: Vec<Value>,
 }
 
 /// What the fake saw and holds.
@@ -191,6 +193,7 @@ impl FakeDiscord {
             enforce_nonce: false,
             reference,
             edits: vec![],
+            allowed_mentions: vec![],
         };
         let mut d = message_json(&m, user(author, name, false));
         d["guild_id"] = json!("700000000000000001");
@@ -312,6 +315,7 @@ async fn create_message(
         enforce_nonce: enforce,
         reference,
         edits: vec![],
+        allowed_mentions: vec![body["allowed_mentions"].clone()],
     };
     rec.posted.push(m.clone());
     drop(rec);
@@ -342,6 +346,7 @@ async fn edit_message(
     if let Some(c) = body["content"].as_str() {
         m.content = c.to_string();
         m.edits.push(c.to_string());
+        m.allowed_mentions.push(body["allowed_mentions"].clone());
     }
     let m = m.clone();
     Json(message_json(&m, user(BOT_ID, "cowboy-bot", true))).into_response()

@@ -326,6 +326,9 @@ mod tests {
             Some("x; dkim=pass header.d=example.org@evil.test")
         );
         assert!(!authenticated([forged], "mx.example.org", "example.org"));
+        // With a space before the closing quote, string splitting read a clean pass.
+        let spaced = r#"mx.example.org; spf=fail smtp.mailfrom="x; dkim=pass header.d=example.org "@evil.test"#;
+        assert!(!authenticated([spaced], "mx.example.org", "example.org"));
         let comment =
             "mx.example.org; spf=fail (; dkim=pass header.d=example.org) smtp.mailfrom=evil.test";
         assert!(!authenticated([comment], "mx.example.org", "example.org"));

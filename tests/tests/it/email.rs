@@ -639,3 +639,166 @@ async fn a_console_bridge_is_approved_by_email() {
     .await;
     assert_eq!(sent.content, "via console");
 }
+
+/// Mail written by machines never decides and is never answered: an
+/// out-of-office "Ok" from the approver (`Auto-Submitted: auto-replied`) changes
+/// nothing and gets no "not understood" mail, and a forged
+/// `Authentication-Results` whose quoted value holds `; dkim=pass` does not pass.
+/// The approval email says it is automatic (`Auto-Submitted: auto-generated`),
+/// and so does the "not understood" answer (`auto-replied`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_and_forged_answers_decide_nothing() {
+    let stack = MailStack::start();
+    let d = deployment(&stack, APPROVAL, "");
+    let _outbox = d.process("cowboy-email-outbox", "mail");
+    let _ingest = d.process("cowboy-email-ingest", "mail");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"gated")],
+        )
+        .await
+        .unwrap();
+    let note = wait_mails(&stack, "approver", 1).await.remove(0);
+    let id = note.message_id.clone();
+    let raw_note = String::from_utf8_lossy(&stack.mails("approver")[0]).into_owned();
+    assert!(
+        raw_note.contains("Auto-Submitted: auto-generated"),
+        "{raw_note}"
+    );
+    assert!(raw_note.contains("X-Auto-Response-Suppress: All"));
+    let vacation = reply(
+        "approver@bridge.test",
+        &id,
+        "Ok, I am out of the office until Monday.",
+    )
+    .replacen("\r\n", "\r\nAuto-Submitted: auto-replied\r\n", 1);
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &vacation,
+        Some("approver"),
+    );
+    let forged = reply("approver@bridge.test", &id, "APPROVE").replacen(
+        "\r\n",
+        "\r\nAuthentication-Results: mx.bridge.test; spf=fail smtp.mailfrom=\"x; dkim=pass header.d=bridge.test \"@evil.test\r\n",
+        1,
+    );
+    stack.send_raw("approver@bridge.test", "bridge@bridge.test", &forged, None);
+    // A garbled answer last: its "not understood" mail shows the ingest got this far.
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &reply("approver@bridge.test", &id, "hmm, let me think"),
+        Some("approver"),
+    );
+    let answers = wait_mails(&stack, "approver", 2).await;
+    assert!(
+        answers[1].body.contains("not understood"),
+        "{}",
+        answers[1].body
+    );
+    let raw_answer = String::from_utf8_lossy(&stack.mails("approver")[1]).into_owned();
+    assert!(
+        raw_answer.contains("Auto-Submitted: auto-replied"),
+        "{raw_answer}"
+    );
+    let ids = approval::list_ids(&mut store).await.unwrap();
+    let record = harness::hash(&mut store, &keys::approval(&ids[0])).await;
+    assert_eq!(
+        record["status"], "pending",
+        "neither the robot nor the forgery decided"
+    );
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &reply("approver@bridge.test", &id, "APPROVE"),
+        Some("approver"),
+    );
+    wait_mails(&stack, "bob", 1).await;
+    assert_eq!(
+        stack.mails("approver").len(),
+        2,
+        "the vacation reply was never answered"
+    );
+}
+
+/// A delivery whose attempt had begun when the outbox died (its in-flight mark
+/// is there, the entry still pending) may have been accepted: after the restart
+/// it is reported `uncertain` with its Message-ID and not sent again. An entry
+/// that was read but never attempted is sent normally.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_cut_off_mid_attempt_is_uncertain_not_resent() {
+    let stack = MailStack::start();
+    let d = deployment(&stack, "", "");
+    let mut store = d.store().await;
+    store
+        .ensure_group("ann:mail:outbox", &keys::outbox_group("mail"))
+        .await
+        .unwrap();
+    let started = store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@bridge.test"),
+                ("content", b"maybe sent"),
+            ],
+        )
+        .await
+        .unwrap();
+    let untried = store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@bridge.test"),
+                ("content", b"never tried"),
+            ],
+        )
+        .await
+        .unwrap();
+    // What the dead outbox left: both entries read (pending), one attempt begun.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg(&[
+            "GROUP",
+            &keys::outbox_group("mail"),
+            &keys::outbox_consumer("mail"),
+            "STREAMS",
+            "ann:mail:outbox",
+            ">",
+        ])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let dkey = delivery_key("ann:mail:outbox", &started);
+    let _: i64 = redis::AsyncCommands::hset(&mut store.conn, keys::in_flight("mail"), &dkey, 1)
+        .await
+        .unwrap();
+    let _outbox = d.process("cowboy-email-outbox", "mail");
+    let notice = wait_until("the uncertain notice", MAIL, || async {
+        inbox(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "uncertain");
+    assert_eq!(notice["entry_id"], started);
+    let message_id = email::verdict::entry_message_id(&dkey, "bridge.test");
+    assert!(notice["reason"].contains(&message_id), "{notice:?}");
+    let mails = wait_mails(&stack, "bob", 1).await;
+    assert_eq!(mails[0].body.trim(), "never tried");
+    wait_until("the entries acked", MAIL, || {
+        let mut store = store.clone();
+        async move {
+            (harness::pending(&mut store, "ann:mail:outbox", "mail-outbox").await == 0)
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        stack.mails("bob").len(),
+        1,
+        "the uncertain one was not sent"
+    );
+    let marks = harness::hash(&mut store, &keys::in_flight("mail")).await;
+    assert!(marks.is_empty(), "{marks:?}");
+    let _ = untried;
+}
