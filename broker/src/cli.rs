@@ -31,12 +31,13 @@ pub async fn approvals_list(store: &mut Store, all: bool) -> Result<String> {
             continue;
         }
         let preview: String = r.get("content_preview").chars().take(60).collect();
+        let preview = approval::display_safe(&preview);
         let _ = writeln!(
             out,
             "{id}  {state:<8}  {src} -> {dest}  agent={agent}  expires={exp}  {preview:?}",
             state = state.as_str(),
             src = r.source(),
-            dest = r.get("channel_id"),
+            dest = approval::display_safe(r.get("channel_id")),
             agent = r.agent().unwrap_or("-"),
             exp = match r.expires_at() {
                 0 => "never".to_string(),

@@ -471,6 +471,15 @@ impl Config {
             .map(|(b, _)| b.as_str())
     }
 
+    /// The destinations on bridge `name` where approval requests are shown: no
+    /// agent message may go there, so nothing but the broker's cards appears in
+    /// front of approvers (an agent's look-alike card would be one click away).
+    pub fn approval_channels<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.requesters_of(name)
+            .filter_map(|b| self.bridges.get(b))
+            .map(|b| b.approval.notify_channel.as_str())
+    }
+
     /// Whether `name` carries some bridge's approval notifications, so its ingest
     /// may decide and its outbox may show cards.
     pub fn is_approval_surface(&self, name: &str) -> bool {

@@ -68,6 +68,8 @@ const MAX_BLOCK: Duration = Duration::from_secs(5);
 /// Consecutive Redis failures (with growing pauses, about five minutes in all)
 /// before the service gives up and exits for its supervisor to restart it.
 const MAX_FAILURES: u32 = 15;
+/// Fields of a refused entry copied into its dead letter (the rest are counted).
+const DEAD_FIELDS_KEPT: usize = 64;
 /// Redis TTL put on a settled record in case the final delete never happens.
 const SETTLED_TTL_SECS: i64 = 24 * 3600;
 
@@ -261,7 +263,8 @@ impl<S: Sender> OutboxService<S> {
                 Ok(true) => failures = 0,
                 Ok(false) => break,
                 // Redis lost its data (restarted without persistence): groups come back empty.
-                Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => {
+                // Or its stream was deleted under a blocked read (UNBLOCKED).
+                Err(Error::Redis(e)) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
                     tracing::warn!("consumer group missing; creating it again");
                     self.prepare().await?;
                 }
@@ -393,7 +396,17 @@ impl<S: Sender> OutboxService<S> {
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, retry).await;
         }
-        let message = match Message::from_entry(&entry, &self.bridge) {
+        let message = Message::from_entry(&entry, &self.bridge).and_then(|m| {
+            if self.config.approval_channels(&self.name).any(|c| c == m.channel_id) {
+                Err(format!(
+                    "destination `{}` is where approval requests are shown; agents may not post there",
+                    m.channel_id
+                ))
+            } else {
+                Ok(m)
+            }
+        });
+        let message = match message {
             Ok(m) => m,
             Err(reason) => {
                 let n = Notice {
@@ -479,12 +492,22 @@ impl<S: Sender> OutboxService<S> {
                     .hset(&map, &external_id, &id)
                     .await
                     .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
-                set_if_exists(
+                let kept = set_if_exists(
                     &mut self.store,
                     &id,
                     &[("notify_external_id", &external_id)],
                 )
                 .await?;
+                if !kept {
+                    // Settled and gone while the card was being posted: answers to it
+                    // could only be late, so it is not kept as an answerable card.
+                    let _: i64 = self
+                        .store
+                        .conn
+                        .hdel(&map, &external_id)
+                        .await
+                        .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
+                }
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 self.ack(&self.sources[idx].key.clone(), &entry.id).await
             }
@@ -599,9 +622,6 @@ impl<S: Sender> OutboxService<S> {
                 "the outcome `{claimed}` is not the record's `{}`",
                 r.get("outcome")
             )),
-            Some(r) if r.get("notify_external_id").is_empty() => Some(format!(
-                "no notification of approval `{id}` was delivered here"
-            )),
             Some(_) => None,
         };
         let record = match (refusal, record) {
@@ -617,20 +637,26 @@ impl<S: Sender> OutboxService<S> {
                 return self.dead_letter(idx, entry, n).await;
             }
         };
-        let update = Outcome {
-            outcome: record.get("outcome"),
-            external_id: record.get("notify_external_id"),
-            channel_id: record.get("notify_channel"),
-            record: &record,
-        };
-        if let Err(e) = self.sender.update(update).await {
-            tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
+        let external = record.get("notify_external_id");
+        if !external.is_empty() {
+            let update = Outcome {
+                outcome: record.get("outcome"),
+                external_id: external,
+                channel_id: record.get("notify_channel"),
+                record: &record,
+            };
+            if let Err(e) = self.sender.update(update).await {
+                tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
+            }
         }
         let key = keys::approval(&record.id);
-        let _: i64 = self
-            .store
-            .conn
-            .del(&key)
+        let mut pipe = redis::pipe();
+        pipe.del(&key).ignore();
+        if !external.is_empty() {
+            pipe.hdel(keys::approval_map(&self.name), external).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
         self.ack(&self.sources[idx].key.clone(), &entry.id).await
@@ -664,8 +690,23 @@ impl<S: Sender> OutboxService<S> {
             // Crashed between settling and acking: only the ack and delete remain.
             return self.finish(idx, &entry.id, &record, None).await;
         }
-        if !record.fields.contains_key("notified") {
-            self.notify(&record, message, resumed).await?;
+        let lost =
+            record.fields.contains_key("notified") && self.notification_lost(&record).await?;
+        if lost || !record.fields.contains_key("notified") {
+            if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
+                let reason =
+                    format!("the notify bridge's outbox refused the notification: {why}; not sent");
+                let n = Notice {
+                    status: "failed",
+                    reason: &reason,
+                    approval_id: Some(&id),
+                    request_id: message.request_id.as_deref(),
+                    ..Notice::default()
+                };
+                tracing::warn!(approval = %id, reason, "approval cannot be asked");
+                self.notice(idx, &entry.id, Some(entry), n).await?;
+                return self.finish(idx, &entry.id, &record, Some("failed")).await;
+            }
         }
         self.track(id.clone(), idx, entry.id.clone(), record.expires_at());
         if record.state(crate::now_secs_f64()) != State::Pending {
@@ -720,8 +761,15 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Writes the notification for `record` once. When a previous attempt may have
-    /// written it (`resumed`), the notify outbox is searched first.
-    async fn notify(&mut self, record: &Record, message: &Message, resumed: bool) -> Result<()> {
+    /// written it (`resumed`), the notify outbox is searched first. `Ok(Err(why))`:
+    /// the notify stream refused the entry (a writer of that flat stream gave it an
+    /// id no later entry can follow), so this approval cannot be asked.
+    async fn notify(
+        &mut self,
+        record: &Record,
+        message: &Message,
+        resumed: bool,
+    ) -> Result<std::result::Result<(), String>> {
         let stream = keys::outbox(record.get("notify"));
         let fields = notification_fields(record, &message.content);
         let digest = notification_digest(&fields);
@@ -731,12 +779,35 @@ impl<S: Sender> OutboxService<S> {
         }
         if resumed {
             if let Some(found) = self.find_notification(&stream, record, &digest).await? {
-                return set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await;
+                set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await?;
+                return Ok(Ok(()));
             }
         }
         let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-        let notification = self.store.xadd(&stream, &fields).await?;
-        set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await
+        let notification = match self.store.xadd(&stream, &fields).await {
+            Ok(id) => id,
+            Err(Error::Redis(e)) if e.code() == Some("ERR") => return Ok(Err(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await?;
+        Ok(Ok(()))
+    }
+
+    /// Whether the notification the record says was written is gone before the
+    /// notify side took it (someone trimmed the flat notify outbox): then it must
+    /// be written again, or nobody is ever asked.
+    async fn notification_lost(&mut self, record: &Record) -> Result<bool> {
+        if record.fields.contains_key("notify_entry")
+            || record.fields.contains_key("notify_external_id")
+        {
+            return Ok(false);
+        }
+        let stream = keys::outbox(record.get("notify"));
+        let found = self.store.entry(&stream, record.get("notified")).await?;
+        if found.is_none() {
+            tracing::warn!(approval = %record.id, stream, "the notification vanished before it was shown; writing it again");
+        }
+        Ok(found.is_none())
     }
 
     async fn find_notification(
@@ -818,16 +889,24 @@ impl<S: Sender> OutboxService<S> {
         let ids: Vec<String> = self.parked.keys().cloned().collect();
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.hget(keys::approval(id), "status");
+            pipe.cmd("HMGET")
+                .arg(keys::approval(id))
+                .arg(&["status", "notified", "notify_entry"]);
         }
-        let statuses: Vec<Option<String>> = pipe
+        let states: Vec<(Option<String>, Option<String>, Option<String>)> = pipe
             .query_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis("HGET approval (sweep)", e))?;
-        for (id, status) in ids.into_iter().zip(statuses) {
+            .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
+        let mut unclaimed = Vec::new();
+        for (id, (status, notified, claimed)) in ids.into_iter().zip(states) {
             if status.as_deref() != Some("pending") {
                 self.settle(id).await?;
+            } else if notified.is_some() && claimed.is_none() {
+                unclaimed.push(id);
             }
+        }
+        for id in unclaimed {
+            self.renotify_if_lost(&id).await?;
         }
         let mut vanished = Vec::new();
         for idx in 0..self.sources.len() {
@@ -855,6 +934,32 @@ impl<S: Sender> OutboxService<S> {
             self.vanished(idx, &entry_id).await?;
         }
         Ok(())
+    }
+
+    /// Writes a parked record's notification again if it vanished unshown.
+    async fn renotify_if_lost(&mut self, id: &str) -> Result<()> {
+        let Some(parked) = self.parked.get(id).cloned() else {
+            return Ok(());
+        };
+        let Some(record) = approval::load(&mut self.store, id).await? else {
+            return Ok(());
+        };
+        if !self.notification_lost(&record).await? {
+            return Ok(());
+        }
+        let key = self.sources[parked.source].key.clone();
+        let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
+            return Ok(()); // the vanished-entry check settles it
+        };
+        match Message::from_entry(&entry, &self.bridge) {
+            Ok(message) => {
+                if let Err(why) = self.notify(&record, &message, false).await? {
+                    tracing::warn!(approval = %id, why, "the notification cannot be written again");
+                }
+                Ok(())
+            }
+            Err(_) => Ok(()), // settled as failed when it is approved
+        }
     }
 
     /// Acts on a parked entry's record: deliver on approved, notice on rejected or
@@ -988,9 +1093,10 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Marks the record settled with its outcome, tells the notify bridge, acks the
-    /// entry, and closes the record: deleted, or, when a card was delivered, left
-    /// (with its TTL) for the notify side, which deletes it once the card shows the
-    /// outcome.
+    /// entry, and closes the record. Once a notification was written the notify
+    /// side owns the rest: the record stays (with its TTL) until the outcome entry,
+    /// which follows the notification in the same stream, has been shown and the
+    /// notify side deletes it. Each step is recorded, so a crash repeats none.
     async fn finish(
         &mut self,
         idx: usize,
@@ -999,9 +1105,12 @@ impl<S: Sender> OutboxService<S> {
         outcome: Option<&str>,
     ) -> Result<()> {
         let key = keys::approval(&record.id);
-        let external = record.get("notify_external_id").to_string();
-        let card = !external.is_empty();
-        if !record.id.is_empty() && !record.fields.contains_key("settled_at") {
+        let exists = !record.fields.is_empty();
+        let handed_over = record.fields.contains_key("notified");
+        let outcome = outcome
+            .or(Some(record.get("outcome")).filter(|o| !o.is_empty()))
+            .unwrap_or("failed");
+        if exists && !record.fields.contains_key("settled_at") {
             let _: () = redis::pipe()
                 .atomic()
                 .cmd("HSET")
@@ -1009,7 +1118,7 @@ impl<S: Sender> OutboxService<S> {
                 .arg("settled_at")
                 .arg(crate::now_secs())
                 .arg("outcome")
-                .arg(outcome.unwrap_or("failed"))
+                .arg(outcome)
                 .ignore()
                 .expire(&key, SETTLED_TTL_SECS)
                 .ignore()
@@ -1017,29 +1126,40 @@ impl<S: Sender> OutboxService<S> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
         }
-        if let (Some(outcome), true) = (outcome, card) {
+        if handed_over && !record.fields.contains_key("outcome_sent") {
             let fields: Vec<(&str, &[u8])> = vec![
                 ("approval_id", record.id.as_bytes()),
                 ("approval_outcome", outcome.as_bytes()),
             ];
-            self.store
+            match self
+                .store
                 .xadd(&keys::outbox(record.get("notify")), &fields)
-                .await?;
+                .await
+            {
+                Ok(_) => {
+                    set_if_exists(&mut self.store, &record.id, &[("outcome_sent", "1")]).await?;
+                }
+                // A refusing stream (see `notify`) only costs the card its closing edit.
+                Err(Error::Redis(e)) if e.code() == Some("ERR") => {
+                    tracing::warn!(approval = %record.id, error = %e, "outcome not written");
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.ack(&self.sources[idx].key.clone(), entry_id).await?;
-        if !record.id.is_empty() {
-            let mut pipe = redis::pipe();
-            if card {
-                pipe.hdel(keys::approval_map(record.get("notify")), &external)
-                    .ignore();
-            } else {
-                pipe.del(&key).ignore();
-            }
-            let _: () = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        let external = record.get("notify_external_id");
+        let mut pipe = redis::pipe();
+        if !external.is_empty() {
+            pipe.hdel(keys::approval_map(record.get("notify")), external)
+                .ignore();
         }
+        if !handed_over && !record.id.is_empty() {
+            pipe.del(&key).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
         self.untrack(&record.id);
         Ok(())
     }
@@ -1154,13 +1274,26 @@ impl<S: Sender> OutboxService<S> {
             ("stream", source.key.as_bytes()),
             ("entry_id", entry.id.as_bytes()),
         ];
-        // Original fields are kept under a prefix so they cannot shadow ours.
-        let prefixed: Vec<(String, &[u8])> = entry
-            .fields
-            .iter()
-            .map(|(k, v)| (format!("field:{k}"), v.as_slice()))
-            .collect();
-        fields.extend(prefixed.iter().map(|(k, v)| (k.as_str(), *v)));
+        // Original fields are kept under a prefix so they cannot shadow ours; a
+        // huge entry is copied in part (it is still in its own stream), so a
+        // writer cannot make the dead letter cost a multiple of what it wrote.
+        let cap = self.bridge.max_content_bytes.max(64 * 1024);
+        let mut prefixed: Vec<(String, Vec<u8>)> = Vec::new();
+        for (k, v) in entry.fields.iter().take(DEAD_FIELDS_KEPT) {
+            let name: String = k.chars().take(200).collect();
+            if v.len() > cap {
+                prefixed.push((
+                    format!("truncated:{name}"),
+                    v.len().to_string().into_bytes(),
+                ));
+            }
+            prefixed.push((format!("field:{name}"), v[..v.len().min(cap)].to_vec()));
+        }
+        if entry.fields.len() > DEAD_FIELDS_KEPT {
+            let dropped = (entry.fields.len() - DEAD_FIELDS_KEPT).to_string();
+            prefixed.push(("fields_dropped".into(), dropped.into_bytes()));
+        }
+        fields.extend(prefixed.iter().map(|(k, v)| (k.as_str(), v.as_slice())));
         self.store.xadd(&keys::dead(&self.name), &fields).await?;
         Ok(())
     }
@@ -1279,15 +1412,16 @@ pub fn delivery_key(stream: &str, entry_id: &str) -> String {
     format!("{stream}/{entry_id}")
 }
 
-async fn set_if_exists(store: &mut Store, id: &str, fields: &[(&str, &str)]) -> Result<()> {
+/// Sets record fields unless the record is gone; returns whether it existed.
+async fn set_if_exists(store: &mut Store, id: &str, fields: &[(&str, &str)]) -> Result<bool> {
     let key = keys::approval(id);
-    let _: i64 = redis::Script::new(approval::SET_IF_EXISTS)
+    let set: i64 = redis::Script::new(approval::SET_IF_EXISTS)
         .key(&key)
         .arg(fields)
         .invoke_async(&mut store.conn)
         .await
         .map_err(|e| Error::from_redis(&format!("EVALSHA set {key}"), e))?;
-    Ok(())
+    Ok(set == 1)
 }
 
 /// Exponential backoff from 200 ms, capped at 30 s.

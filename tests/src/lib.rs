@@ -117,8 +117,12 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Some(child);
+        if let Ok(conn) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            // Accepting connections is not ready: a restarted server answers
+            // LOADING until its data is back.
+            if answers_pong(conn) {
+                return Some(child);
+            }
         }
         if let Ok(Some(_)) = child.try_wait() {
             return None; // the port was taken meanwhile
@@ -128,6 +132,26 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
     let _ = child.kill();
     let _ = child.wait();
     None
+}
+
+/// Sends `PING` and whether the answer is `+PONG` (an ACL-only server's
+/// `-NOAUTH` counts too: it is up, it only wants a user).
+fn answers_pong(mut conn: std::net::TcpStream) -> bool {
+    use std::io::{Read, Write};
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+    if conn.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    match conn.read(&mut buf) {
+        Ok(n) => {
+            let reply = &buf[..n];
+            reply.starts_with(b"+PONG")
+                || reply.starts_with(b"-NOAUTH")
+                || reply.starts_with(b"-NOPERM")
+        }
+        Err(_) => false,
+    }
 }
 
 fn free_port() -> u16 {

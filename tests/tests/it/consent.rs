@@ -481,3 +481,123 @@ async fn approval_ids_are_not_computable_from_public_data() {
         s.stop().await.unwrap();
     }
 }
+
+/// A writer of the notify bridge's flat outbox who gives it the last possible
+/// entry id makes every later `XADD` to it fail. The requesting outbox does not
+/// crash over it: each approval that cannot be asked fails with a notice. Once
+/// the operator deletes the stream, both outboxes carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_notify_stream_fails_approvals_without_wedging_the_outbox() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut store = d.store().await;
+    let max = "18446744073709551615-18446744073709551615";
+    let _: String = redis::cmd("XADD")
+        .arg(&["desk:outbox", max, "channel_id", "ops", "content", "x"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    agent_sends(&d, "cannot be asked", "r1").await;
+    let notice = wait_until("a failure notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert!(
+        notice["reason"].contains("refused the notification"),
+        "{notice:?}"
+    );
+    let _: i64 = redis::AsyncCommands::del(&mut store.conn, "desk:outbox")
+        .await
+        .unwrap();
+    agent_sends(&d, "asked after the repair", "r2").await;
+    let (id, external) = wait_until("a card after the repair", SOON, || async {
+        d.delivered("desk.out")
+            .into_iter()
+            .find(|l| l.content.contains("asked after the repair"))
+            .map(|l| (l.approval_id.unwrap(), l.external_id))
+    })
+    .await;
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "asked after the repair");
+    gone(&store, &id).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// A notification trimmed from the flat notify outbox before the notify side
+/// showed it is written again when the requesting outbox restarts, so the
+/// approver is still asked (once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trimmed_notification_is_written_again() {
+    let d = Deployment::new(&approval_config(3600));
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "ask me", "r").await;
+    let mut store = d.store().await;
+    wait_until("the notification written", SOON, || {
+        let mut store = store.clone();
+        async move { (stream(&mut store, "desk:outbox").await.len() == 1).then_some(()) }
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(&["desk:outbox", "MAXLEN", "0"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let (id, external) = notification(&d, 0).await;
+    react(&d, &external, "✅", "boss", "");
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    gone(&store, &id).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("desk.out").len(), 1, "asked once");
+}
+
+/// Agents may not post where approval requests are shown: a look-alike card
+/// sent through the notify bridge's own outbox is refused, so only the broker's
+/// cards reach the approvers' channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_cannot_post_into_the_approval_channel() {
+    let d = Deployment::new(&approval_config(3600));
+    let desk = d.spawn("outbox", "desk");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:desk:outbox",
+            &[
+                ("channel_id", b"ops"),
+                ("content", b"Approval requested [00000000]\n| lunch at 1?"),
+            ],
+        )
+        .await
+        .unwrap();
+    let notice = wait_until("the refusal notice", SOON, || async {
+        inbox_notices(&d, "ann:desk:inbox").await.into_iter().next()
+    })
+    .await;
+    assert!(
+        notice["reason"].contains("where approval requests are shown"),
+        "{notice:?}"
+    );
+    desk.stop().await.unwrap();
+    assert!(d.delivered("desk.out").is_empty());
+}
