@@ -750,3 +750,35 @@ pub fn password_file_of(config: &Config, user: &str) -> Option<std::path::PathBu
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rights on approvals follow the approval flow: only a bridge that some
+    /// bridge asks through may decide (ingest) or show cards (outbox), and only
+    /// a bridge that parks reads its id key.
+    #[test]
+    fn approval_rights_only_where_approvals_happen() {
+        let config = Config::parse(
+            r#"
+[bridges.asks]
+type = "console"
+approval = { required = true, notify = "shows", notify_channel = "ops", approvers = ["cli:op"] }
+[bridges.shows]
+type = "console"
+[bridges.plain]
+type = "console"
+"#,
+        )
+        .unwrap();
+        let rules = |b: &str, s: Service| service_rules(&config, b, s, "00");
+        assert!(rules("shows", Service::Ingest).contains("~approval:*"));
+        assert!(!rules("plain", Service::Ingest).contains("approval:"));
+        assert!(!rules("asks", Service::Ingest).contains("approval:"));
+        assert!(rules("asks", Service::Outbox).contains("~asks:id-key"));
+        assert!(!rules("shows", Service::Outbox).contains("id-key"));
+        assert!(rules("shows", Service::Outbox).contains("~approval:*"));
+        assert!(!rules("plain", Service::Outbox).contains("approval:"));
+    }
+}

@@ -21,6 +21,8 @@ struct Secrets {
     desk: String,
     /// Who may approve `mail`'s messages.
     approvers: String,
+    /// More config (e.g. `[operators]` tables).
+    extra: String,
 }
 
 impl Secrets {
@@ -50,6 +52,7 @@ impl Secrets {
             dir,
             desk: desk.to_string(),
             approvers: format!("\"{approver}\""),
+            extra: String::new(),
         }
     }
 
@@ -93,7 +96,10 @@ approval = {{ required = true, notify = "desk", notify_channel = "{channel}", ti
 {desk_settings}
 destinations = ["*"]
 {desk}
+
+{extra}
 "#,
+            extra = self.extra,
             ann = self.file("ann"),
             bob = self.file("bob"),
             mail = services("mail"),
@@ -574,4 +580,87 @@ async fn a_missing_permission_is_a_start_up_error() {
         String::from_utf8_lossy(&wrong.stderr)
     );
     assert!(String::from_utf8_lossy(&wrong.stderr).contains("AUTH as cowboy-mail-outbox"));
+}
+
+/// With `[operators]` declared, `cli:NAME` is proven, not typed: the CLI decides
+/// only over a connection as Redis user NAME with NAME's password (checked with
+/// `ACL WHOAMI`). A name that is no operator, a wrong password, and an operator
+/// who is not an approver decide nothing; the real operator's approval delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_identity_is_proven_by_the_redis_user() {
+    let mut secrets = Secrets::with_desk(
+        "type = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"",
+        "cli:op",
+    );
+    for (user, pw) in [("op", "pw-op"), ("eve", "pw-eve"), ("wrong", "not-op's")] {
+        std::fs::write(secrets.dir.path().join(user), format!("{pw}\n")).unwrap();
+    }
+    secrets.extra = format!(
+        "[operators.op]\npassword_file = \"{}\"\n\n[operators.eve]\npassword_file = \"{}\"\n",
+        secrets.file("op"),
+        secrets.file("eve")
+    );
+    let (d, aclfile) = secrets.deployment();
+    assert!(
+        aclfile.contains("user op on #"),
+        "operators are rendered: {aclfile}"
+    );
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@example.org"),
+                ("content", b"decide me"),
+            ],
+        )
+        .await
+        .unwrap();
+    let id = wait_until("the notification", SOON, || async {
+        d.delivered("desk.out")
+            .first()
+            .and_then(|l| l.approval_id.clone())
+    })
+    .await;
+    let refused = |out: std::process::Output, why: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success() && err.contains(why), "{why}: {err}");
+    };
+    refused(
+        d.cowboy(&["approvals", "approve", &id, "--as", "boss"]),
+        "not declared in [operators]",
+    );
+    refused(
+        d.cowboy(&["approvals", "approve", &id, "--as", "eve"]),
+        "not on the approvers list",
+    );
+    let lying = d.path("lying.toml");
+    let text = std::fs::read_to_string(&d.config_path)
+        .unwrap()
+        .replace(&secrets.file("op"), &secrets.file("wrong"));
+    std::fs::write(&lying, text).unwrap();
+    let out = Command::new(binary("cowboy"))
+        .arg("--config")
+        .arg(&lying)
+        .args(["approvals", "approve", &id, "--as", "op"])
+        .output()
+        .unwrap();
+    refused(out, "AUTH as op");
+    let record = harness::hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["status"], "pending", "nothing above decided");
+    let out = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "decide me");
+    for s in services {
+        s.stop().await.unwrap();
+    }
 }
