@@ -7,6 +7,7 @@
 //! - [`wait_until`]: bounded waiting on a condition, with a clear failure message.
 
 pub mod discord;
+pub mod dns;
 pub mod mail;
 
 use std::net::TcpListener;
@@ -154,7 +155,7 @@ fn answers_pong(mut conn: std::net::TcpStream) -> bool {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -38,6 +38,23 @@ pub struct EmailSettings {
     /// `Authentication-Results` headers).
     #[serde(default)]
     pub authserv_id: Option<String>,
+    /// Verify answers in the bridge itself instead of trusting the server's
+    /// headers: `"dkim"` counts an answer only with a DKIM signature that
+    /// verifies and is aligned with its From domain (DMARC where published).
+    #[serde(default)]
+    pub verify: Option<Verify>,
+    /// The DNS server (`ip:port`) `verify` asks for keys and policies; the
+    /// system's resolver when absent.
+    #[serde(default)]
+    pub resolver: Option<String>,
+}
+
+/// In-process sender verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verify {
+    /// An aligned, verifying DKIM signature (see [`crate::dkim`]).
+    Dkim,
 }
 
 /// `smtp = { host, port, tls, username, password_file }`.
@@ -102,6 +119,20 @@ impl EmailSettings {
                 message: "require_authentication = true needs the receiving server's authserv_id"
                     .into(),
             });
+        }
+        if let Some(r) = &self.resolver {
+            if r.parse::<std::net::SocketAddr>().is_err() {
+                return Err(ConfigError::Invalid {
+                    key: at("resolver"),
+                    message: format!("`{r}` is not ip:port"),
+                });
+            }
+            if self.verify.is_none() {
+                return Err(ConfigError::Invalid {
+                    key: at("resolver"),
+                    message: "resolver is used only with verify = \"dkim\"".into(),
+                });
+            }
         }
         if self.smtp.username.is_some() != self.smtp.password_file.is_some() {
             return Err(ConfigError::Invalid {

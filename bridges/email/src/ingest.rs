@@ -107,6 +107,8 @@ pub struct EmailIngest {
     pub settings: EmailSettings,
     pub bridge: String,
     pub reply: EmailSender,
+    /// With `verify = "dkim"`: checks each answer's signature in-process.
+    pub verifier: Option<crate::dkim::Verifier>,
 }
 
 impl EmailIngest {
@@ -317,7 +319,7 @@ impl EmailIngest {
                 .collect();
             let subject = mail.subject().unwrap_or("").to_string();
             return self
-                .answer(&from, &refs, &body, &auth, &message_id, &subject)
+                .answer(&from, &refs, &body, &auth, &message_id, &subject, raw)
                 .await;
         }
         let in_reply_to = mail.in_reply_to().as_text().unwrap_or("").to_string();
@@ -355,6 +357,7 @@ impl EmailIngest {
         auth: &[String],
         message_id: &str,
         subject: &str,
+        raw: &[u8],
     ) -> Result<()> {
         let map = keys::approval_map(&self.bridge);
         let mut target = None;
@@ -387,6 +390,13 @@ impl EmailIngest {
         if !allowed {
             tracing::warn!(from, approval = %approval_id, "answer from someone not on approval.approvers ignored");
             return Ok(());
+        }
+        if let Some(verifier) = &self.verifier {
+            let domain = from.rsplit('@').next().unwrap_or("");
+            if let Err(why) = verifier.verify(raw, domain).await {
+                tracing::warn!(from, approval = %approval_id, why, "answer whose DKIM signature does not verify ignored");
+                return Ok(());
+            }
         }
         if self.settings.require_authentication {
             let domain = from.rsplit('@').next().unwrap_or("");

@@ -10,6 +10,7 @@
 
 pub mod authres;
 pub mod config;
+pub mod dkim;
 pub mod ingest;
 pub mod send;
 pub mod verdict;
@@ -49,11 +50,24 @@ pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -
     let reply = EmailSender::new(s.clone(), &name)?;
     let store = Store::connect(&config.redis_for(&name, Service::Ingest)).await?;
     let ingest = Ingest::new(config, &name, store)?;
+    let verifier = match s.verify {
+        Some(config::Verify::Dkim) => {
+            let resolver = s.resolver.as_deref().and_then(|r| r.parse().ok());
+            Some(dkim::Verifier::new(resolver).map_err(|e| {
+                broker::Error::Config(broker::error::ConfigError::Invalid {
+                    key: format!("bridges.{name}.resolver"),
+                    message: e,
+                })
+            })?)
+        }
+        None => None,
+    };
     ingest::EmailIngest {
         ingest,
         settings: s,
         bridge: name,
         reply,
+        verifier,
     }
     .run(shutdown)
     .await

@@ -802,3 +802,114 @@ async fn a_delivery_cut_off_mid_attempt_is_uncertain_not_resent() {
     assert!(marks.is_empty(), "{marks:?}");
     let _ = untried;
 }
+
+/// A DKIM signing key for `domain` (selector `sel`) and its DNS record.
+fn dkim_key(domain: &str) -> (Vec<u8>, (String, String)) {
+    use mail_auth::common::crypto::Ed25519Key;
+    let der = Ed25519Key::generate_pkcs8().unwrap();
+    let public = Ed25519Key::from_pkcs8_der(&der).unwrap().public_key();
+    let txt = format!("v=DKIM1; k=ed25519; p={}", base64_encode(&public));
+    (der, (format!("sel._domainkey.{domain}"), txt))
+}
+
+/// `raw` with a DKIM-Signature by `domain` in front.
+fn dkim_sign(der: &[u8], domain: &str, raw: &str) -> String {
+    use mail_auth::common::crypto::Ed25519Key;
+    use mail_auth::common::headers::HeaderWriter;
+    let key = Ed25519Key::from_pkcs8_der(der).unwrap();
+    let signature = mail_auth::dkim::DkimSigner::from_key(key)
+        .domain(domain)
+        .selector("sel")
+        .headers([
+            "From",
+            "To",
+            "Subject",
+            "Message-ID",
+            "In-Reply-To",
+            "References",
+        ])
+        .sign(raw.as_bytes())
+        .unwrap();
+    format!("{}{raw}", signature.to_header())
+}
+
+/// `verify = "dkim"`: the bridge checks answers itself against DNS (a real
+/// dnsmasq on loopback serving the keys and a DMARC policy). Unsigned,
+/// misaligned (signed by another domain) and tampered answers decide nothing;
+/// a signed rejection rejects with its reason and a signed approval delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dkim_verified_answers_alone_decide() {
+    let (good, good_txt) = dkim_key("bridge.test");
+    let (evil, evil_txt) = dkim_key("evil.test");
+    let dns = harness::dns::Dns::start(&[
+        (&good_txt.0, &good_txt.1),
+        (&evil_txt.0, &evil_txt.1),
+        ("_dmarc.bridge.test", "v=DMARC1; p=reject"),
+    ]);
+    let stack = MailStack::start();
+    let settings = format!(
+        "approval = {{ required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 0, approvers = [\"email:approver@bridge.test\"] }}\nverify = \"dkim\"\nresolver = \"{}\"\n",
+        dns.addr()
+    );
+    let d = deployment(&stack, &settings, "");
+    let _outbox = d.process("cowboy-email-outbox", "mail");
+    let _ingest = d.process("cowboy-email-ingest", "mail");
+    let mut store = d.store().await;
+    let send = |raw: String| {
+        stack.send_raw(
+            "approver@bridge.test",
+            "bridge@bridge.test",
+            &raw,
+            Some("approver"),
+        )
+    };
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"first")],
+        )
+        .await
+        .unwrap();
+    let first = wait_mails(&stack, "approver", 1).await.remove(0).message_id;
+    send(reply("approver@bridge.test", &first, "APPROVE"));
+    send(dkim_sign(
+        &evil,
+        "evil.test",
+        &reply("approver@bridge.test", &first, "APPROVE"),
+    ));
+    send(
+        dkim_sign(
+            &good,
+            "bridge.test",
+            &reply("approver@bridge.test", &first, "REJECT x"),
+        )
+        .replace("REJECT x", "APPROVE"),
+    );
+    send(dkim_sign(
+        &good,
+        "bridge.test",
+        &reply("approver@bridge.test", &first, "REJECT signed and sealed"),
+    ));
+    let notice = wait_until("the signed rejection", MAIL, || async {
+        inbox(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "rejected", "{notice:?}");
+    assert_eq!(notice["reason"], "signed and sealed");
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"second")],
+        )
+        .await
+        .unwrap();
+    let second = wait_mails(&stack, "approver", 2).await.remove(1).message_id;
+    send(dkim_sign(
+        &good,
+        "bridge.test",
+        &reply("approver@bridge.test", &second, "APPROVE"),
+    ));
+    let sent = wait_mails(&stack, "bob", 1).await;
+    assert_eq!(sent[0].body.trim(), "second");
+    assert_eq!(stack.mails("bob").len(), 1, "the first was never sent");
+}
