@@ -318,9 +318,16 @@ impl EmailIngest {
                 .filter_map(|v| v.as_text().map(str::to_string))
                 .collect();
             let subject = mail.subject().unwrap_or("").to_string();
-            return self
-                .answer(&from, &refs, &body, &auth, &message_id, &subject, raw)
-                .await;
+            let reply = Reply {
+                from: &from,
+                refs: &refs,
+                body: &body,
+                auth: &auth,
+                message_id: &message_id,
+                subject: &subject,
+                raw,
+            };
+            return self.answer(reply).await;
         }
         let in_reply_to = mail.in_reply_to().as_text().unwrap_or("").to_string();
         let to = mail
@@ -349,16 +356,16 @@ impl EmailIngest {
         Ok(())
     }
 
-    async fn answer(
-        &mut self,
-        from: &str,
-        refs: &[String],
-        body: &str,
-        auth: &[String],
-        message_id: &str,
-        subject: &str,
-        raw: &[u8],
-    ) -> Result<()> {
+    async fn answer(&mut self, reply: Reply<'_>) -> Result<()> {
+        let Reply {
+            from,
+            refs,
+            body,
+            auth,
+            message_id,
+            subject,
+            raw,
+        } = reply;
         let map = keys::approval_map(&self.bridge);
         let mut target = None;
         for r in refs.iter().filter(|r| verdict::is_approval_id(r)) {
@@ -439,6 +446,21 @@ impl EmailIngest {
         }
         Ok(())
     }
+}
+
+/// A mail that answers one of our approval emails, as read.
+struct Reply<'a> {
+    /// The From address, lower case.
+    from: &'a str,
+    /// Message-IDs from In-Reply-To and References.
+    refs: &'a [String],
+    body: &'a str,
+    /// `Authentication-Results` values, topmost first.
+    auth: &'a [String],
+    message_id: &'a str,
+    subject: &'a str,
+    /// The whole mail, for in-process DKIM verification.
+    raw: &'a [u8],
 }
 
 /// IMAP login and NOOP with the configured credentials (the ping's liveness check).
