@@ -43,7 +43,7 @@ let
       settings = mkOption {
         type = (pkgs.formats.toml { }).type; default = { };
         example = literalExpression ''{ channels = [ "123" ]; dms = false; }'';
-        description = "The bridge type's own keys (see the README). Secrets do not belong here: use `tokenFile`/`secrets`.";
+        description = "The bridge type's own keys (see docs/bridges.md). Secrets do not belong here: use `tokenFile`/`secrets`.";
       };
       tokenFile = mkOption { type = types.nullOr types.path; default = null; description = "File with the platform token (rendered as token_file, passed with LoadCredential)."; };
       secrets = mkOption {

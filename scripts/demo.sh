@@ -25,7 +25,7 @@ trap cleanup EXIT
 
 url=${COWBOY_REDIS_URL:-}
 if [ -z "$url" ]; then
-  command -v redis-server >/dev/null || { echo "redis-server is needed (Debian: apt-get install -y redis-server)" >&2; exit 1; }
+  bash scripts/install.sh redis-server=redis-server redis-cli=redis-tools
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null || echo 16379)
   redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >"$work/redis.log" 2>&1 &
   pids+=($!)

@@ -1,4 +1,4 @@
-# The README's block: a Discord bridge whose messages are approved by email reply.
+# The block in docs/deployment.md: a Discord bridge whose messages are approved by email reply.
 {
   redis = { url = "redis://127.0.0.1:6390"; username = "cowboy-admin"; passwordFile = "/run/keys/cowboy-admin"; };
   agents.ann.passwordFile = "/run/keys/ann";

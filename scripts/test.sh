@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The tests: installs what they need (Debian packages, as root or with sudo), then
+# runs `cargo test --workspace`. Every test starts its own private servers on
+# free loopback ports; nothing here touches the machine's own services.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh \
+  redis-server=redis-server \
+  nix-instantiate=nix-bin \
+  systemd-analyze=systemd \
+  postfix=postfix \
+  dovecot=dovecot-imapd,dovecot-lmtpd \
+  dnsmasq=dnsmasq-base
+exec cargo test --workspace "$@"
