@@ -1,0 +1,228 @@
+//! The outbox service: reads a bridge's outbox streams, gates entries behind
+//! approvals, delivers through a [`Sender`], and settles parked entries.
+//!
+//! Streams read, all through group `{bridge}-outbox` / consumer `{bridge}-worker`
+//! in one blocking `XREADGROUP`: the flat `{bridge}:outbox`, each configured
+//! agent's `{agent}:{bridge}:outbox`, and `{bridge}:decisions` (wake-ups written
+//! by `resolve_approval`).
+//!
+//! # Layout (each module states its invariants)
+//!
+//! - [`reader`]: the loop, recovery, and the dispatch of each entry.
+//! - [`parking`]: records, notifications, the parked index, deadlines and sweep.
+//! - [`settle`]: acting on decisions and expiries, closing records.
+//! - [`deliver`]: sending, dead letters, notices.
+//! - [`surface`]: the notify side: notifications and outcomes shown to humans.
+
+mod deliver;
+mod parking;
+mod reader;
+mod settle;
+mod surface;
+
+use deliver::{AsNotice, Delivery};
+use settle::set_if_exists;
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+
+use crate::approval::{self, IdKey, Record, State};
+use crate::config::{BridgeConfig, Config};
+use crate::entry::{Message, Notice};
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::shutdown::Shutdown;
+use crate::store::{read_group, Entry, Store};
+use crate::systemd::{self, Watchdog};
+
+/// How often parked records are re-read in case a wake-up was lost.
+const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// How often the service refreshes its heartbeat.
+pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
+/// Longest single block on the read, so shutdown and heartbeats stay timely.
+const MAX_BLOCK: Duration = Duration::from_secs(5);
+/// Consecutive Redis failures (with growing pauses, about five minutes in all)
+/// before the service gives up and exits for its supervisor to restart it.
+const MAX_FAILURES: u32 = 15;
+/// Fields of a refused entry copied into its dead letter (the rest are counted).
+const DEAD_FIELDS_KEPT: usize = 64;
+/// Redis TTL put on a settled record in case the final delete never happens.
+const SETTLED_TTL_SECS: i64 = 24 * 3600;
+
+/// One message to deliver.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub message: &'a Message,
+    /// Stable per stream entry: the same on every retry, unique across entries.
+    pub delivery_key: &'a str,
+    /// A previous attempt may have delivered it already (crash or lost reply).
+    pub retry: bool,
+    /// On an approval notification: the record it asks about.
+    pub approval: Option<&'a Record>,
+}
+
+/// Why a send did not happen, classified for the retry policy.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SendError {
+    /// Worth retrying after a pause (rate limit, lost connection, 4xx SMTP).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Will never work (unknown channel, refused recipient): dead letter.
+    #[error("{0}")]
+    Permanent(String),
+    /// May or may not have been delivered; never retried blindly.
+    #[error("uncertain: {0}")]
+    Uncertain(String),
+}
+
+/// The outcome of an approval, for the notify bridge to show on its notification.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome<'a> {
+    /// `approved`, `rejected`, `expired` or `failed`, as the record says.
+    pub outcome: &'a str,
+    /// The notification's id on the platform.
+    pub external_id: &'a str,
+    /// Where the notification was sent.
+    pub channel_id: &'a str,
+    /// The settled record, as the requesting service left it (verified: only
+    /// the broker writes records).
+    pub record: &'a Record,
+}
+
+/// What a platform does for the outbox: deliver and name the result, and
+/// optionally show an approval's outcome on its notification.
+pub trait Sender: Send + Sync + 'static {
+    /// Whether sending one delivery key twice is harmless because the sender or
+    /// its platform drops the duplicate (a nonce, a search before writing). When
+    /// false, the outbox marks each delivery in flight, and `retry` is set only
+    /// when such a mark shows an earlier attempt may have reached the platform.
+    const DEDUPLICATES: bool = true;
+
+    /// Delivers one message and returns its id on the platform (the external id).
+    fn send(
+        &self,
+        out: Outgoing<'_>,
+    ) -> impl Future<Output = std::result::Result<String, SendError>> + Send;
+
+    /// Shows the outcome on the notification (e.g. edits the Discord card), so
+    /// nobody answers a dead request. Cosmetic: failures are logged, not retried.
+    fn update(
+        &self,
+        outcome: Outcome<'_>,
+    ) -> impl Future<Output = std::result::Result<(), SendError>> + Send {
+        let _ = outcome;
+        async { Ok(()) }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Flat,
+    Agent,
+    Decisions,
+}
+
+#[derive(Debug, Clone)]
+struct Source {
+    key: String,
+    agent: Option<String>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone)]
+struct Parked {
+    source: usize,
+    entry_id: String,
+    expires_at: u64,
+}
+
+/// The outbox service of one bridge.
+pub struct OutboxService<S> {
+    config: Arc<Config>,
+    name: String,
+    bridge: BridgeConfig,
+    sender: S,
+    store: Store,
+    group: String,
+    consumer: String,
+    sources: Vec<Source>,
+    parked: HashMap<String, Parked>,
+    deadlines: BTreeSet<(u64, String)>,
+    /// The secret approval ids are derived with; loaded by [`Self::prepare`]
+    /// when this bridge parks.
+    id_key: Option<IdKey>,
+    shutdown: Shutdown,
+    watchdog: Watchdog,
+}
+
+impl<S: Sender> OutboxService<S> {
+    /// Prepares the service of bridge `name`; nothing is read until [`Self::run`].
+    pub fn new(
+        config: Arc<Config>,
+        name: &str,
+        sender: S,
+        store: Store,
+        shutdown: Shutdown,
+    ) -> Result<Self> {
+        let bridge = config.bridge(name)?.clone();
+        let mut sources = vec![Source {
+            key: keys::outbox(name),
+            agent: None,
+            kind: Kind::Flat,
+        }];
+        for agent in config.agent_names() {
+            sources.push(Source {
+                key: keys::agent_outbox(agent, name),
+                agent: Some(agent.to_string()),
+                kind: Kind::Agent,
+            });
+        }
+        sources.push(Source {
+            key: keys::decisions(name),
+            agent: None,
+            kind: Kind::Decisions,
+        });
+        Ok(OutboxService {
+            config,
+            name: name.to_string(),
+            bridge,
+            sender,
+            store,
+            group: keys::outbox_group(name),
+            consumer: keys::outbox_consumer(name),
+            sources,
+            parked: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            id_key: None,
+            shutdown,
+            watchdog: Watchdog::from_env(),
+        })
+    }
+
+    /// Creates the consumer groups. Called by [`Self::run`]; public so a caller can
+    /// report readiness once they exist.
+    pub async fn prepare(&mut self) -> Result<()> {
+        for source in &self.sources {
+            self.store.ensure_group(&source.key, &self.group).await?;
+        }
+        if self.bridge.approval.required && self.id_key.is_none() {
+            self.id_key = Some(IdKey::load(&mut self.store, &self.name).await?);
+        }
+        Ok(())
+    }
+}
+
+/// The stable identity of one stream entry, for senders that deduplicate.
+pub fn delivery_key(stream: &str, entry_id: &str) -> String {
+    format!("{stream}/{entry_id}")
+}
+
+/// Exponential backoff from 200 ms, capped at 30 s.
+pub fn backoff(attempt: u32) -> Duration {
+    let ms = 200u64.saturating_mul(1u64 << attempt.min(8));
+    Duration::from_millis(ms.min(30_000))
+}

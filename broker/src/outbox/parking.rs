@@ -1,0 +1,386 @@
+//! Parking: the approval record, its one notification, and the in-memory index
+//! of parked entries and their deadlines, with the sweep that repairs it.
+//!
+//! Invariants:
+//! - Parking is three idempotent steps, each safe to repeat after a crash: create
+//!   the record if absent (it holds the digest of the one notification it will
+//!   write); write that notification unless the record says it was written (after
+//!   a crash in between, the notify outbox is searched for it by digest first, and
+//!   it is written again if it vanished unshown); remember its id in the record.
+//!   No step spans two keys, so the protocol works unchanged on Redis Cluster.
+//! - Approval ids are keyed ([`IdKey`]): stable across restarts, not computable
+//!   by an agent.
+//! - A parked entry that vanished from its stream (trimmed or deleted) is settled
+//!   as failed, at start-up and in the sweep: notice, record closed, card updated.
+//! - The sweep (every 30 s, one pipelined round trip for the records) catches a
+//!   decision whose wake-up was lost.
+
+use super::*;
+
+impl<S: Sender> OutboxService<S> {
+    pub(super) fn approval_id(&self, stream: &str, entry_id: &str) -> Result<String> {
+        let key = self.id_key.as_ref().ok_or_else(|| {
+            Error::Request("the approval id key is not loaded (prepare was not called)".into())
+        })?;
+        Ok(key.id_for(stream, entry_id))
+    }
+
+    /// A pending entry whose body is gone from its stream (trimmed by its writer's
+    /// `MAXLEN`, or deleted). If it was parked, its approval is settled as failed.
+    pub(super) async fn vanished(&mut self, idx: usize, entry_id: &str) -> Result<()> {
+        let source = self.sources[idx].clone();
+        if self.bridge.approval.required && source.kind != Kind::Decisions {
+            let id = self.approval_id(&source.key, entry_id)?;
+            if let Some(record) = approval::load(&mut self.store, &id).await? {
+                tracing::warn!(approval = %id, stream = %source.key, entry = entry_id, "parked entry vanished from its stream; settled as failed");
+                if record.fields.contains_key("settled_at") {
+                    return self.finish(idx, entry_id, &record, None).await;
+                }
+                let n = Notice {
+                    status: "failed",
+                    reason: "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent",
+                    approval_id: Some(&id),
+                    request_id: Some(record.get("request_id")),
+                    ..Notice::default()
+                };
+                self.notice(idx, entry_id, None, n).await?;
+                return self.finish(idx, entry_id, &record, Some("failed")).await;
+            }
+        }
+        tracing::warn!(stream = %source.key, entry = entry_id, "pending entry no longer exists; acked");
+        self.ack(&source.key, entry_id).await
+    }
+
+    pub(super) async fn park(
+        &mut self,
+        idx: usize,
+        entry: &Entry,
+        message: &Message,
+        id: String,
+        retry: bool,
+    ) -> Result<()> {
+        let source = self.sources[idx].clone();
+        let (record, resumed) = match approval::load(&mut self.store, &id).await? {
+            Some(r) => (r, true),
+            None => {
+                let record = self.new_record(&id, &source, entry, message);
+                let args: Vec<(&String, &String)> = record.fields.iter().collect();
+                let created: i64 = redis::Script::new(approval::CREATE)
+                    .key(keys::approval(&id))
+                    .arg(args)
+                    .invoke_async(&mut self.store.conn)
+                    .await
+                    .map_err(|e| Error::from_redis("EVALSHA create approval", e))?;
+                tracing::info!(approval = %id, stream = %source.key, entry = %entry.id, "entry parked for approval");
+                (record, created == 0 || retry)
+            }
+        };
+        if record.fields.contains_key("settled_at") {
+            // Crashed between settling and acking: only the ack and delete remain.
+            return self.finish(idx, &entry.id, &record, None).await;
+        }
+        let lost =
+            record.fields.contains_key("notified") && self.notification_lost(&record).await?;
+        if lost || !record.fields.contains_key("notified") {
+            if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
+                let reason =
+                    format!("the notify bridge's outbox refused the notification: {why}; not sent");
+                let n = Notice {
+                    status: "failed",
+                    reason: &reason,
+                    approval_id: Some(&id),
+                    request_id: message.request_id.as_deref(),
+                    ..Notice::default()
+                };
+                tracing::warn!(approval = %id, reason, "approval cannot be asked");
+                self.notice(idx, &entry.id, Some(entry), n).await?;
+                return self.finish(idx, &entry.id, &record, Some("failed")).await;
+            }
+        }
+        self.track(id.clone(), idx, entry.id.clone(), record.expires_at());
+        if record.state(crate::now_secs_f64()) != State::Pending {
+            self.settle(id).await?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn new_record(
+        &self,
+        id: &str,
+        source: &Source,
+        entry: &Entry,
+        message: &Message,
+    ) -> Record {
+        let now = crate::now_secs();
+        let timeout = self.bridge.approval.timeout;
+        let expires_at = if timeout == 0 { 0 } else { now + timeout };
+        let mut fields = HashMap::new();
+        let mut put = |k: &str, v: String| {
+            fields.insert(k.to_string(), v);
+        };
+        put("status", "pending".into());
+        put("source", self.name.clone());
+        put("channel_id", message.channel_id.clone());
+        put("subject", message.subject.clone().unwrap_or_default());
+        put("reply_to", message.reply_to.clone().unwrap_or_default());
+        put("content_preview", approval::preview(&message.content));
+        put("created_at", now.to_string());
+        put("expires_at", expires_at.to_string());
+        put("stream", source.key.clone());
+        put("entry_id", entry.id.clone());
+        put("agent", source.agent.clone().unwrap_or_default());
+        put("notify", self.config.notify_bridge(&self.name).to_string());
+        put(
+            "notify_channel",
+            self.bridge.approval.notify_channel.clone(),
+        );
+        put(
+            "content_sha256",
+            approval::sha256_hex(message.content.as_bytes()),
+        );
+        put("message_sha256", message.sha256());
+        put("content_bytes", message.content.len().to_string());
+        put("request_id", message.request_id.clone().unwrap_or_default());
+        // Unguessable and single-use: notify bridges build reply tokens from it
+        // (an email's Message-ID), so knowing the approval id is not enough to answer.
+        put("nonce", uuid::Uuid::new_v4().simple().to_string());
+        let mut record = Record {
+            id: id.to_string(),
+            fields,
+        };
+        // Written with the record, before the notification exists: the notify side
+        // shows only the entry with exactly this digest.
+        let digest = notification_digest(&notification_fields(&record, &message.content));
+        record.fields.insert("notify_sha256".into(), digest);
+        record
+    }
+
+    /// Writes the notification for `record` once. When a previous attempt may have
+    /// written it (`resumed`), the notify outbox is searched first. `Ok(Err(why))`:
+    /// the notify stream refused the entry (a writer of that flat stream gave it an
+    /// id no later entry can follow), so this approval cannot be asked.
+    pub(super) async fn notify(
+        &mut self,
+        record: &Record,
+        message: &Message,
+        resumed: bool,
+    ) -> Result<std::result::Result<(), String>> {
+        let stream = keys::outbox(record.get("notify"));
+        let fields = notification_fields(record, &message.content);
+        let digest = notification_digest(&fields);
+        if digest != record.get("notify_sha256") {
+            // A record parked by an older version: bind the notification now, before it exists.
+            set_if_exists(&mut self.store, &record.id, &[("notify_sha256", &digest)]).await?;
+        }
+        if resumed {
+            if let Some(found) = self.find_notification(&stream, record, &digest).await? {
+                set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await?;
+                return Ok(Ok(()));
+            }
+        }
+        let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+        let notification = match self.store.xadd(&stream, &fields).await {
+            Ok(id) => id,
+            Err(Error::Redis(e)) if e.code() == Some("ERR") => return Ok(Err(e.to_string())),
+            Err(e) => return Err(e),
+        };
+        set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await?;
+        Ok(Ok(()))
+    }
+
+    /// Whether the notification the record says was written is gone before the
+    /// notify side took it (someone trimmed the flat notify outbox): then it must
+    /// be written again, or nobody is ever asked.
+    pub(super) async fn notification_lost(&mut self, record: &Record) -> Result<bool> {
+        if record.fields.contains_key("notify_entry")
+            || record.fields.contains_key("notify_external_id")
+        {
+            return Ok(false);
+        }
+        let stream = keys::outbox(record.get("notify"));
+        let found = self.store.entry(&stream, record.get("notified")).await?;
+        if found.is_none() {
+            tracing::warn!(approval = %record.id, stream, "the notification vanished before it was shown; writing it again");
+        }
+        Ok(found.is_none())
+    }
+
+    pub(super) async fn find_notification(
+        &mut self,
+        stream: &str,
+        record: &Record,
+        digest: &str,
+    ) -> Result<Option<String>> {
+        // Stream ids are millisecond timestamps: start a minute before the record
+        // was created to allow for clock skew between this host and Redis.
+        let created: u64 = record.get("created_at").parse().unwrap_or(0);
+        let mut start = format!("{}", created.saturating_sub(60) * 1000);
+        loop {
+            let page = self.store.range(stream, &start, "+", 500).await?;
+            for entry in &page {
+                let theirs = || {
+                    approval::fields_sha256(
+                        entry
+                            .fields
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+                    )
+                };
+                if entry.text("approval_id") == Some(record.id.as_str()) && theirs() == digest {
+                    return Ok(Some(entry.id.clone()));
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() == 500 => start = format!("({}", last.id),
+                _ => return Ok(None),
+            }
+        }
+    }
+
+    pub(super) fn track(&mut self, id: String, source: usize, entry_id: String, expires_at: u64) {
+        if expires_at != 0 {
+            self.deadlines.insert((expires_at, id.clone()));
+        }
+        self.parked.insert(
+            id,
+            Parked {
+                source,
+                entry_id,
+                expires_at,
+            },
+        );
+    }
+
+    pub(super) fn untrack(&mut self, id: &str) {
+        if let Some(p) = self.parked.remove(id) {
+            self.deadlines.remove(&(p.expires_at, id.to_string()));
+        }
+    }
+
+    /// Settles every parked entry whose deadline has passed.
+    pub(super) async fn settle_due(&mut self) -> Result<()> {
+        let now = crate::now_secs_f64();
+        let due: Vec<String> = self
+            .deadlines
+            .iter()
+            .take_while(|(t, _)| (*t as f64) <= now)
+            .map(|(_, id)| id.clone())
+            .collect();
+        for id in due {
+            self.settle(id).await?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads every parked record in one pipelined round trip and settles the
+    /// decided ones: the fallback for a decision whose wake-up was lost. Then
+    /// settles as failed every parked entry that vanished from its stream: one
+    /// `XRANGE - + COUNT 1` per stream finds its oldest entry, and an agent can
+    /// only drop entries from the head (`XADD MAXLEN`).
+    pub(super) async fn sweep(&mut self) -> Result<()> {
+        if self.parked.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<String> = self.parked.keys().cloned().collect();
+        let mut pipe = redis::pipe();
+        for id in &ids {
+            pipe.cmd("HMGET")
+                .arg(keys::approval(id))
+                .arg(&["status", "notified", "notify_entry"]);
+        }
+        let states: Vec<(Option<String>, Option<String>, Option<String>)> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
+        let mut unclaimed = Vec::new();
+        for (id, (status, notified, claimed)) in ids.into_iter().zip(states) {
+            if status.as_deref() != Some("pending") {
+                self.settle(id).await?;
+            } else if notified.is_some() && claimed.is_none() {
+                unclaimed.push(id);
+            }
+        }
+        for id in unclaimed {
+            self.renotify_if_lost(&id).await?;
+        }
+        let mut vanished = Vec::new();
+        for idx in 0..self.sources.len() {
+            let mine: Vec<&Parked> = self.parked.values().filter(|p| p.source == idx).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let first = self
+                .store
+                .range(&self.sources[idx].key, "-", "+", 1)
+                .await?;
+            let oldest = first.first().and_then(|e| stream_id(&e.id));
+            for p in mine {
+                let gone = match (stream_id(&p.entry_id), oldest) {
+                    (Some(mine), Some(oldest)) => mine < oldest,
+                    (_, None) => true,
+                    (None, _) => false,
+                };
+                if gone {
+                    vanished.push((idx, p.entry_id.clone()));
+                }
+            }
+        }
+        for (idx, entry_id) in vanished {
+            self.vanished(idx, &entry_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes a parked record's notification again if it vanished unshown.
+    pub(super) async fn renotify_if_lost(&mut self, id: &str) -> Result<()> {
+        let Some(parked) = self.parked.get(id).cloned() else {
+            return Ok(());
+        };
+        let Some(record) = approval::load(&mut self.store, id).await? else {
+            return Ok(());
+        };
+        if !self.notification_lost(&record).await? {
+            return Ok(());
+        }
+        let key = self.sources[parked.source].key.clone();
+        let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
+            return Ok(()); // the vanished-entry check settles it
+        };
+        match Message::from_entry(&entry, &self.bridge) {
+            Ok(message) => {
+                if let Err(why) = self.notify(&record, &message, false).await? {
+                    tracing::warn!(approval = %id, why, "the notification cannot be written again");
+                }
+                Ok(())
+            }
+            Err(_) => Ok(()), // settled as failed when it is approved
+        }
+    }
+}
+
+/// The notification entry for a parked record, in the order it is written: the
+/// approval id, the destination from the record, the plain-text frame (for
+/// platforms that show text as is) and the exact content (for those that lay out
+/// their own card). Deterministic, so a resumed park writes the same entry.
+pub(super) fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let frame = approval::render_notification(record, content, approval::REACT_HINT, None);
+    vec![
+        ("approval_id", record.id.clone().into_bytes()),
+        (
+            "channel_id",
+            record.get("notify_channel").as_bytes().to_vec(),
+        ),
+        ("content", frame.into_bytes()),
+        ("approval_content", content.as_bytes().to_vec()),
+    ]
+}
+
+pub(super) fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
+    approval::fields_sha256(fields.iter().map(|(k, v)| (*k, Some(v.as_slice()))))
+}
+
+/// A stream entry id as (milliseconds, sequence), for ordering.
+pub(super) fn stream_id(id: &str) -> Option<(u64, u64)> {
+    let (ms, seq) = id.split_once('-')?;
+    Some((ms.parse().ok()?, seq.parse().ok()?))
+}
