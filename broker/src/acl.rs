@@ -100,6 +100,14 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
             }
+            // A card the platform refused rejects its approval and wakes the requester.
+            let wake: Vec<String> = config
+                .requesters_of(name)
+                .map(|r| format!("%W~{}", keys::decisions(r)))
+                .collect();
+            if !wake.is_empty() {
+                sels.push(selector(&wake, "+xadd"));
+            }
             // Records only for a bridge that parks or shows cards: elsewhere a
             // forged `approval_id` is refused without reading anything.
             if parks || config.is_approval_surface(name) {

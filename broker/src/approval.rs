@@ -339,6 +339,41 @@ pub async fn decide(
         );
         return Ok(Outcome::NotAllowed);
     }
+    apply(store, id, &requester, verdict, approver, reason).await
+}
+
+/// Rejects a pending approval whose request could not be shown to anyone (the
+/// notify platform refused it): failing closed at once, and telling the agent
+/// why, instead of waiting for a deadline that may never come. The approver is
+/// `broker:{notify bridge}`, which no config can name.
+pub async fn reject_unshown(
+    store: &mut Store,
+    record: &Record,
+    notify: &str,
+    reason: &str,
+) -> Result<Outcome> {
+    let reason = format!("the approval request could not be shown to approvers: {reason}");
+    let approver = format!("broker:{notify}");
+    apply(
+        store,
+        &record.id,
+        record.source(),
+        Verdict::Rejected,
+        &approver,
+        &reason,
+    )
+    .await
+}
+
+/// Writes a decision (pending and in time only) and wakes the requester.
+async fn apply(
+    store: &mut Store,
+    id: &str,
+    requester: &str,
+    verdict: Verdict,
+    approver: &str,
+    reason: &str,
+) -> Result<Outcome> {
     let key = keys::approval(id);
     let now = crate::now_secs_f64();
     let answer: String = redis::Script::new(DECIDE)
@@ -364,7 +399,7 @@ pub async fn decide(
     // Wake the requesting outbox service; if this is lost it still sees the decision
     // at its next sweep.
     // Capped: a wake-up trimmed before it was read is covered by that sweep too.
-    let stream = keys::decisions(&requester);
+    let stream = keys::decisions(requester);
     let _: String = redis::cmd("XADD")
         .arg(&stream)
         .arg("MAXLEN")

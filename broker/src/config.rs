@@ -328,9 +328,18 @@ impl Config {
         for name in self.agents.keys() {
             check_name(&format!("agents.{name}"), name)?;
         }
-        for name in self.operators.keys() {
+        for (name, op) in &self.operators {
             let at = format!("operators.{name}");
             check_name(&at, name)?;
+            // Rendered once: as the operator user of `[redis]`.
+            if Some(name) == self.redis.username.as_ref()
+                && self.redis.password_file.as_ref() != Some(&op.password_file)
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.password_file"),
+                    "this operator is the [redis] user: give it the same password_file",
+                ));
+            }
             if self.agents.contains_key(name) || self.bridges.contains_key(name) {
                 return Err(ConfigError::invalid(
                     at,

@@ -90,8 +90,21 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         t => format!("decide by <t:{t}:f> (<t:{t}:R>)"),
     };
     let status = status.map(|s| format!("{s}\n")).unwrap_or_default();
+    // Each is at most 998 bytes; on the card a long one is cut with a note, so
+    // the head always fits one message (the whole value: `approvals show`).
     let optional = |field: &str| match record.get(field) {
         "" => "(none)".to_string(),
+        v if broker::approval::display_safe(v).chars().count() > HEAD_VALUE_CHARS => {
+            // Cut where it is shown (escapes make it longer), on a character.
+            let safe = broker::approval::display_safe(v);
+            let shown: String = safe.chars().take(HEAD_VALUE_CHARS).collect();
+            format!(
+                "{} (cut: {} more characters; see all: `cowboy approvals show {}`)",
+                inline_code(&shown),
+                safe.chars().count() - HEAD_VALUE_CHARS,
+                record.id
+            )
+        }
         v => inline_code(v),
     };
     format!(
@@ -106,6 +119,9 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         sha = record.get("message_sha256"),
     )
 }
+
+/// Characters of `subject` or `reply_to` shown in a card's head.
+pub const HEAD_VALUE_CHARS: usize = 200;
 
 /// How to answer, on a live card.
 pub const HOW_TO_ANSWER: &str =
@@ -160,6 +176,10 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
             )
         }
         "expired" => "⌛ **Expired** — nobody decided in time; not sent.".to_string(),
+        "uncertain" => {
+            "❓ **Approved, delivery uncertain** — it may have been sent; the agent was told."
+                .to_string()
+        }
         _ => "⚠️ **Failed** — not sent.".to_string(),
     };
     let mut text = card_head(record, Some(&status));
@@ -275,6 +295,17 @@ mod tests {
         assert_eq!(body.matches("```").count(), 1, "{body}");
         assert!(body.ends_with("\n```"));
         assert!(card[0].contains("**Subject:** `a\u{02CB} **b**`"));
+        let huge = Record {
+            id: "id".into(),
+            fields: HashMap::from([
+                ("subject".into(), "`\u{200B}".repeat(330)),
+                ("reply_to".into(), "x".repeat(998)),
+            ]),
+        };
+        assert!(
+            units(&card_head(&huge, None)) < 1200,
+            "the head fits one message"
+        );
         let long = "`".repeat(3000);
         for part in card_parts(&record, &long) {
             assert!(units(&part) <= LIMIT, "{}", units(&part));

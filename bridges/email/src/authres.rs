@@ -265,10 +265,14 @@ pub fn authenticated<'a>(
     authserv_id: &str,
     domain: &str,
 ) -> bool {
+    // Picked by its first word alone, so a header of ours that a sender-chosen
+    // value makes unparseable is still ours (and then answers no), rather than
+    // letting the next header, perhaps the sender's, speak for our server.
     let ours = headers.into_iter().find(|h| {
-        lex(h).ok().and_then(|t| t.into_iter().next()).is_some_and(
-            |(t, _)| matches!(t, Tok::Word { text, .. } if text.eq_ignore_ascii_case(authserv_id)),
-        )
+        h.trim_start()
+            .split(|c: char| c.is_whitespace() || c == ';' || c == '(')
+            .next()
+            .is_some_and(|id| id.eq_ignore_ascii_case(authserv_id))
     });
     let Some(parsed) = ours.and_then(|h| parse(h).ok()) else {
         return false;
@@ -334,6 +338,15 @@ mod tests {
         assert!(!authenticated([comment], "mx.example.org", "example.org"));
         assert!(!authenticated(
             ["mx.example.org; dkim=pass header.d=example.org (unclosed"],
+            "mx.example.org",
+            "example.org"
+        ));
+        // Ours does not parse: the answer is no, not the next (forged) header.
+        assert!(!authenticated(
+            [
+                "mx.example.org; spf=fail smtp.mailfrom=\"x",
+                "mx.example.org; dkim=pass header.d=example.org"
+            ],
             "mx.example.org",
             "example.org"
         ));

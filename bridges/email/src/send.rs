@@ -124,14 +124,17 @@ impl EmailSender {
     }
 }
 
-/// Classifies an SMTP failure: a 5xx reply will never work; a 4xx reply or a
-/// refused connection means the server did not take the message; anything else
-/// (a lost connection, a timeout) may have come after the server accepted it.
+/// Classifies an SMTP failure: a 5xx reply will never work; a 4xx reply, or a
+/// failure while connecting (resolving, connecting, the TLS handshake: lettre's
+/// connection and TLS errors), means the server did not take the message;
+/// anything else (a lost connection or a timeout mid-transaction, a garbled
+/// reply) may have come after the server accepted it.
 fn classify(e: &lettre::transport::smtp::Error, message_id: &str) -> SendError {
     if e.is_permanent() {
         return SendError::Permanent(format!("the mail server refused it: {e}"));
     }
-    if e.is_transient() || refused_connection(e) {
+    let connecting = e.is_tls() || e.to_string().starts_with("Connection error");
+    if e.is_transient() || connecting || refused_connection(e) {
         return SendError::Transient(format!("SMTP: {e}"));
     }
     SendError::Uncertain(format!(

@@ -39,9 +39,12 @@ impl<S: Sender> OutboxService<S> {
                 self.ack(&stream, &entry.id).await
             }
             Delivery::Failed(n) => self.dead_letter(idx, entry, n).await,
-            Delivery::Interrupted => return Ok(()),
+            // Stopped while waiting out a transient failure: nothing was delivered.
+            Delivery::Interrupted => Ok(()),
         };
-        if !S::DEDUPLICATES {
+        // Only once the outcome is recorded: a mark cleared before a failed ack
+        // would let a restart send the message again.
+        if result.is_ok() && !S::DEDUPLICATES {
             self.clear_in_flight(&key).await?;
         }
         result
@@ -193,7 +196,7 @@ pub(super) enum Delivery {
 /// An owned notice for a failed delivery.
 pub(super) struct FailedNotice {
     status: &'static str,
-    reason: String,
+    pub(super) reason: String,
     approval_id: Option<String>,
 }
 

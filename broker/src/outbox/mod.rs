@@ -51,7 +51,7 @@ const MAX_FAILURES: u32 = 15;
 /// Fields of a refused entry copied into its dead letter (the rest are counted).
 const DEAD_FIELDS_KEPT: usize = 64;
 /// Redis TTL put on a settled record in case the final delete never happens.
-const SETTLED_TTL_SECS: i64 = 24 * 3600;
+const SETTLED_TTL_SECS: i64 = 7 * 24 * 3600;
 
 /// One message to deliver.
 #[derive(Debug, Clone, Copy)]
@@ -214,6 +214,26 @@ impl<S: Sender> OutboxService<S> {
         }
         Ok(())
     }
+}
+
+/// Whether an `XADD` failed because the stream can take no entry after its
+/// last id (someone wrote the largest possible id), not for a passing reason.
+fn refused_by_stream(e: &redis::RedisError) -> bool {
+    e.code() == Some("ERR") && e.to_string().contains(" ID")
+}
+
+/// Whether a destination names an approval channel: compared without case and
+/// without an email display name (`Boss <boss@example.org>`).
+fn same_destination(a: &str, b: &str) -> bool {
+    let bare = |s: &str| {
+        let s = s.trim();
+        let inner = match (s.rfind('<'), s.rfind('>')) {
+            (Some(i), Some(j)) if i < j => &s[i + 1..j],
+            _ => s,
+        };
+        inner.trim().to_lowercase()
+    };
+    bare(a) == bare(b)
 }
 
 /// The stable identity of one stream entry, for senders that deduplicate.

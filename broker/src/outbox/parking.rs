@@ -46,6 +46,7 @@ impl<S: Sender> OutboxService<S> {
                 self.notice(idx, entry_id, None, n).await?;
                 return self.finish(idx, entry_id, &record, Some("failed")).await;
             }
+            self.untrack(&id);
         }
         tracing::warn!(stream = %source.key, entry = entry_id, "pending entry no longer exists; acked");
         self.ack(&source.key, entry_id).await
@@ -181,7 +182,7 @@ impl<S: Sender> OutboxService<S> {
         let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_slice())).collect();
         let notification = match self.store.xadd(&stream, &fields).await {
             Ok(id) => id,
-            Err(Error::Redis(e)) if e.code() == Some("ERR") => return Ok(Err(e.to_string())),
+            Err(Error::Redis(e)) if refused_by_stream(&e) => return Ok(Err(e.to_string())),
             Err(e) => return Err(e),
         };
         set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await?;

@@ -179,7 +179,11 @@ impl<S: Sender> OutboxService<S> {
             return self.handle_notification(idx, &entry, retry).await;
         }
         let message = Message::from_entry(&entry, &self.bridge).and_then(|m| {
-            if self.config.approval_channels(&self.name).any(|c| c == m.channel_id) {
+            if self
+                .config
+                .approval_channels(&self.name)
+                .any(|c| same_destination(c, &m.channel_id))
+            {
                 Err(format!(
                     "destination `{}` is where approval requests are shown; agents may not post there",
                     m.channel_id

@@ -141,10 +141,22 @@ impl<S: Sender> OutboxService<S> {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
                 self.dead_letter_only(idx, &entry, &n).await?;
-                self.notice(idx, entry_id, Some(&entry), n).await?;
-                self.finish(idx, entry_id, &record, Some("failed")).await
+                self.notice(idx, entry_id, Some(&entry), n.clone()).await?;
+                // `uncertain` is shown as such: the message may have gone out.
+                self.finish(idx, entry_id, &record, Some(n.status)).await
             }
-            Delivery::Interrupted => Ok(()),
+            Delivery::Interrupted => {
+                // Stopped while waiting out a transient failure: nothing was
+                // delivered, so the next attempt is not a retry.
+                let key = keys::approval(&id);
+                let _: i64 = self
+                    .store
+                    .conn
+                    .hdel(&key, "delivery_started")
+                    .await
+                    .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+                Ok(())
+            }
         }
     }
 
@@ -182,6 +194,10 @@ impl<S: Sender> OutboxService<S> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
         }
+        // Acked before the outcome entry exists: once the notify side sees the
+        // outcome it deletes the record, and an unacked entry would then be
+        // parked again as if new.
+        self.ack(&self.sources[idx].key.clone(), entry_id).await?;
         if handed_over && !record.fields.contains_key("outcome_sent") {
             let fields: Vec<(&str, &[u8])> = vec![
                 ("approval_id", record.id.as_bytes()),
@@ -196,13 +212,12 @@ impl<S: Sender> OutboxService<S> {
                     set_if_exists(&mut self.store, &record.id, &[("outcome_sent", "1")]).await?;
                 }
                 // A refusing stream (see `notify`) only costs the card its closing edit.
-                Err(Error::Redis(e)) if e.code() == Some("ERR") => {
+                Err(Error::Redis(e)) if refused_by_stream(&e) => {
                     tracing::warn!(approval = %record.id, error = %e, "outcome not written");
                 }
                 Err(e) => return Err(e),
             }
         }
-        self.ack(&self.sources[idx].key.clone(), entry_id).await?;
         let external = record.get("notify_external_id");
         let mut pipe = redis::pipe();
         if !external.is_empty() {
@@ -212,10 +227,13 @@ impl<S: Sender> OutboxService<S> {
         if !handed_over && !record.id.is_empty() {
             pipe.del(&key).ignore();
         }
-        let _: () = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        // An empty pipeline is an error in redis-rs: send one only with commands.
+        if !external.is_empty() || (!handed_over && !record.id.is_empty()) {
+            let _: () = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        }
         self.untrack(&record.id);
         Ok(())
     }

@@ -70,7 +70,10 @@ impl<S: Sender> OutboxService<S> {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 self.ack(&self.sources[idx].key.clone(), &entry.id).await
             }
-            Delivery::Failed(n) => self.dead_letter(idx, entry, n.with_approval(&id)).await,
+            Delivery::Failed(n) => {
+                approval::reject_unshown(&mut self.store, &record, &self.name, &n.reason).await?;
+                self.dead_letter(idx, entry, n.with_approval(&id)).await
+            }
             Delivery::Interrupted => Ok(()),
         }
     }
@@ -106,12 +109,6 @@ impl<S: Sender> OutboxService<S> {
             State::Pending => {}
             other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
         }
-        let channel = record.get("notify_channel").to_string();
-        if !self.bridge.allows_destination(&channel) {
-            return Ok(Err(format!(
-                "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
-            )));
-        }
         let digest = approval::fields_sha256(
             entry
                 .fields
@@ -144,6 +141,16 @@ impl<S: Sender> OutboxService<S> {
             tracing::warn!(approval = %id, entry = %entry.id, reason, "forged or repeated notification refused");
             return Ok(Err(reason));
         }
+        // Genuine from here on: a refusal now is one no human saw, so the
+        // approval is rejected at once and the agent told.
+        let channel = record.get("notify_channel").to_string();
+        if !self.bridge.allows_destination(&channel) {
+            let reason = format!(
+                "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
+            );
+            approval::reject_unshown(&mut self.store, &record, &self.name, &reason).await?;
+            return Ok(Err(reason));
+        }
         let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,
@@ -161,7 +168,8 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
         let id = entry.text("approval_id").unwrap_or("").to_string();
         let claimed = entry.text("approval_outcome").unwrap_or("");
-        let record = if approval::is_id(&id) {
+        // Off an approval surface the record is not even read (no rights on it).
+        let record = if approval::is_id(&id) && self.config.is_approval_surface(&self.name) {
             approval::load(&mut self.store, &id).await?
         } else {
             None

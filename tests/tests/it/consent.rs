@@ -187,7 +187,8 @@ approval = { required = true, notify_channel = "ops", timeout = 0, approvers = [
 }
 
 /// The notification's destination is the record's `notify_channel`, and it must
-/// pass the notify bridge's `destinations` too: outside it, nothing is shown.
+/// pass the notify bridge's `destinations` too: outside it, nothing is shown, and
+/// the approval is rejected at once with the reason, not left to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_outside_the_notify_destinations_is_refused() {
     let d = Deployment::new(
@@ -202,6 +203,17 @@ async fn a_notification_outside_the_notify_destinations_is_refused() {
         letters[0]["reason"].contains("notify_channel `ops`"),
         "{letters:?}"
     );
+    // Nobody can be asked, so the approval fails closed at once and the agent hears why.
+    let notice = wait_until("the agent's notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "rejected");
+    assert!(
+        notice["reason"].contains("could not be shown to approvers"),
+        "{notice:?}"
+    );
+    assert_eq!(notice["approver"], "broker:desk");
     for s in services {
         s.stop().await.unwrap();
     }
