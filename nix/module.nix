@@ -36,6 +36,8 @@ let
       destinations = mkOption { type = types.listOf types.str; default = [ ]; description = "Allowed channel_id values (`*` globs). Empty: nothing may be sent."; };
       max_content_bytes = mkOption { type = types.ints.positive; default = 65536; description = "Largest accepted content."; };
       batch = mkOption { type = types.ints.positive; default = 64; description = "Outbox entries read per round trip."; };
+      max_attempts = mkOption { type = types.ints.positive; default = 50; description = "Attempts at a delivery that keeps failing transiently before it is dead-lettered."; };
+      max_retry_seconds = mkOption { type = types.ints.positive; default = 3600; description = "Seconds after its first failure that such a delivery is given up."; };
       ping = {
         command = mkOption { type = types.listOf types.str; default = [ ]; description = "argv run once per burst of inbox entries."; };
         debounce_ms = mkOption { type = types.ints.unsigned; default = 250; description = "How long a burst is gathered."; };
@@ -59,7 +61,7 @@ let
   };
 
   bridgeInput = name: b: {
-    inherit (b) type approval destinations max_content_bytes batch ping settings redisPasswordFiles;
+    inherit (b) type approval destinations max_content_bytes batch max_attempts max_retry_seconds ping settings redisPasswordFiles;
     secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
   };
 

@@ -104,6 +104,15 @@ impl Record {
         State::of(self.get("status"), self.expires_at(), now)
     }
 
+    /// Whether the record was approved before its deadline (`decided_at` is
+    /// written by the same step as the status, so it cannot be later than a
+    /// deadline [`DECIDE`] checked).
+    pub fn approved_in_time(&self) -> bool {
+        let decided: u64 = self.get("decided_at").parse().unwrap_or(u64::MAX);
+        let expires = self.expires_at();
+        self.get("status") == "approved" && (expires == 0 || decided < expires)
+    }
+
     /// The requesting bridge (the protocol's `source` field of the record).
     pub fn source(&self) -> &str {
         self.get("source")

@@ -146,6 +146,13 @@ pub struct BridgeCommon {
     /// Outbox entries read per round trip.
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// Attempts at a delivery that keeps failing transiently (rate limits, an
+    /// unreachable server) before it is dead-lettered with the last error.
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    /// Seconds after its first failure that such a delivery is given up.
+    #[serde(default = "default_max_retry_seconds")]
+    pub max_retry_seconds: u64,
     /// Password files of this bridge's own Redis users (`cowboy-{bridge}-{service}`).
     /// A service with a file here authenticates as its own user; `cowboy acl` renders it.
     #[serde(default)]
@@ -176,6 +183,14 @@ fn default_max_content_bytes() -> usize {
 
 fn default_batch() -> usize {
     64
+}
+
+fn default_max_attempts() -> u32 {
+    50
+}
+
+fn default_max_retry_seconds() -> u64 {
+    3600
 }
 
 /// `redis_password_files = { ingest = PATH, outbox = PATH, ping = PATH }`.
@@ -369,6 +384,12 @@ impl Config {
             if bridge.max_content_bytes == 0 {
                 return Err(ConfigError::invalid(
                     format!("{at}.max_content_bytes"),
+                    "must be at least 1",
+                ));
+            }
+            if bridge.max_attempts == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_attempts"),
                     "must be at least 1",
                 ));
             }

@@ -9,6 +9,8 @@
     destinations = [ "*" ];
     max_content_bytes = 1000;
     batch = 8;
+    max_attempts = 5;
+    max_retry_seconds = 60;
 
     approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };

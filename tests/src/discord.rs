@@ -61,6 +61,8 @@ pub struct Recorded {
     pub channels: HashSet<u64>,
     /// How many of the next create-message calls answer 429.
     pub rate_limit_next: usize,
+    /// Per channel: how many of the next create-message calls there answer 429.
+    pub rate_limit_channel: HashMap<u64, usize>,
     seq: u64,
     next_id: u64,
     /// Dispatches sent, for RESUME replays: (seq, payload).
@@ -167,6 +169,11 @@ impl FakeDiscord {
         self.with(|r| r.rate_limit_next = n);
     }
 
+    /// The next `n` create-message calls to `channel` answer 429 (`usize::MAX`: all).
+    pub fn rate_limit_channel(&self, channel: u64, n: usize) {
+        self.with(|r| r.rate_limit_channel.insert(channel, n));
+    }
+
     /// Sends a dispatch to every identified gateway session.
     pub fn dispatch(&self, t: &str, d: Value) {
         FakeRef(self.shared.clone()).dispatch(t, d);
@@ -270,6 +277,14 @@ async fn create_message(
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
     }
     let mut rec = s.rec.lock().unwrap();
+    let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0);
+    if channel_limited {
+        if let Some(n) = rec.rate_limit_channel.get_mut(&channel) {
+            *n = n.saturating_sub(if *n == usize::MAX { 0 } else { 1 });
+        }
+        rec.rate_limited += 1;
+        return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
+    }
     if rec.rate_limit_next > 0 {
         rec.rate_limit_next -= 1;
         rec.rate_limited += 1;

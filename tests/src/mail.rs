@@ -72,13 +72,25 @@ impl MailStack {
         need("dovecot");
         need("postfix");
         let dir = tempfile::tempdir().unwrap();
-        let stack = MailStack {
+        let mut stack = MailStack {
             dir,
             smtp_port: free_port(),
             imap_port: free_port(),
             lmtp_port: free_port(),
         };
-        stack.start_dovecot();
+        // A free port can be taken by a test running beside this one before
+        // Dovecot binds it: try again on others.
+        let mut attempt = 0;
+        while !stack.start_dovecot() {
+            attempt += 1;
+            assert!(
+                attempt < 5,
+                "dovecot failed to start 5 times; see {}/dovecot/dovecot.log",
+                stack.d().display()
+            );
+            stack.imap_port = free_port();
+            stack.lmtp_port = free_port();
+        }
         stack.start_postfix();
         stack
     }
@@ -91,7 +103,7 @@ impl MailStack {
         self.d().join("dovecot/dovecot.conf")
     }
 
-    fn start_dovecot(&self) {
+    fn start_dovecot(&self) -> bool {
         let d = self.d();
         let (user, group) = ("nobody", "nogroup");
         std::fs::create_dir_all(d.join("dovecot")).unwrap();
@@ -158,11 +170,15 @@ service auth {{
             lmtp = self.lmtp_port,
         );
         std::fs::write(self.dovecot_conf(), conf).unwrap();
-        self.run_dovecot();
+        // Dovecot keeps inherited stdio open after daemonising: never capture it.
+        quietly(Command::new("dovecot").arg("-c").arg(self.dovecot_conf())).success() && {
+            wait_port(self.imap_port, "dovecot imap");
+            wait_port(self.lmtp_port, "dovecot lmtp");
+            true
+        }
     }
 
     fn run_dovecot(&self) {
-        // Dovecot keeps inherited stdio open after daemonising: never capture it.
         let status = quietly(Command::new("dovecot").arg("-c").arg(self.dovecot_conf()));
         assert!(
             status.success(),

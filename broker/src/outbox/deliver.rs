@@ -7,21 +7,53 @@
 //!   each delivery is marked in `{bridge}:in-flight` first, so `retry` is set
 //!   exactly when an attempt may have reached the platform.
 //! - `Transient` means "not delivered": retrying it never sets `retry`.
+//! - A transient failure never stalls the loop: the entry stays pending and is
+//!   deferred to a retry time ([`RetryPolicy`]) while the loop goes on reading,
+//!   settling decisions and expiries and beating. After `max_attempts` attempts
+//!   or `max_retry_seconds` it is dead-lettered with the last error.
+//! - Order per destination: while a delivery to a `channel_id` waits for its
+//!   retry, later entries for that destination queue behind it, in stream order.
+//! - Each entry is scheduled once: a deferred or queued entry read again (after
+//!   a reconnect, by the sweep, by a wake-up) is not started a second time.
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
 use super::*;
 
 impl<S: Sender> OutboxService<S> {
+    /// Delivers an entry that needs no approval and acks it; on a transient
+    /// failure it is deferred. `resumed`: called by the retry runner for a job it
+    /// scheduled (so it is not queued behind itself).
     pub(super) async fn deliver_and_ack(
         &mut self,
         idx: usize,
         entry: &Entry,
         message: &Message,
         retry: bool,
+        resumed: bool,
     ) -> Result<()> {
         let stream = self.sources[idx].key.clone();
         let key = delivery_key(&stream, &entry.id);
+        if !resumed && self.retries.scheduled.contains(&key) {
+            return Ok(()); // read again while it waits for its retry
+        }
+        let channel = message.channel_id.clone();
+        if !resumed && self.retries.waiting.contains_key(&channel) {
+            // Behind an earlier delivery to the same destination that waits for a retry.
+            self.retries.scheduled.insert(key.clone());
+            let job = Job::Plain {
+                source: idx,
+                entry: entry.clone(),
+                message: message.clone(),
+                retry,
+            };
+            self.retries
+                .waiting
+                .entry(channel)
+                .or_default()
+                .push_back((key, job));
+            return Ok(());
+        }
         let mut retry = retry;
         if !S::DEDUPLICATES {
             retry = retry && self.in_flight(&key).await?;
@@ -39,9 +71,25 @@ impl<S: Sender> OutboxService<S> {
                 self.ack(&stream, &entry.id).await
             }
             Delivery::Failed(n) => self.dead_letter(idx, entry, n).await,
-            // Stopped while waiting out a transient failure: nothing was delivered.
-            Delivery::Interrupted => Ok(()),
+            Delivery::Deferred(due) => {
+                // Not delivered: the mark goes, the entry waits (still pending).
+                if !S::DEDUPLICATES {
+                    self.clear_in_flight(&key).await?;
+                }
+                self.retries.waiting.entry(channel).or_default();
+                let job = Job::Plain {
+                    source: idx,
+                    entry: entry.clone(),
+                    message: message.clone(),
+                    retry,
+                };
+                self.retries.defer(key, due, job);
+                return Ok(());
+            }
         };
+        if result.is_ok() {
+            self.retries.release(&channel);
+        }
         // Only once the outcome is recorded: a mark cleared before a failed ack
         // would let a restart send the message again.
         if result.is_ok() && !S::DEDUPLICATES {
@@ -81,32 +129,76 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// Sends, waiting out transient failures with backoff until shutdown.
+    /// One attempt. A transient failure is `Deferred` to a retry time under the
+    /// bridge's [`RetryPolicy`], or `Failed` once the policy gives up.
     pub(super) async fn deliver(&mut self, out: Outgoing<'_>) -> Result<Delivery> {
-        let mut attempt = 0u32;
-        loop {
-            match self.sender.send(out).await {
-                Ok(id) => return Ok(Delivery::Sent(id)),
-                Err(SendError::Transient(why)) => {
-                    self.watchdog.tick();
-                    attempt += 1;
-                    tracing::warn!(attempt, error = %why, "send failed; retrying");
-                    if !self.shutdown.sleep(backoff(attempt)).await {
-                        return Ok(Delivery::Interrupted);
+        let key = out.delivery_key.to_string();
+        match self.sender.send(out).await {
+            Ok(id) => {
+                self.retries.attempts.remove(&key);
+                Ok(Delivery::Sent(id))
+            }
+            Err(SendError::Transient(why)) => {
+                let now = tokio::time::Instant::now();
+                let (attempts, first) = {
+                    let a = self.retries.attempts.entry(key.clone()).or_insert((0, now));
+                    a.0 += 1;
+                    *a
+                };
+                match self.policy.next(attempts, now - first) {
+                    Some(wait) => {
+                        tracing::warn!(attempts, error = %why, retry_in = ?wait, "send failed; deferred");
+                        Ok(Delivery::Deferred(now + wait))
                     }
-                    // `Transient` means not delivered, so `retry` stays as it was.
-                }
-                Err(SendError::Permanent(why)) => {
-                    return Ok(Delivery::Failed(FailedNotice::new("failed", why)))
-                }
-                Err(SendError::Uncertain(why)) => {
-                    return Ok(Delivery::Failed(FailedNotice::new(
-                        "uncertain",
-                        format!("delivery uncertain, not retried: {why}"),
-                    )))
+                    None => {
+                        self.retries.attempts.remove(&key);
+                        Ok(Delivery::Failed(FailedNotice::new(
+                            "failed",
+                            format!(
+                                "gave up after {attempts} attempts over {} s: {why}",
+                                (now - first).as_secs()
+                            ),
+                        )))
+                    }
                 }
             }
+            Err(SendError::Permanent(why)) => {
+                self.retries.attempts.remove(&key);
+                Ok(Delivery::Failed(FailedNotice::new("failed", why)))
+            }
+            Err(SendError::Uncertain(why)) => {
+                self.retries.attempts.remove(&key);
+                Ok(Delivery::Failed(FailedNotice::new(
+                    "uncertain",
+                    format!("delivery uncertain, not retried: {why}"),
+                )))
+            }
         }
+    }
+
+    /// Runs every deferred job whose retry time has come.
+    pub(super) async fn retry_due(&mut self) -> Result<()> {
+        while let Some((key, job)) = self.retries.pop_due(tokio::time::Instant::now()) {
+            match job {
+                Job::Plain {
+                    source,
+                    entry,
+                    message,
+                    retry,
+                } => {
+                    self.deliver_and_ack(source, &entry, &message, retry, true)
+                        .await?
+                }
+                Job::Approved { approval_id } => self.settle(approval_id).await?,
+                Job::Notification {
+                    source,
+                    entry,
+                    retry,
+                } => self.handle_notification(source, &entry, retry).await?,
+            }
+            let _ = key;
+        }
+        Ok(())
     }
 
     /// Copies the entry to the dead letter, tells the agent, acks.
@@ -186,11 +278,103 @@ impl<S: Sender> OutboxService<S> {
 }
 
 /// The outcome of a send after retries.
+/// A delivery waiting for its retry time, or queued behind one.
+pub(super) enum Job {
+    /// An entry that needs no approval.
+    Plain {
+        source: usize,
+        entry: Entry,
+        message: Message,
+        retry: bool,
+    },
+    /// An approved parked entry: settling it again re-reads and re-checks it.
+    Approved { approval_id: String },
+    /// A notification on the notify side.
+    Notification {
+        source: usize,
+        entry: Entry,
+        retry: bool,
+    },
+}
+
+/// How long to wait before retrying a transient failure, and when to give up.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub max_retry: Duration,
+}
+
+impl RetryPolicy {
+    /// The wait before the next attempt after `attempts` failures over `elapsed`,
+    /// or `None` to give up: exponential from 200 ms, capped at 30 s.
+    pub fn next(&self, attempts: u32, elapsed: Duration) -> Option<Duration> {
+        if attempts >= self.max_attempts || elapsed >= self.max_retry {
+            return None;
+        }
+        Some(backoff(attempts))
+    }
+}
+
+/// Deferred and queued deliveries of one outbox service.
+#[derive(Default)]
+pub(super) struct Retries {
+    /// Due time → (delivery key, job); the sequence number keeps equal times apart.
+    deferred: BTreeMap<(tokio::time::Instant, u64), (String, Job)>,
+    seq: u64,
+    /// Delivery keys deferred or queued, so each is scheduled once.
+    pub(super) scheduled: std::collections::HashSet<String>,
+    /// Destinations with a delivery waiting for its retry, and the jobs queued behind it.
+    pub(super) waiting: HashMap<String, std::collections::VecDeque<(String, Job)>>,
+    /// Delivery key → (failed attempts, time of the first failure).
+    pub(super) attempts: HashMap<String, (u32, tokio::time::Instant)>,
+}
+
+impl Retries {
+    pub(super) fn defer(&mut self, key: String, due: tokio::time::Instant, job: Job) {
+        self.seq += 1;
+        self.scheduled.insert(key.clone());
+        self.deferred.insert((due, self.seq), (key, job));
+    }
+
+    fn pop_due(&mut self, now: tokio::time::Instant) -> Option<(String, Job)> {
+        let first = *self.deferred.keys().next()?;
+        if first.0 > now {
+            return None;
+        }
+        let (key, job) = self.deferred.remove(&first)?;
+        self.scheduled.remove(&key);
+        Some((key, job))
+    }
+
+    /// The earliest retry time.
+    pub(super) fn next_due(&self) -> Option<tokio::time::Instant> {
+        self.deferred.keys().next().map(|(t, _)| *t)
+    }
+
+    /// The delivery to `channel` is done: the next one queued behind it runs now.
+    pub(super) fn release(&mut self, channel: &str) {
+        let Some(queue) = self.waiting.get_mut(channel) else {
+            return;
+        };
+        match queue.pop_front() {
+            Some((key, job)) => {
+                // Runs now, as the destination's current delivery (it stays busy).
+                self.seq += 1;
+                let now = tokio::time::Instant::now();
+                self.deferred.insert((now, self.seq), (key, job));
+            }
+            None => {
+                self.waiting.remove(channel);
+            }
+        }
+    }
+}
+
 pub(super) enum Delivery {
     Sent(String),
     Failed(FailedNotice),
-    /// Shutdown came during a retry wait: leave the entry pending.
-    Interrupted,
+    /// Not delivered (transient): retry at this time; the entry stays pending.
+    Deferred(tokio::time::Instant),
 }
 
 /// An owned notice for a failed delivery.

@@ -20,10 +20,11 @@ mod reader;
 mod settle;
 mod surface;
 
-use deliver::{AsNotice, Delivery};
+pub use deliver::RetryPolicy;
+use deliver::{AsNotice, Delivery, Job, Retries};
 use settle::set_if_exists;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -155,6 +156,9 @@ pub struct OutboxService<S> {
     /// The secret approval ids are derived with; loaded by [`Self::prepare`]
     /// when this bridge parks.
     id_key: Option<IdKey>,
+    /// Deliveries waiting for a retry, and those queued behind them.
+    retries: Retries,
+    policy: RetryPolicy,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -169,6 +173,10 @@ impl<S: Sender> OutboxService<S> {
         shutdown: Shutdown,
     ) -> Result<Self> {
         let bridge = config.bridge(name)?.clone();
+        let policy = RetryPolicy {
+            max_attempts: bridge.max_attempts,
+            max_retry: Duration::from_secs(bridge.max_retry_seconds),
+        };
         let mut sources = vec![Source {
             key: keys::outbox(name),
             agent: None,
@@ -198,6 +206,8 @@ impl<S: Sender> OutboxService<S> {
             parked: HashMap::new(),
             deadlines: BTreeSet::new(),
             id_key: None,
+            retries: Retries::default(),
+            policy,
             shutdown,
             watchdog: Watchdog::from_env(),
         })

@@ -99,6 +99,7 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         self.settle_due().await?;
+        self.retry_due().await?;
         if st.last_sweep.elapsed() >= SWEEP_EVERY {
             self.sweep().await?;
             st.last_sweep = Instant::now();
@@ -110,6 +111,9 @@ impl<S: Sender> OutboxService<S> {
         let mut block = MAX_BLOCK.min(SWEEP_EVERY.saturating_sub(last_sweep.elapsed()));
         if let Some(w) = self.watchdog.interval() {
             block = block.min(w);
+        }
+        if let Some(due) = self.retries.next_due() {
+            block = block.min(due.saturating_duration_since(tokio::time::Instant::now()));
         }
         if let Some((deadline, _)) = self.deadlines.first() {
             let until = *deadline as f64 - crate::now_secs_f64();
@@ -204,7 +208,9 @@ impl<S: Sender> OutboxService<S> {
             }
         };
         if !self.bridge.approval.required {
-            return self.deliver_and_ack(idx, &entry, &message, retry).await;
+            return self
+                .deliver_and_ack(idx, &entry, &message, retry, false)
+                .await;
         }
         let approval_id = self.approval_id(&source.key, &entry.id)?;
         if retry && self.parked.contains_key(&approval_id) {

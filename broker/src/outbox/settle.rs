@@ -43,7 +43,12 @@ impl<S: Sender> OutboxService<S> {
         if record.fields.contains_key("settled_at") {
             return self.finish(idx, &parked.entry_id, &record, None).await;
         }
-        let state = record.state(crate::now_secs_f64());
+        // Approved in time stays approved while its delivery waits for a retry,
+        // even once the deadline has passed.
+        let state = match record.approved_in_time() {
+            true => State::Approved,
+            false => record.state(crate::now_secs_f64()),
+        };
         match state {
             State::Pending => Ok(()),
             State::Approved => self.deliver_approved(idx, &parked.entry_id, record).await,
@@ -116,6 +121,10 @@ impl<S: Sender> OutboxService<S> {
                 return self.finish(idx, entry_id, &record, Some("failed")).await;
             }
         };
+        let dkey = delivery_key(&key, entry_id);
+        if self.retries.scheduled.contains(&dkey) {
+            return Ok(()); // waits for its retry time
+        }
         let retry = record.fields.contains_key("delivery_started");
         if !retry {
             set_if_exists(
@@ -125,7 +134,6 @@ impl<S: Sender> OutboxService<S> {
             )
             .await?;
         }
-        let dkey = delivery_key(&key, entry_id);
         let out = Outgoing {
             message: &message,
             delivery_key: &dkey,
@@ -145,9 +153,8 @@ impl<S: Sender> OutboxService<S> {
                 // `uncertain` is shown as such: the message may have gone out.
                 self.finish(idx, entry_id, &record, Some(n.status)).await
             }
-            Delivery::Interrupted => {
-                // Stopped while waiting out a transient failure: nothing was
-                // delivered, so the next attempt is not a retry.
+            Delivery::Deferred(due) => {
+                // Not delivered, so the next attempt is not a retry.
                 let key = keys::approval(&id);
                 let _: i64 = self
                     .store
@@ -155,6 +162,12 @@ impl<S: Sender> OutboxService<S> {
                     .hdel(&key, "delivery_started")
                     .await
                     .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+                // Decided: its deadline no longer wakes the loop.
+                if let Some(p) = self.parked.get(&id) {
+                    self.deadlines.remove(&(p.expires_at, id.clone()));
+                }
+                self.retries
+                    .defer(dkey, due, Job::Approved { approval_id: id });
                 Ok(())
             }
         }

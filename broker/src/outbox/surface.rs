@@ -23,6 +23,13 @@ impl<S: Sender> OutboxService<S> {
         retry: bool,
     ) -> Result<()> {
         let id = entry.text("approval_id").unwrap_or_default().to_string();
+        if self
+            .retries
+            .scheduled
+            .contains(&delivery_key(&self.sources[idx].key, &entry.id))
+        {
+            return Ok(()); // waits for its retry time
+        }
         let (record, message) = match self.check_notification(entry, &id).await? {
             Ok(checked) => checked,
             Err(reason) => {
@@ -74,7 +81,15 @@ impl<S: Sender> OutboxService<S> {
                 approval::reject_unshown(&mut self.store, &record, &self.name, &n.reason).await?;
                 self.dead_letter(idx, entry, n.with_approval(&id)).await
             }
-            Delivery::Interrupted => Ok(()),
+            Delivery::Deferred(due) => {
+                let job = Job::Notification {
+                    source: idx,
+                    entry: entry.clone(),
+                    retry,
+                };
+                self.retries.defer(key, due, job);
+                Ok(())
+            }
         }
     }
 

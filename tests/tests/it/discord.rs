@@ -636,3 +636,79 @@ async fn cards_ping_nobody_and_forged_outcomes_edit_nothing() {
     assert_eq!(edit.last().unwrap()["parse"], serde_json::json!([]));
     no_records_left(&store).await;
 }
+
+/// A destination answering 429 does not hold up the others: its delivery waits
+/// for a retry while a later entry to another channel goes out at once; the
+/// stalled destination's entries then arrive in their stream order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_destination_does_not_hold_up_the_others() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    fake.rate_limit_channel(TALK, 4); // about 6 s of backoff
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    for (channel, content) in [(TALK, "talk 1"), (OPS, "ops"), (TALK, "talk 2")] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", channel.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let talk_then = wait_until("the other destination's delivery", SOON, || async {
+        fake.with(|r| (!contents(r, OPS).is_empty()).then(|| contents(r, TALK).len()))
+    })
+    .await;
+    assert_eq!(
+        talk_then, 0,
+        "ops went out while talk was still rate limited"
+    );
+    let talk = wait_until("the stalled destination's deliveries", SOON, || async {
+        fake.with(|r| {
+            let t = contents(r, TALK);
+            (t.len() == 2).then_some(t)
+        })
+    })
+    .await;
+    assert_eq!(talk, ["talk 1", "talk 2"], "order kept per destination");
+    assert!(stream(&mut store, "dc:dead").await.is_empty());
+}
+
+/// A delivery that keeps failing transiently (a poison entry) is dead-lettered
+/// after `max_attempts`, with the last error and a notice; the bridge goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_never_stops_failing_is_dead_lettered() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "max_attempts = 3");
+    fake.rate_limit_channel(TALK, usize::MAX);
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    for (channel, content) in [(TALK, "poison"), (OPS, "fine")] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", channel.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let notice = wait_until("the notice for the poison entry", SOON, || async {
+        inbox(&d, "ann:dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed");
+    assert!(
+        notice["reason"].contains("gave up after 3 attempts"),
+        "{notice:?}"
+    );
+    assert_eq!(stream(&mut store, "dc:dead").await.len(), 1);
+    assert_eq!(fake.with(|r| contents(r, OPS)), ["fine"]);
+    assert_eq!(fake.with(|r| r.rate_limited), 3);
+}
