@@ -187,3 +187,162 @@ async fn a_forged_approval_id_never_bypasses_approval() {
     );
     assert_eq!(d.delivered("desk.out").len(), 1);
 }
+
+/// A small deterministic generator (xorshift), so a failure can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn bytes(&mut self, max: u64) -> Vec<u8> {
+        let n = self.below(max + 1);
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Poison input: a couple of thousand random entries on every stream the
+/// outbox reads (random bytes in field names and values, known names with
+/// random values, thousands of fields, megabyte values, every field missing in
+/// turn, broker fields on the flat stream). Each is either delivered or
+/// dead-lettered with a reason; nothing crashes; a valid entry written
+/// afterwards is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_malformed_entries_are_all_accounted_for() {
+    let d = Deployment::new(
+        "[agents.ann]\n[bridges.mail]\ntype = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\"\ndestinations = [\"ok\", \"*@example.org\"]\nmax_content_bytes = 1024\n",
+    );
+    let outbox = d.spawn("outbox", "mail");
+    let mut store = d.store().await;
+    let known = [
+        "channel_id",
+        "content",
+        "subject",
+        "reply_to",
+        "request_id",
+        "approval_id",
+        "approval_outcome",
+        "approval_content",
+    ];
+    let mut rng = Rng(0x5eed_cafe_f00d_1234);
+    let mut valid = 0usize;
+    let total = 1500;
+    for i in 0..total {
+        let stream = if i % 3 == 0 {
+            "mail:outbox"
+        } else {
+            "ann:mail:outbox"
+        };
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+        match i % 10 {
+            // Every field of a valid entry, one missing in turn.
+            0 => {
+                let all = [("channel_id", "ok"), ("content", "hi"), ("subject", "s")];
+                for (k, (name, value)) in all.iter().enumerate() {
+                    if k != (i / 10) % 3 {
+                        fields.push((name.as_bytes().to_vec(), value.as_bytes().to_vec()));
+                    }
+                }
+            }
+            // Thousands of fields.
+            1 if i % 100 == 1 => {
+                for k in 0..3000 {
+                    fields.push((format!("f{k}").into_bytes(), rng.bytes(4)));
+                }
+            }
+            // A megabyte value.
+            2 if i % 100 == 2 => {
+                fields.push((b"channel_id".to_vec(), b"ok".to_vec()));
+                fields.push((b"content".to_vec(), vec![b'x'; 1 << 20]));
+            }
+            _ => {
+                for _ in 0..=rng.below(6) {
+                    let name = if rng.below(3) == 0 {
+                        rng.bytes(12)
+                    } else {
+                        known[rng.below(known.len() as u64) as usize]
+                            .as_bytes()
+                            .to_vec()
+                    };
+                    let value = match rng.below(4) {
+                        0 => rng.bytes(64),
+                        1 => b"ok".to_vec(),
+                        2 => format!("u{}@example.org", rng.below(9)).into_bytes(),
+                        _ => rng.bytes(3),
+                    };
+                    fields.push((name, value));
+                }
+            }
+        }
+        if fields.is_empty() {
+            fields.push((b"x".to_vec(), b"y".to_vec()));
+        }
+        let entry = broker::store::Entry {
+            id: "0-1".into(),
+            fields: fields
+                .iter()
+                .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), v.clone()))
+                .collect(),
+        };
+        let broker_fields =
+            entry.get("approval_id").is_some() || entry.get("approval_outcome").is_some();
+        let lossless = fields.iter().all(|(k, _)| std::str::from_utf8(k).is_ok());
+        if lossless
+            && !(stream == "mail:outbox" && broker_fields)
+            && broker::entry::Message::from_entry(&entry, d.config.bridge("mail").unwrap()).is_ok()
+        {
+            valid += 1;
+        }
+        let mut cmd = redis::cmd("XADD");
+        cmd.arg(stream).arg("*");
+        for (k, v) in &fields {
+            cmd.arg(k.as_slice()).arg(v.as_slice());
+        }
+        let _: String = cmd.query_async(&mut store.conn).await.unwrap();
+    }
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"ok"), ("content", b"still works")],
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "the valid entry after the poison",
+        std::time::Duration::from_secs(60),
+        || async {
+            d.delivered("mail.out")
+                .iter()
+                .any(|l| l.content == "still works")
+                .then_some(())
+        },
+    )
+    .await;
+    outbox.stop().await.expect("the outbox survived");
+    let dead = stream(&mut store, &keys::dead("mail")).await;
+    let delivered = d.delivered("mail.out").len() - 1;
+    assert!(
+        valid > 0 && dead.len() > total / 2,
+        "{valid} valid, {} dead",
+        dead.len()
+    );
+    assert_eq!(delivered, valid, "valid entries delivered");
+    assert_eq!(dead.len() + delivered, total, "every entry accounted for");
+    assert!(
+        dead.iter().all(|l| !l["reason"].is_empty()),
+        "each with a reason"
+    );
+    for key in ["ann:mail:outbox", "mail:outbox"] {
+        assert_eq!(
+            pending(&mut store, key, "mail-outbox").await,
+            0,
+            "{key} all acked"
+        );
+    }
+}
