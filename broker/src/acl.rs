@@ -99,6 +99,10 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 let notify = keys::outbox(config.notify_bridge(name));
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
+                sels.push(selector(
+                    &[format!("~{}", keys::pending(name))],
+                    "+zadd +zrem",
+                ));
             }
             // A card the platform refused rejects its approval and wakes the requester.
             let wake: Vec<String> = config

@@ -444,13 +444,38 @@ pub async fn list_ids(store: &mut Store) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-/// Finds the one approval whose id starts with `prefix`.
-pub async fn find_by_prefix(store: &mut Store, prefix: &str) -> Result<String> {
-    let matching: Vec<String> = list_ids(store)
+/// Ids of the pending approvals of every bridge that parks, oldest first per
+/// bridge, from the pending index (no keyspace scan).
+pub async fn pending_ids(store: &mut Store, config: &Config) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    for (name, bridge) in &config.bridges {
+        if !bridge.approval.required {
+            continue;
+        }
+        let key = keys::pending(name);
+        let some: Vec<String> = store
+            .conn
+            .zrange(&key, 0, -1)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        ids.extend(some);
+    }
+    Ok(ids)
+}
+
+/// Finds the one pending approval whose id starts with `prefix` (a whole id is
+/// taken as it is, so a settled record can still be shown).
+pub async fn find_by_prefix(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
+    if is_id(prefix) {
+        return Ok(prefix.to_string());
+    }
+    let mut matching: Vec<String> = pending_ids(store, config)
         .await?
         .into_iter()
         .filter(|id| id.starts_with(prefix))
         .collect();
+    matching.sort();
+    matching.dedup();
     match matching.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(Error::Request(format!("no approval matches `{prefix}`"))),

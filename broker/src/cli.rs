@@ -19,10 +19,10 @@ use crate::store::Store;
 
 /// `cowboy approvals list`: one line per approval, id first. Settled-but-not-yet-
 /// deleted records are skipped; pass `all` to list decided and expired ones too.
-pub async fn approvals_list(store: &mut Store, all: bool) -> Result<String> {
+pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Result<String> {
     let now = crate::now_secs_f64();
     let mut out = String::new();
-    for id in approval::list_ids(store).await? {
+    for id in approval::pending_ids(store, config).await? {
         let Some(r) = approval::load(store, &id).await? else {
             continue;
         };
@@ -51,8 +51,8 @@ pub async fn approvals_list(store: &mut Store, all: bool) -> Result<String> {
 /// `cowboy approvals show ID`: the frame every surface shows (every field the
 /// sender will use, the whole content), whether the entry still matches what
 /// the approval binds, then every record field.
-pub async fn approvals_show(store: &mut Store, prefix: &str) -> Result<String> {
-    let id = approval::find_by_prefix(store, prefix).await?;
+pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
+    let id = approval::find_by_prefix(store, config, prefix).await?;
     let r = approval::load(store, &id)
         .await?
         .ok_or_else(|| Error::Request(format!("approval {id} was settled meanwhile")))?;
@@ -144,7 +144,7 @@ pub async fn approvals_decide(
     operator: &str,
     reason: &str,
 ) -> Result<String> {
-    let id = approval::find_by_prefix(store, prefix).await?;
+    let id = approval::find_by_prefix(store, config, prefix).await?;
     let approver = format!("cli:{operator}");
     match approval::decide(store, config, &id, verdict, &approver, reason).await? {
         Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
@@ -199,12 +199,14 @@ pub async fn send(store: &mut Store, config: &Config, a: &SendArgs) -> Result<St
 pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
     let now = crate::now_secs();
     let mut parked: HashMap<String, usize> = HashMap::new();
-    for id in approval::list_ids(store).await? {
-        if let Some(r) = approval::load(store, &id).await? {
-            if !r.fields.contains_key("settled_at") {
-                *parked.entry(r.source().to_string()).or_default() += 1;
-            }
-        }
+    for name in config.bridges.keys() {
+        let key = keys::pending(name);
+        let n: usize = store
+            .conn
+            .zcard(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZCARD {key}"), e))?;
+        parked.insert(name.clone(), n);
     }
     let mut out = String::new();
     for (name, bridge) in &config.bridges {

@@ -78,6 +78,13 @@ pub fn in_flight(bridge: &str) -> String {
     format!("{bridge}:in-flight")
 }
 
+/// The index of a requesting bridge's pending approvals: a sorted set of
+/// approval ids scored by `created_at`, so listing and prefix lookups read it
+/// instead of scanning the keyspace.
+pub fn pending(bridge: &str) -> String {
+    format!("{bridge}:pending")
+}
+
 /// The prefix every approval key starts with.
 pub const APPROVAL_PREFIX: &str = "approval:";
 

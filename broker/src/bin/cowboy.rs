@@ -158,8 +158,8 @@ async fn main() -> ExitCode {
         let mut store = Store::connect(&config.redis).await?;
         match args.command {
             Command::Approvals { command } => match command {
-                Approvals::List { all } => cli::approvals_list(&mut store, all).await,
-                Approvals::Show { id } => cli::approvals_show(&mut store, &id).await,
+                Approvals::List { all } => cli::approvals_list(&mut store, &config, all).await,
+                Approvals::Show { id } => cli::approvals_show(&mut store, &config, &id).await,
                 Approvals::Approve { id, operator: who } => {
                     let who = operator(who);
                     let mut store = cli::decision_store(&config, &who, store).await?;

@@ -80,6 +80,15 @@ impl<S: Sender> OutboxService<S> {
             // Crashed between settling and acking: only the ack and delete remain.
             return self.finish(idx, &entry.id, &record, None).await;
         }
+        // In the pending index (again, after a crash between the two steps).
+        let index = keys::pending(&self.name);
+        let created: u64 = record.get("created_at").parse().unwrap_or(0);
+        let _: i64 = self
+            .store
+            .conn
+            .zadd(&index, &id, created)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
         let lost =
             record.fields.contains_key("notified") && self.notification_lost(&record).await?;
         if lost || !record.fields.contains_key("notified") {

@@ -233,6 +233,9 @@ impl<S: Sender> OutboxService<S> {
         }
         let external = record.get("notify_external_id");
         let mut pipe = redis::pipe();
+        if !record.id.is_empty() {
+            pipe.zrem(keys::pending(&self.name), &record.id).ignore();
+        }
         if !external.is_empty() {
             pipe.hdel(keys::approval_map(record.get("notify")), external)
                 .ignore();
@@ -241,7 +244,7 @@ impl<S: Sender> OutboxService<S> {
             pipe.del(&key).ignore();
         }
         // An empty pipeline is an error in redis-rs: send one only with commands.
-        if !external.is_empty() || (!handed_over && !record.id.is_empty()) {
+        if !record.id.is_empty() {
             let _: () = pipe
                 .query_async(&mut self.store.conn)
                 .await

@@ -53,10 +53,32 @@ async fn the_loop_runs_with_real_processes() {
         d.delivered("desk.out").first().cloned()
     })
     .await;
+    let scans = |info: String| -> u64 {
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_scan:"))
+            .and_then(|l| l.split("calls=").nth(1)?.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut store = d.store().await;
+    let info = |store: &mut broker::Store| {
+        let mut conn = store.conn.clone();
+        async move {
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async::<String>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let scans_before = scans(info(&mut store).await);
     let list = d.cowboy(&["approvals", "list"]);
     let (stdout, _) = text(&list);
     let id = note.approval_id.clone().unwrap();
     assert!(stdout.starts_with(&id), "list starts with the id: {stdout}");
+    let show = d.cowboy(&["approvals", "show", &id[..8]]);
+    assert!(text(&show).0.contains("from the cli"), "{:?}", text(&show));
+    // The pending index answers: the keyspace is never scanned.
+    assert_eq!(scans(info(&mut store).await), scans_before, "no SCAN");
     d.write_input(
         "desk.in",
         json!({"kind": "reaction", "message_id": note.external_id, "emoji": "✅", "user": "boss"}),
@@ -94,7 +116,7 @@ async fn the_loop_runs_with_real_processes() {
 async fn cli_ids_by_prefix() {
     let d = Deployment::new(&approval_config(0));
     let mut store = d.store().await;
-    // Two records whose ids share a prefix, written as the outbox would.
+    // Two records whose ids share a prefix, written (and indexed) as the outbox would.
     for id in ["abc111", "abc222"] {
         let _: () = redis::AsyncCommands::hset_multiple(
             &mut store.conn,
@@ -110,6 +132,9 @@ async fn cli_ids_by_prefix() {
         )
         .await
         .unwrap();
+        let _: i64 = redis::AsyncCommands::zadd(&mut store.conn, keys::pending("mail"), id, 1)
+            .await
+            .unwrap();
     }
     let ambiguous = d.cowboy(&["approvals", "approve", "abc", "--as", "op"]);
     assert!(!ambiguous.status.success());
