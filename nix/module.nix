@@ -36,6 +36,7 @@ let
       destinations = mkOption { type = types.listOf types.str; default = [ ]; description = "Allowed channel_id values (`*` globs). Empty: nothing may be sent."; };
       max_content_bytes = mkOption { type = types.ints.positive; default = 65536; description = "Largest accepted content."; };
       batch = mkOption { type = types.ints.positive; default = 64; description = "Outbox entries read per round trip."; };
+      max_in_flight = mkOption { type = types.ints.positive; default = 32; description = "Deliveries under way at once (one per destination at a time)."; };
       max_attempts = mkOption { type = types.ints.positive; default = 50; description = "Attempts at a delivery that keeps failing transiently before it is dead-lettered."; };
       max_retry_seconds = mkOption { type = types.ints.positive; default = 3600; description = "Seconds after its first failure that such a delivery is given up."; };
       ping = {
@@ -61,7 +62,7 @@ let
   };
 
   bridgeInput = name: b: {
-    inherit (b) type approval destinations max_content_bytes batch max_attempts max_retry_seconds ping settings redisPasswordFiles;
+    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds ping settings redisPasswordFiles;
     secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
   };
 

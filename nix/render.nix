@@ -64,6 +64,7 @@ let
       destinations = b.destinations or null;
       max_content_bytes = b.max_content_bytes or null;
       batch = b.batch or null;
+      max_in_flight = b.max_in_flight or null;
       max_attempts = b.max_attempts or null;
       max_retry_seconds = b.max_retry_seconds or null;
       redis_password_files = nonNull {

@@ -146,6 +146,9 @@ pub struct BridgeCommon {
     /// Outbox entries read per round trip.
     #[serde(default = "default_batch")]
     pub batch: usize,
+    /// Deliveries under way at once, side by side (one per destination at a time).
+    #[serde(default = "default_max_in_flight")]
+    pub max_in_flight: usize,
     /// Attempts at a delivery that keeps failing transiently (rate limits, an
     /// unreachable server) before it is dead-lettered with the last error.
     #[serde(default = "default_max_attempts")]
@@ -183,6 +186,10 @@ fn default_max_content_bytes() -> usize {
 
 fn default_batch() -> usize {
     64
+}
+
+fn default_max_in_flight() -> usize {
+    32
 }
 
 fn default_max_attempts() -> u32 {
@@ -384,6 +391,12 @@ impl Config {
             if bridge.max_content_bytes == 0 {
                 return Err(ConfigError::invalid(
                     format!("{at}.max_content_bytes"),
+                    "must be at least 1",
+                ));
+            }
+            if bridge.max_in_flight == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_in_flight"),
                     "must be at least 1",
                 ));
             }

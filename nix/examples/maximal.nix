@@ -9,6 +9,7 @@
     destinations = [ "*" ];
     max_content_bytes = 1000;
     batch = 8;
+    max_in_flight = 4;
     max_attempts = 5;
     max_retry_seconds = 60;
 

@@ -12,4 +12,8 @@ pub struct ConsoleSettings {
     pub output: PathBuf,
     /// JSON-lines file the ingest follows for messages and reactions.
     pub input: PathBuf,
+    /// Milliseconds each delivery waits before writing, standing in for a
+    /// platform's round trip (benchmarks and tests of deliveries side by side).
+    #[serde(default)]
+    pub latency_ms: u64,
 }

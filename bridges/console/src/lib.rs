@@ -35,7 +35,9 @@ fn settings(config: &Config, name: &str) -> Result<ConsoleSettings> {
 pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
     let s = settings(&config, &name)?;
     let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
-    OutboxService::new(config, &name, ConsoleSender::new(s.output), store, shutdown)?
+    let latency = std::time::Duration::from_millis(s.latency_ms);
+    let sender = ConsoleSender::with_latency(s.output, latency);
+    OutboxService::new(config, &name, sender, store, shutdown)?
         .run()
         .await
 }

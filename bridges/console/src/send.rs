@@ -28,13 +28,21 @@ pub struct Delivered {
 pub struct ConsoleSender {
     output: PathBuf,
     lock: tokio::sync::Mutex<()>,
+    latency: std::time::Duration,
 }
 
 impl ConsoleSender {
     pub fn new(output: PathBuf) -> Self {
+        Self::with_latency(output, std::time::Duration::ZERO)
+    }
+
+    /// A sender whose every delivery first waits `latency` (outside the file lock,
+    /// so deliveries side by side overlap their waits as real round trips would).
+    pub fn with_latency(output: PathBuf, latency: std::time::Duration) -> Self {
         ConsoleSender {
             output,
             lock: tokio::sync::Mutex::new(()),
+            latency,
         }
     }
 }
@@ -50,6 +58,9 @@ pub fn external_id(delivery_key: &str) -> String {
 
 impl Sender for ConsoleSender {
     async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
         let _guard = self.lock.lock().await;
         let id = external_id(out.delivery_key);
         if out.retry && already_written(&self.output, &id)? {

@@ -39,7 +39,8 @@ impl<S: Sender> OutboxService<S> {
         }
         let channel = message.channel_id.clone();
         if !resumed && self.retries.waiting.contains_key(&channel) {
-            // Behind an earlier delivery to the same destination that waits for a retry.
+            // Behind an earlier delivery to the same destination, in flight or
+            // waiting for a retry: order per destination is kept.
             self.retries.scheduled.insert(key.clone());
             let job = Job::Plain {
                 source: idx,
@@ -54,48 +55,126 @@ impl<S: Sender> OutboxService<S> {
                 .push_back((key, job));
             return Ok(());
         }
+        // This is now the destination's current delivery.
+        self.retries.waiting.entry(channel).or_default();
         let mut retry = retry;
         if !S::DEDUPLICATES {
             retry = retry && self.in_flight(&key).await?;
             self.mark_in_flight(&key).await?;
         }
-        let out = Outgoing {
-            message,
-            delivery_key: &key,
+        let flight = Flight {
+            source: idx,
+            entry: entry.clone(),
+            message: message.clone(),
             retry,
-            approval: None,
+            key,
         };
-        let result = match self.deliver(out).await? {
-            Delivery::Sent(external_id) => {
-                tracing::debug!(entry = %entry.id, external_id, "delivered");
-                self.ack(&stream, &entry.id).await
-            }
-            Delivery::Failed(n) => self.dead_letter(idx, entry, n).await,
-            Delivery::Deferred(due) => {
-                // Not delivered: the mark goes, the entry waits (still pending).
-                if !S::DEDUPLICATES {
-                    self.clear_in_flight(&key).await?;
+        if self.flights.len() < self.bridge.max_in_flight {
+            self.launch(flight);
+        } else {
+            self.ready.push_back(flight);
+        }
+        Ok(())
+    }
+
+    /// Starts one send beside the others.
+    fn launch(&mut self, flight: Flight) {
+        let sender = self.sender.clone();
+        self.flights.spawn(async move {
+            let out = Outgoing {
+                message: &flight.message,
+                delivery_key: &flight.key,
+                retry: flight.retry,
+                approval: None,
+            };
+            let result = sender.send(out).await;
+            (flight, result)
+        });
+    }
+
+    /// Waits for every send in flight (and those waiting for room) and records
+    /// each outcome. On an error the remaining sends are abandoned and the
+    /// delivery state reset: their entries are still pending, and recovery
+    /// handles them again as retries (deduplicated, or reported uncertain).
+    pub(super) async fn drain(&mut self) -> Result<()> {
+        let result = self.drain_all().await;
+        if result.is_err() {
+            self.flights.abort_all();
+            while self.flights.join_next().await.is_some() {}
+            self.ready.clear();
+            self.retries = Retries::default();
+        }
+        result
+    }
+
+    async fn drain_all(&mut self) -> Result<()> {
+        loop {
+            while self.flights.len() < self.bridge.max_in_flight {
+                match self.ready.pop_front() {
+                    Some(f) => self.launch(f),
+                    None => break,
                 }
-                self.retries.waiting.entry(channel).or_default();
+            }
+            let Some(joined) = self.flights.join_next().await else {
+                return Ok(());
+            };
+            let (flight, result) =
+                joined.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
+            self.watchdog.tick();
+            self.complete(flight, result).await?;
+        }
+    }
+
+    /// Records the outcome of one send: ack, dead letter, or a deferred retry.
+    async fn complete(
+        &mut self,
+        f: Flight,
+        result: std::result::Result<String, SendError>,
+    ) -> Result<()> {
+        let stream = self.sources[f.source].key.clone();
+        let channel = f.message.channel_id.clone();
+        let recorded = match self.outcome_of(&f.key, result) {
+            Delivery::Sent(external_id) => {
+                tracing::debug!(entry = %f.entry.id, external_id, "delivered");
+                self.ack(&stream, &f.entry.id).await
+            }
+            Delivery::Failed(n) => self.dead_letter(f.source, &f.entry, n).await,
+            Delivery::Deferred(due) => {
+                // Not delivered: the mark goes, the entry waits (still pending),
+                // and the destination stays busy.
+                if !S::DEDUPLICATES {
+                    self.clear_in_flight(&f.key).await?;
+                }
                 let job = Job::Plain {
-                    source: idx,
-                    entry: entry.clone(),
-                    message: message.clone(),
-                    retry,
+                    source: f.source,
+                    entry: f.entry,
+                    message: f.message,
+                    retry: f.retry,
                 };
-                self.retries.defer(key, due, job);
+                self.retries.defer(f.key, due, job);
                 return Ok(());
             }
         };
-        if result.is_ok() {
-            self.retries.release(&channel);
-        }
+        recorded?;
         // Only once the outcome is recorded: a mark cleared before a failed ack
         // would let a restart send the message again.
-        if result.is_ok() && !S::DEDUPLICATES {
-            self.clear_in_flight(&key).await?;
+        if !S::DEDUPLICATES {
+            self.clear_in_flight(&f.key).await?;
         }
-        result
+        if let Some((
+            _,
+            Job::Plain {
+                source,
+                entry,
+                message,
+                retry,
+            },
+        )) = self.retries.release(&channel)
+        {
+            // The next delivery to this destination starts now.
+            Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await?;
+        }
+        Ok(())
     }
 
     pub(super) async fn in_flight(&mut self, delivery_key: &str) -> Result<bool> {
@@ -133,10 +212,21 @@ impl<S: Sender> OutboxService<S> {
     /// bridge's [`RetryPolicy`], or `Failed` once the policy gives up.
     pub(super) async fn deliver(&mut self, out: Outgoing<'_>) -> Result<Delivery> {
         let key = out.delivery_key.to_string();
-        match self.sender.send(out).await {
+        let result = self.sender.send(out).await;
+        Ok(self.outcome_of(&key, result))
+    }
+
+    /// Classifies one attempt's result under the retry policy.
+    fn outcome_of(
+        &mut self,
+        key: &str,
+        result: std::result::Result<String, SendError>,
+    ) -> Delivery {
+        let key = key.to_string();
+        match result {
             Ok(id) => {
                 self.retries.attempts.remove(&key);
-                Ok(Delivery::Sent(id))
+                Delivery::Sent(id)
             }
             Err(SendError::Transient(why)) => {
                 let now = tokio::time::Instant::now();
@@ -148,30 +238,30 @@ impl<S: Sender> OutboxService<S> {
                 match self.policy.next(attempts, now - first) {
                     Some(wait) => {
                         tracing::warn!(attempts, error = %why, retry_in = ?wait, "send failed; deferred");
-                        Ok(Delivery::Deferred(now + wait))
+                        Delivery::Deferred(now + wait)
                     }
                     None => {
                         self.retries.attempts.remove(&key);
-                        Ok(Delivery::Failed(FailedNotice::new(
+                        Delivery::Failed(FailedNotice::new(
                             "failed",
                             format!(
                                 "gave up after {attempts} attempts over {} s: {why}",
                                 (now - first).as_secs()
                             ),
-                        )))
+                        ))
                     }
                 }
             }
             Err(SendError::Permanent(why)) => {
                 self.retries.attempts.remove(&key);
-                Ok(Delivery::Failed(FailedNotice::new("failed", why)))
+                Delivery::Failed(FailedNotice::new("failed", why))
             }
             Err(SendError::Uncertain(why)) => {
                 self.retries.attempts.remove(&key);
-                Ok(Delivery::Failed(FailedNotice::new(
+                Delivery::Failed(FailedNotice::new(
                     "uncertain",
                     format!("delivery uncertain, not retried: {why}"),
-                )))
+                ))
             }
         }
     }
@@ -198,7 +288,7 @@ impl<S: Sender> OutboxService<S> {
             }
             let _ = key;
         }
-        Ok(())
+        self.drain().await
     }
 
     /// Copies the entry to the dead letter, tells the agent, acks.
@@ -351,23 +441,30 @@ impl Retries {
         self.deferred.keys().next().map(|(t, _)| *t)
     }
 
-    /// The delivery to `channel` is done: the next one queued behind it runs now.
-    pub(super) fn release(&mut self, channel: &str) {
-        let Some(queue) = self.waiting.get_mut(channel) else {
-            return;
-        };
+    /// The delivery to `channel` is done: returns the next one queued behind it
+    /// (which becomes the destination's current delivery), or frees it.
+    pub(super) fn release(&mut self, channel: &str) -> Option<(String, Job)> {
+        let queue = self.waiting.get_mut(channel)?;
         match queue.pop_front() {
             Some((key, job)) => {
-                // Runs now, as the destination's current delivery (it stays busy).
-                self.seq += 1;
-                let now = tokio::time::Instant::now();
-                self.deferred.insert((now, self.seq), (key, job));
+                self.scheduled.remove(&key);
+                Some((key, job))
             }
             None => {
                 self.waiting.remove(channel);
+                None
             }
         }
     }
+}
+
+/// A send under way, with what its outcome needs.
+pub(super) struct Flight {
+    source: usize,
+    entry: Entry,
+    message: Message,
+    retry: bool,
+    key: String,
 }
 
 pub(super) enum Delivery {

@@ -21,7 +21,7 @@ mod settle;
 mod surface;
 
 pub use deliver::RetryPolicy;
-use deliver::{AsNotice, Delivery, Job, Retries};
+use deliver::{AsNotice, Delivery, Flight, Job, Retries};
 use settle::set_if_exists;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -146,7 +146,7 @@ pub struct OutboxService<S> {
     config: Arc<Config>,
     name: String,
     bridge: BridgeConfig,
-    sender: S,
+    sender: Arc<S>,
     store: Store,
     group: String,
     consumer: String,
@@ -159,6 +159,9 @@ pub struct OutboxService<S> {
     /// Deliveries waiting for a retry, and those queued behind them.
     retries: Retries,
     policy: RetryPolicy,
+    /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
+    flights: tokio::task::JoinSet<(Flight, std::result::Result<String, SendError>)>,
+    ready: std::collections::VecDeque<Flight>,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -198,7 +201,7 @@ impl<S: Sender> OutboxService<S> {
             config,
             name: name.to_string(),
             bridge,
-            sender,
+            sender: Arc::new(sender),
             store,
             group: keys::outbox_group(name),
             consumer: keys::outbox_consumer(name),
@@ -207,6 +210,8 @@ impl<S: Sender> OutboxService<S> {
             deadlines: BTreeSet::new(),
             id_key: None,
             retries: Retries::default(),
+            flights: tokio::task::JoinSet::new(),
+            ready: std::collections::VecDeque::new(),
             policy,
             shutdown,
             watchdog: Watchdog::from_env(),

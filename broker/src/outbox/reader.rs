@@ -98,6 +98,9 @@ impl<S: Sender> OutboxService<S> {
                 self.handle(idx, id, fields, false).await?;
             }
         }
+        // The batch's sends run side by side; every outcome is recorded before
+        // the next read.
+        self.drain().await?;
         self.settle_due().await?;
         self.retry_due().await?;
         if st.last_sweep.elapsed() >= SWEEP_EVERY {
@@ -151,6 +154,7 @@ impl<S: Sender> OutboxService<S> {
                 for (id, fields) in entries {
                     self.handle(idx, id, fields, true).await?;
                 }
+                self.drain().await?;
             }
         }
         self.settle_due().await

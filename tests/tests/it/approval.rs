@@ -665,3 +665,55 @@ async fn idle_cost_does_not_grow_with_parked_entries() {
         "{during} commands while idle with 300 parked entries"
     );
 }
+
+/// With deliveries side by side (`max_in_flight = 8`, each send taking 50 ms),
+/// every entry is delivered once and the order per destination is the stream's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_side_by_side_keep_order_per_destination() {
+    let d = Deployment::new(
+        "[agents.ann]\n[bridges.mail]\ntype = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\"\ndestinations = [\"*\"]\nmax_in_flight = 8\nlatency_ms = 50\n",
+    );
+    let mut store = d.store().await;
+    let mut sent = Vec::new();
+    for i in 0..40 {
+        let channel = format!("c{}", i % 3);
+        let content = format!("{channel}-{i}");
+        store
+            .xadd(
+                "ann:mail:outbox",
+                &[
+                    ("channel_id", channel.as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+        sent.push((channel, content));
+    }
+    let outbox = d.spawn("outbox", "mail");
+    let out = wait_until("all 40 delivered", SOON, || async {
+        let out = d.delivered("mail.out");
+        (out.len() >= 40).then_some(out)
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    assert_eq!(d.delivered("mail.out").len(), 40, "each once");
+    for c in ["c0", "c1", "c2"] {
+        let want: Vec<&str> = sent
+            .iter()
+            .filter(|(ch, _)| ch == c)
+            .map(|(_, t)| t.as_str())
+            .collect();
+        let got: Vec<&str> = out
+            .iter()
+            .filter(|l| l.channel_id == c)
+            .map(|l| l.content.as_str())
+            .collect();
+        assert_eq!(got, want, "order kept for {c}");
+    }
+    let mut store = d.store().await;
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+}

@@ -222,16 +222,15 @@ async fn a_refused_recipient_is_dead_lettered() {
         (n.len() == 2).then_some(n)
     })
     .await;
-    assert_eq!(notices[0]["status"], "failed");
+    // Deliveries to different destinations run side by side: any order.
+    assert!(notices.iter().all(|n| n["status"] == "failed"), "{notices:?}");
     assert!(
-        notices[0]["reason"].contains("554"),
-        "{}",
-        notices[0]["reason"]
+        notices.iter().any(|n| n["reason"].contains("554")),
+        "{notices:?}"
     );
     assert!(
-        notices[1]["reason"].contains("invalid recipient"),
-        "{}",
-        notices[1]["reason"]
+        notices.iter().any(|n| n["reason"].contains("invalid recipient")),
+        "{notices:?}"
     );
     assert_eq!(stream(&mut store, "mail:dead").await.len(), 2);
     outbox.stop();
