@@ -15,6 +15,9 @@
 //!   retry, later entries for that destination queue behind it, in stream order.
 //! - Each entry is scheduled once: a deferred or queued entry read again (after
 //!   a reconnect, by the sweep, by a wake-up) is not started a second time.
+//! - Delivered entries of a batch are acked together, one `XACK` per stream,
+//!   once every send of the batch has an outcome; an email's in-flight mark is
+//!   cleared only after its ack.
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
@@ -102,6 +105,7 @@ impl<S: Sender> OutboxService<S> {
             self.flights.abort_all();
             while self.flights.join_next().await.is_some() {}
             self.ready.clear();
+            self.acks.clear();
             self.retries = Retries::default();
         }
         result
@@ -116,7 +120,7 @@ impl<S: Sender> OutboxService<S> {
                 }
             }
             let Some(joined) = self.flights.join_next().await else {
-                return Ok(());
+                return self.flush_acks().await;
             };
             let (flight, result) =
                 joined.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
@@ -125,7 +129,40 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// Records the outcome of one send: ack, dead letter, or a deferred retry.
+    /// Acks the batch's delivered entries, one `XACK` per stream, then clears
+    /// their in-flight marks (a mark cleared before its ack would let a restart
+    /// send the message again).
+    async fn flush_acks(&mut self) -> Result<()> {
+        if self.acks.is_empty() {
+            return Ok(());
+        }
+        let acks = std::mem::take(&mut self.acks);
+        let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (stream, id, _) in &acks {
+            by_stream
+                .entry(stream.as_str())
+                .or_default()
+                .push(id.as_str());
+        }
+        let group = self.group.clone();
+        for (stream, ids) in by_stream {
+            self.store.ack(stream, &group, &ids).await?;
+        }
+        if !S::DEDUPLICATES {
+            let key = keys::in_flight(&self.name);
+            let fields: Vec<&str> = acks.iter().map(|(_, _, k)| k.as_str()).collect();
+            let _: i64 = self
+                .store
+                .conn
+                .hdel(&key, fields)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Records the outcome of one send: delivered (acked with its batch), dead
+    /// letter, or a deferred retry.
     async fn complete(
         &mut self,
         f: Flight,
@@ -136,7 +173,21 @@ impl<S: Sender> OutboxService<S> {
         let recorded = match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
-                self.ack(&stream, &f.entry.id).await
+                // Acked with the rest of the batch, then its mark cleared (below).
+                self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
+                if let Some((
+                    _,
+                    Job::Plain {
+                        source,
+                        entry,
+                        message,
+                        retry,
+                    },
+                )) = self.retries.release(&channel)
+                {
+                    Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await?;
+                }
+                return Ok(());
             }
             Delivery::Failed(n) => self.dead_letter(f.source, &f.entry, n).await,
             Delivery::Deferred(due) => {

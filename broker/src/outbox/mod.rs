@@ -162,6 +162,8 @@ pub struct OutboxService<S> {
     /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
     flights: tokio::task::JoinSet<(Flight, std::result::Result<String, SendError>)>,
     ready: std::collections::VecDeque<Flight>,
+    /// Delivered this batch, to ack together: (stream, entry id, delivery key).
+    acks: Vec<(String, String, String)>,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -212,6 +214,7 @@ impl<S: Sender> OutboxService<S> {
             retries: Retries::default(),
             flights: tokio::task::JoinSet::new(),
             ready: std::collections::VecDeque::new(),
+            acks: Vec::new(),
             policy,
             shutdown,
             watchdog: Watchdog::from_env(),

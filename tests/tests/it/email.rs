@@ -223,13 +223,18 @@ async fn a_refused_recipient_is_dead_lettered() {
     })
     .await;
     // Deliveries to different destinations run side by side: any order.
-    assert!(notices.iter().all(|n| n["status"] == "failed"), "{notices:?}");
+    assert!(
+        notices.iter().all(|n| n["status"] == "failed"),
+        "{notices:?}"
+    );
     assert!(
         notices.iter().any(|n| n["reason"].contains("554")),
         "{notices:?}"
     );
     assert!(
-        notices.iter().any(|n| n["reason"].contains("invalid recipient")),
+        notices
+            .iter()
+            .any(|n| n["reason"].contains("invalid recipient")),
         "{notices:?}"
     );
     assert_eq!(stream(&mut store, "mail:dead").await.len(), 2);

@@ -155,6 +155,9 @@ async fn ready_watchdog_and_a_clean_stop() {
     }
 
     let mut child = sup.start(&d, "outbox", "mail");
+    // Only a service that said READY=1 has its signal handlers (the first may
+    // have delivered everything already, so the wait below can pass at once).
+    sup.wait_for("READY=1", Duration::from_secs(10));
     harness::wait_until("all delivered after restart", crate::SOON, || async {
         (d.delivered("mail.out").len() == total).then_some(())
     })
@@ -163,7 +166,8 @@ async fn ready_watchdog_and_a_clean_stop() {
         .arg(child.id().to_string())
         .status()
         .unwrap();
-    assert!(child.wait().unwrap().success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "second stop: {status}");
     let unique: HashSet<String> = d
         .delivered("mail.out")
         .into_iter()
