@@ -424,9 +424,16 @@ impl EmailIngest {
                 }
             }
             Answer::NotUnderstood => {
+                let read: String = body
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('>'))
+                    .take(3)
+                    .map(|l| format!("> {l}\n"))
+                    .collect();
                 let text = format!(
-                    "Your answer to approval {approval_id} was not understood, so nothing was decided.\n\n\
-                     Reply to the approval email with APPROVE on the first line, or REJECT and a reason.\n"
+                    "Your answer to approval {approval_id} was not understood, so nothing was decided. What was read:\n\n{read}\n\
+                     Reply to this email, or to the approval email, with APPROVE on the first line to send the message, or REJECT and a reason to drop it.\n"
                 );
                 let id = format!(
                     "cowboy-reply.{}@{}",
@@ -434,10 +441,15 @@ impl EmailIngest {
                     self.settings.domain()
                 );
                 let subject = format!("Re: {}", subject.trim_start_matches("Re: "));
-                let reply_to = (!message_id.is_empty()).then_some(message_id);
+                // Threaded under the approval email too, so a reply to this mail
+                // still names the approval and decides it.
+                let mut thread = vec![external_id.as_str()];
+                if !message_id.is_empty() {
+                    thread.push(message_id);
+                }
                 if let Err(e) = self
                     .reply
-                    .send_text(from, &subject, text, id, reply_to, Some("auto-replied"))
+                    .send_text(from, &subject, text, id, &thread, Some("auto-replied"))
                     .await
                 {
                     tracing::warn!(error = %e, "could not send the not-understood reply");

@@ -81,15 +81,17 @@ impl EmailSender {
     }
 
     /// Sends one text/plain message; returns its Message-ID (without brackets).
-    /// `auto` marks mail the bridge writes by itself (RFC 3834 `Auto-Submitted`),
-    /// so vacation responders leave it alone.
+    /// `thread` is the Message-IDs it answers, oldest first: all go into
+    /// `References`, the last into `In-Reply-To`. `auto` marks mail the bridge
+    /// writes by itself (RFC 3834 `Auto-Submitted`), so vacation responders leave
+    /// it alone.
     pub async fn send_text(
         &self,
         to: &str,
         subject: &str,
         body: String,
         message_id: String,
-        reply_to: Option<&str>,
+        thread: &[&str],
         auto: Option<&str>,
     ) -> Result<String, SendError> {
         let to: Mailbox = to
@@ -101,13 +103,15 @@ impl EmailSender {
             .subject(verdict::clean_header(subject))
             .message_id(Some(format!("<{message_id}>")))
             .header(ContentType::TEXT_PLAIN);
-        if let Some(raw) = reply_to {
+        let mut ids = Vec::new();
+        for raw in thread {
             let id = verdict::clean_message_id(raw).ok_or_else(|| {
                 SendError::Permanent(format!("reply_to `{raw}` is not a Message-ID"))
             })?;
-            builder = builder
-                .in_reply_to(format!("<{id}>"))
-                .references(format!("<{id}>"));
+            ids.push(format!("<{id}>"));
+        }
+        if let Some(last) = ids.last() {
+            builder = builder.in_reply_to(last.clone()).references(ids.join(" "));
         }
         if let Some(auto) = auto {
             builder = builder
@@ -229,7 +233,7 @@ impl Sender for EmailSender {
                     &subject,
                     approval_body(record, content),
                     id,
-                    None,
+                    &[],
                     Some("auto-generated"),
                 )
                 .await
@@ -245,7 +249,7 @@ impl Sender for EmailSender {
                     subject,
                     m.content.clone(),
                     id,
-                    m.reply_to.as_deref(),
+                    m.reply_to.as_deref().as_slice(),
                     None,
                 )
                 .await

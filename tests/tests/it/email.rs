@@ -917,3 +917,65 @@ async fn dkim_verified_answers_alone_decide() {
     assert_eq!(sent[0].body.trim(), "second");
     assert_eq!(stack.mails("bob").len(), 1, "the first was never sent");
 }
+
+/// The "not understood" mail is threaded under the approval email (its
+/// `References` name the approval's Message-ID) and quotes what was read, so an
+/// approver who answers that mail, as people do, still decides the approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_to_the_not_understood_mail_decides() {
+    let stack = MailStack::start();
+    let d = deployment(&stack, APPROVAL, "");
+    let _outbox = d.process("cowboy-email-outbox", "mail");
+    let _ingest = d.process("cowboy-email-ingest", "mail");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"threaded")],
+        )
+        .await
+        .unwrap();
+    let approval_id = wait_mails(&stack, "approver", 1).await.remove(0).message_id;
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &reply("approver@bridge.test", &approval_id, "hmm, let me think"),
+        Some("approver"),
+    );
+    let answer = wait_mails(&stack, "approver", 2).await.remove(1);
+    assert!(
+        answer.body.contains("> hmm, let me think"),
+        "{}",
+        answer.body
+    );
+    assert!(
+        answer.references.iter().any(|r| r.contains(&approval_id)),
+        "threaded under the approval email: {:?}",
+        answer.references
+    );
+    let refs: Vec<String> = answer
+        .references
+        .iter()
+        .chain(std::iter::once(&answer.message_id))
+        .map(|r| format!("<{}>", r.trim_matches(['<', '>'])))
+        .collect();
+    let raw = format!(
+        "From: approver@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: Re: {}\r\nMessage-ID: <{}@bridge.test>\r\nIn-Reply-To: <{}>\r\nReferences: {}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nAPPROVE\r\n",
+        answer.subject,
+        uuid::Uuid::new_v4().simple(),
+        answer.message_id.trim_matches(['<', '>']),
+        refs.join(" ")
+    );
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &raw,
+        Some("approver"),
+    );
+    let sent = wait_mails(&stack, "bob", 1).await;
+    assert_eq!(sent[0].body.trim(), "threaded");
+    assert!(
+        inbox(&d, "mail:inbox").await.is_empty(),
+        "nothing reached the agent"
+    );
+}
