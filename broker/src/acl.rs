@@ -105,13 +105,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 ));
             }
             // A card the platform refused rejects its approval and wakes the requester.
-            let wake: Vec<String> = config
-                .requesters_of(name)
-                .map(|r| format!("%W~{}", keys::decisions(r)))
-                .collect();
-            if !wake.is_empty() {
-                sels.push(selector(&wake, "+xadd"));
-            }
+            sels.extend(wake_selector(config, name));
             // Records only for a bridge that parks or shows cards: elsewhere a
             // forged `approval_id` is refused without reading anything.
             if parks || config.is_approval_surface(name) {
@@ -132,13 +126,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                     "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
                 ));
             }
-            let wake: Vec<String> = config
-                .requesters_of(name)
-                .map(|r| format!("%W~{}", keys::decisions(r)))
-                .collect();
-            if !wake.is_empty() {
-                sels.push(selector(&wake, "+xadd"));
-            }
+            sels.extend(wake_selector(config, name));
             sels.push(selector(
                 &[format!("~{}", keys::ingest_cursor(name))],
                 "+get +set",
@@ -155,6 +143,16 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
         "on #{hash} resetkeys resetchannels -@all {BASE} {}",
         sels.join(" ")
     )
+}
+
+/// `XADD` to the `decisions` streams of the bridges that ask through `name`
+/// (its ingest decides for them; its outbox rejects a card the platform refused).
+fn wake_selector(config: &Config, name: &str) -> Option<String> {
+    let wake: Vec<String> = config
+        .requesters_of(name)
+        .map(|r| format!("%W~{}", keys::decisions(r)))
+        .collect();
+    (!wake.is_empty()).then(|| selector(&wake, "+xadd"))
 }
 
 /// Every user of the deployment. Fails naming the key of a missing password file.

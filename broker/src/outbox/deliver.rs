@@ -170,26 +170,20 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<()> {
         let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
-        let recorded = match self.outcome_of(&f.key, result) {
+        match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
-                // Acked with the rest of the batch, then its mark cleared (below).
+                // Acked with the rest of the batch, then its mark cleared.
                 self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
-                if let Some((
-                    _,
-                    Job::Plain {
-                        source,
-                        entry,
-                        message,
-                        retry,
-                    },
-                )) = self.retries.release(&channel)
-                {
-                    Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await?;
-                }
-                return Ok(());
             }
-            Delivery::Failed(n) => self.dead_letter(f.source, &f.entry, n).await,
+            Delivery::Failed(n) => {
+                self.dead_letter(f.source, &f.entry, n).await?;
+                // Only once the outcome is recorded: a mark cleared before a
+                // failed ack would let a restart send the message again.
+                if !S::DEDUPLICATES {
+                    self.clear_in_flight(&f.key).await?;
+                }
+            }
             Delivery::Deferred(due) => {
                 // Not delivered: the mark goes, the entry waits (still pending),
                 // and the destination stays busy.
@@ -205,13 +199,8 @@ impl<S: Sender> OutboxService<S> {
                 self.retries.defer(f.key, due, job);
                 return Ok(());
             }
-        };
-        recorded?;
-        // Only once the outcome is recorded: a mark cleared before a failed ack
-        // would let a restart send the message again.
-        if !S::DEDUPLICATES {
-            self.clear_in_flight(&f.key).await?;
         }
+        // The next delivery to this destination starts now.
         if let Some((
             _,
             Job::Plain {
@@ -222,7 +211,6 @@ impl<S: Sender> OutboxService<S> {
             },
         )) = self.retries.release(&channel)
         {
-            // The next delivery to this destination starts now.
             Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await?;
         }
         Ok(())
@@ -319,7 +307,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Runs every deferred job whose retry time has come.
     pub(super) async fn retry_due(&mut self) -> Result<()> {
-        while let Some((key, job)) = self.retries.pop_due(tokio::time::Instant::now()) {
+        while let Some((_, job)) = self.retries.pop_due(tokio::time::Instant::now()) {
             match job {
                 Job::Plain {
                     source,
@@ -337,7 +325,6 @@ impl<S: Sender> OutboxService<S> {
                     retry,
                 } => self.handle_notification(source, &entry, retry).await?,
             }
-            let _ = key;
         }
         self.drain().await
     }
