@@ -6,7 +6,7 @@
 
 let
   inherit (lib) mkOption mkEnableOption mkIf mkDefault types mapAttrs mapAttrs' nameValuePair
-    filterAttrs attrNames concatMap mapAttrsToList optional optionalAttrs literalExpression;
+    filterAttrs attrNames concatMap mapAttrsToList optional optionalAttrs optionalString literalExpression;
 
   cfg = config.services.cowboy;
   render = import ./render.nix;
@@ -39,6 +39,13 @@ let
       max_in_flight = mkOption { type = types.ints.positive; default = 32; description = "Deliveries under way at once (one per destination at a time)."; };
       max_attempts = mkOption { type = types.ints.positive; default = 50; description = "Attempts at a delivery that keeps failing transiently before it is dead-lettered."; };
       max_retry_seconds = mkOption { type = types.ints.positive; default = 3600; description = "Seconds after its first failure that such a delivery is given up."; };
+      claim_idle_seconds = mkOption { type = types.ints.positive; default = 60; description = "Seconds a worker may go without reading or beating before another worker takes over its entries."; };
+      max_deliveries = mkOption { type = types.ints.between 2 1000000; default = 10; description = "Times an entry may be handed to a worker without an outcome before it is dead-lettered as poison (parked entries exempt)."; };
+      outboxWorkers = mkOption {
+        type = types.listOf (types.strMatching "[A-Za-z0-9_-]{1,64}"); default = [ ];
+        example = [ "b" "c" ];
+        description = "Extra outbox workers, each a unit cowboy-NAME-outbox-WORKER run with `--worker WORKER` beside the default one; a dead one's entries are taken over by the others.";
+      };
       ping = {
         command = mkOption { type = types.listOf types.str; default = [ ]; description = "argv run once per burst of inbox entries."; };
         debounce_ms = mkOption { type = types.ints.unsigned; default = 250; description = "How long a burst is gathered."; };
@@ -62,7 +69,7 @@ let
   };
 
   bridgeInput = name: b: {
-    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds ping settings redisPasswordFiles;
+    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds claim_idle_seconds max_deliveries ping settings redisPasswordFiles;
     secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
   };
 
@@ -107,7 +114,10 @@ let
     UMask = "0077";
   };
 
-  unitFor = name: b: svc: nameValuePair "cowboy-${name}-${svc}" {
+  unitFor = name: b: svc: workerUnit name b svc null;
+
+  # One unit per service; `worker` (outbox only) names an extra outbox worker.
+  workerUnit = name: b: svc: worker: nameValuePair "cowboy-${name}-${svc}${optionalString (worker != null) "-${worker}"}" {
     description = "cowboy ${svc} of bridge ${name} (${b.type})";
     partOf = [ "cowboy.target" ];
     wantedBy = [ "cowboy.target" ];
@@ -121,7 +131,7 @@ let
     serviceConfig = mapAttrs (_: mkDefault) hardening // {
       Type = "notify";
       NotifyAccess = "main";
-      ExecStart = "${cfg.package}/bin/cowboy-${b.type}-${svc} --config ${serviceConfigFile} --bridge ${name}";
+      ExecStart = "${cfg.package}/bin/cowboy-${b.type}-${svc} --config ${serviceConfigFile} --bridge ${name}${optionalString (worker != null) " --worker ${worker}"}";
       WatchdogSec = 30;
       Restart = "always";
       RestartSec = 2;
@@ -228,7 +238,8 @@ in
           chmod 0644 /run/cowboy-acl/users.acl
         '';
       };
-    } // builtins.listToAttrs (concatMap (name: map (unitFor name enabledBridges.${name}) services) (attrNames enabledBridges));
+    } // builtins.listToAttrs (concatMap (name: map (unitFor name enabledBridges.${name}) services) (attrNames enabledBridges))
+      // builtins.listToAttrs (concatMap (name: let b = enabledBridges.${name}; in map (workerUnit name b "outbox") b.outboxWorkers) (attrNames enabledBridges));
 
     systemd.targets.cowboy = {
       description = "cowboy bridges";

@@ -67,6 +67,8 @@ let
       max_in_flight = b.max_in_flight or null;
       max_attempts = b.max_attempts or null;
       max_retry_seconds = b.max_retry_seconds or null;
+      claim_idle_seconds = b.claim_idle_seconds or null;
+      max_deliveries = b.max_deliveries or null;
       redis_password_files = nonNull {
         ingest = files.ingest or null;
         outbox = files.outbox or null;

@@ -74,16 +74,28 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     let agents: Vec<&str> = config.agent_names().collect();
     let each =
         |f: &dyn Fn(&str) -> String| -> Vec<String> { agents.iter().map(|a| f(a)).collect() };
-    let heartbeat = selector(&[format!("%W~{}", keys::heartbeat(name))], "+hset +expire");
+    let heartbeat = match service {
+        // Workers read each other's beats before taking over entries.
+        Service::Outbox => selector(
+            &[format!("~{}", keys::heartbeat(name))],
+            "+hset +expire +hget",
+        ),
+        _ => selector(&[format!("%W~{}", keys::heartbeat(name))], "+hset +expire"),
+    };
     let mut sels = Vec::new();
     match service {
         Service::Outbox => {
             let mut read = vec![
                 format!("~{}", keys::outbox(name)),
                 format!("~{}", keys::decisions(name)),
+                format!("~{}", keys::worker_decisions_pattern(name)),
             ];
             read.extend(each(&|a| format!("~{}", keys::agent_outbox(a, name))));
-            sels.push(selector(&read, "+xreadgroup +xack +xgroup|create +xrange"));
+            // XINFO CONSUMERS, XPENDING and XCLAIM: taking over a dead worker's entries.
+            sels.push(selector(
+                &read,
+                "+xreadgroup +xack +xgroup|create +xrange +xinfo|consumers +xpending +xclaim",
+            ));
             let mut write = vec![
                 format!("%W~{}", keys::inbox(name)),
                 format!("%W~{}", keys::dead(name)),
@@ -150,7 +162,12 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
 fn wake_selector(config: &Config, name: &str) -> Option<String> {
     let wake: Vec<String> = config
         .requesters_of(name)
-        .map(|r| format!("%W~{}", keys::decisions(r)))
+        .flat_map(|r| {
+            [
+                format!("%W~{}", keys::decisions(r)),
+                format!("%W~{}", keys::worker_decisions_pattern(r)),
+            ]
+        })
         .collect();
     (!wake.is_empty()).then(|| selector(&wake, "+xadd"))
 }

@@ -238,14 +238,14 @@ return 1
 /// Decides a pending record inside its window. ARGV: status, approver, reason, now.
 /// Returns `decided`, or the reason nothing changed.
 const DECIDE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at')
-if not f[1] then return 'missing' end
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker')
+if not f[1] then return {'missing', ''} end
 local expires = tonumber(f[2]) or 0
-if expires ~= 0 and tonumber(ARGV[4]) >= expires then return 'expired' end
-if f[1] ~= 'pending' then return f[1] end
-if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return 'settled' end
+if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', ''} end
+if f[1] ~= 'pending' then return {f[1], ''} end
+if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return {'settled', ''} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
-return 'decided'
+return {'decided', f[3] or ''}
 "#;
 
 /// Sets fields only on a record that still exists (never resurrects a settled one).
@@ -385,7 +385,7 @@ async fn apply(
 ) -> Result<Outcome> {
     let key = keys::approval(id);
     let now = crate::now_secs_f64();
-    let answer: String = redis::Script::new(DECIDE)
+    let (answer, worker): (String, String) = redis::Script::new(DECIDE)
         .key(&key)
         .arg(verdict.as_str())
         .arg(approver)
@@ -405,10 +405,10 @@ async fn apply(
         verdict = verdict.as_str(),
         "approval decided"
     );
-    // Wake the requesting outbox service; if this is lost it still sees the decision
-    // at its next sweep.
-    // Capped: a wake-up trimmed before it was read is covered by that sweep too.
-    let stream = keys::decisions(requester);
+    // Wake the requesting worker (the one the record names, read in the same step
+    // as the decision); if this is lost it still sees the decision at its next
+    // sweep. Capped: a wake-up trimmed before it was read is covered by that sweep too.
+    let stream = keys::decisions_for(requester, &worker);
     let _: String = redis::cmd("XADD")
         .arg(&stream)
         .arg("MAXLEN")

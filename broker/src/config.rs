@@ -156,6 +156,15 @@ pub struct BridgeCommon {
     /// Seconds after its first failure that such a delivery is given up.
     #[serde(default = "default_max_retry_seconds")]
     pub max_retry_seconds: u64,
+    /// Seconds a worker may go without reading before another worker of the
+    /// same bridge takes over its entries (parked ones included).
+    #[serde(default = "default_claim_idle_seconds")]
+    pub claim_idle_seconds: u64,
+    /// Times an entry may be handed to a worker (the pending list's delivery
+    /// count: restarts and takeovers) without an outcome before it is
+    /// dead-lettered as poison. Parked entries are exempt: they wait by design.
+    #[serde(default = "default_max_deliveries")]
+    pub max_deliveries: u64,
     /// Password files of this bridge's own Redis users (`cowboy-{bridge}-{service}`).
     /// A service with a file here authenticates as its own user; `cowboy acl` renders it.
     #[serde(default)]
@@ -198,6 +207,14 @@ fn default_max_attempts() -> u32 {
 
 fn default_max_retry_seconds() -> u64 {
     3600
+}
+
+fn default_claim_idle_seconds() -> u64 {
+    60
+}
+
+fn default_max_deliveries() -> u64 {
+    10
 }
 
 /// `redis_password_files = { ingest = PATH, outbox = PATH, ping = PATH }`.
@@ -392,6 +409,18 @@ impl Config {
                 return Err(ConfigError::invalid(
                     format!("{at}.max_content_bytes"),
                     "must be at least 1",
+                ));
+            }
+            if bridge.claim_idle_seconds == 0 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.claim_idle_seconds"),
+                    "must be at least 1",
+                ));
+            }
+            if bridge.max_deliveries < 2 {
+                return Err(ConfigError::invalid(
+                    format!("{at}.max_deliveries"),
+                    "must be at least 2 (a restart hands every pending entry over once more)",
                 ));
             }
             if bridge.max_in_flight == 0 {

@@ -109,9 +109,47 @@ pub fn outbox_group(bridge: &str) -> String {
     format!("{bridge}-outbox")
 }
 
-/// The outbox service's consumer within [`outbox_group`].
-pub fn outbox_consumer(bridge: &str) -> String {
-    format!("{bridge}-worker")
+/// The worker name of an outbox service started without `--worker`.
+pub const DEFAULT_WORKER: &str = "worker";
+
+/// Whether `name` may be a worker name: it becomes part of a consumer name and of
+/// a stream key, so 1 to 64 letters, digits, `-` or `_`.
+pub fn valid_worker(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The consumer of outbox worker `worker` within [`outbox_group`]. The default
+/// worker's is `{bridge}-worker`, as before workers had names.
+pub fn outbox_consumer(bridge: &str, worker: &str) -> String {
+    format!("{bridge}-{worker}")
+}
+
+/// The field of [`heartbeat`] an outbox worker beats in: `outbox` for the
+/// default worker, `outbox:{worker}` for a named one.
+pub fn outbox_heartbeat_field(worker: &str) -> String {
+    if worker == DEFAULT_WORKER {
+        "outbox".to_string()
+    } else {
+        format!("outbox:{worker}")
+    }
+}
+
+/// A key pattern matching every named worker's wake-up stream (ACL rules).
+pub fn worker_decisions_pattern(bridge: &str) -> String {
+    format!("{bridge}:decisions:*")
+}
+
+/// The wake-up stream of one outbox worker: where a decision on an approval it
+/// holds is announced. The default worker's is [`decisions`].
+pub fn decisions_for(bridge: &str, worker: &str) -> String {
+    if worker.is_empty() || worker == DEFAULT_WORKER {
+        decisions(bridge)
+    } else {
+        format!("{bridge}:decisions:{worker}")
+    }
 }
 
 /// Consumer group of the ping service on the bridge's inbox streams.

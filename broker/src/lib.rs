@@ -9,6 +9,7 @@
 //!
 //! # Layout
 //!
+//! - [`bridge`]: the [`bridge::Bridge`] trait a bridge crate implements, and its runner.
 //! - [`acl`]: Redis ACL users rendered from the config, and the probes that check them.
 //! - [`keys`]: the Redis key schema, the only place that formats key names.
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
@@ -26,6 +27,7 @@
 
 pub mod acl;
 pub mod approval;
+pub mod bridge;
 pub mod cli;
 pub mod config;
 pub mod entry;

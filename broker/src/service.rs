@@ -1,17 +1,17 @@
 //! What every bridge binary shares: arguments, tracing, signals and exit codes.
 //!
-//! A binary's `main` is one call to [`main`] with the bridge type it serves and
-//! the library function to run. Exit codes follow sysexits so a supervisor can
+//! A binary's `main` is one call to [`main`] with the [`Bridge`] type it serves
+//! and the service it runs. Exit codes follow sysexits so a supervisor can
 //! tell "fix the config" ([`EXIT_CONFIG`]) from "a dependency went away"
 //! ([`EXIT_UNAVAILABLE`]).
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
 
-use crate::config::Config;
+use crate::bridge::{Bridge, Launch};
+use crate::config::{Config, Service};
 use crate::error::{ConfigError, Error};
 use crate::shutdown::Shutdown;
 
@@ -31,6 +31,10 @@ pub struct BridgeArgs {
     /// Which `[bridges.NAME]` to serve.
     #[arg(long, env = "COWBOY_BRIDGE")]
     pub bridge: String,
+    /// Outbox only: this process's consumer name in the bridge's groups, stable
+    /// across restarts (letters, digits, `-`, `_`). Default: `worker`.
+    #[arg(long, env = "COWBOY_WORKER")]
+    pub worker: Option<String>,
 }
 
 /// Starts tracing: `RUST_LOG` filters (default `info`); JSON lines when
@@ -92,14 +96,10 @@ pub fn load_for(
 }
 
 /// The whole `main` of a bridge binary: parse, load, run until a signal, exit.
-pub fn main<F, Fut>(kind: &str, run: F) -> !
-where
-    F: FnOnce(Arc<Config>, String, Shutdown) -> Fut,
-    Fut: Future<Output = Result<(), Error>>,
-{
+pub fn main<B: Bridge>(service: Service) -> ! {
     let args = BridgeArgs::parse();
     init_tracing();
-    let code = match load_for(&args.config, &args.bridge, kind) {
+    let code = match load_for(&args.config, &args.bridge, B::TYPE) {
         Err(e) => {
             tracing::error!("{e}");
             EXIT_CONFIG
@@ -123,7 +123,13 @@ where
                         return EXIT_SOFTWARE;
                     }
                 };
-                let result = run(config, args.bridge, shutdown).await;
+                let launch = Launch {
+                    config,
+                    bridge: args.bridge,
+                    worker: args.worker,
+                    shutdown,
+                };
+                let result = crate::bridge::run::<B>(service, launch).await;
                 match result {
                     Ok(()) => 0,
                     Err(e) => {
@@ -146,6 +152,7 @@ pub fn exec_service(
     config: &Config,
     service: &str,
     bridge: &str,
+    worker: Option<&str>,
 ) -> Error {
     use std::os::unix::process::CommandExt;
     if !["ingest", "outbox", "ping"].contains(&service) {
@@ -163,11 +170,15 @@ pub fn exec_service(
         .and_then(|p| p.parent().map(|d| d.join(&name)))
         .filter(|p| p.exists());
     let program = beside.unwrap_or_else(|| name.clone().into());
-    let err = std::process::Command::new(&program)
+    let mut command = std::process::Command::new(&program);
+    command
         .arg("--config")
         .arg(config_path)
         .arg("--bridge")
-        .arg(bridge)
-        .exec();
+        .arg(bridge);
+    if let Some(worker) = worker {
+        command.arg("--worker").arg(worker);
+    }
+    let err = command.exec();
     Error::Request(format!("cannot run {}: {err}", program.display()))
 }

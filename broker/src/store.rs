@@ -8,6 +8,7 @@
 //! Stream entries are kept as raw bytes ([`Entry`]): whether a value is valid
 //! UTF-8 is a validation question for the caller, not a parse failure here.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
@@ -41,6 +42,26 @@ impl Entry {
 /// What one `XREADGROUP`/`XREAD` returned: entries per stream. An entry whose
 /// body was deleted while pending comes back with `fields = None`.
 pub type StreamBatch = Vec<(String, Vec<(String, Option<Vec<(String, Vec<u8>)>>)>)>;
+
+/// One consumer of a group, as `XINFO CONSUMERS` reports it.
+#[derive(Debug, Clone)]
+pub struct Consumer {
+    pub name: String,
+    /// Entries delivered to it and not yet acked.
+    pub pending: u64,
+    /// Milliseconds since it last read or claimed (a blocked read counts from its start).
+    pub idle_ms: u64,
+}
+
+/// One entry of a group's pending list.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub id: String,
+    pub consumer: String,
+    pub idle_ms: u64,
+    /// How many times it was handed to a consumer (reads, re-reads, claims).
+    pub deliveries: u64,
+}
 
 /// A handle on Redis for one service.
 #[derive(Clone)]
@@ -166,6 +187,94 @@ impl Store {
             .collect())
     }
 
+    /// The consumers of a group on one stream (`XINFO CONSUMERS`).
+    pub async fn consumers(&mut self, stream: &str, group: &str) -> Result<Vec<Consumer>> {
+        let v: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
+            .arg("CONSUMERS")
+            .arg(stream)
+            .arg(group)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XINFO CONSUMERS {stream}"), e))?;
+        let int = |m: &HashMap<String, Value>, k: &str| match m.get(k) {
+            Some(Value::Int(i)) => (*i).max(0) as u64,
+            _ => 0,
+        };
+        Ok(v.iter()
+            .filter_map(|m| {
+                Some(Consumer {
+                    name: m.get("name").and_then(text)?,
+                    pending: int(m, "pending"),
+                    idle_ms: int(m, "idle"),
+                })
+            })
+            .collect())
+    }
+
+    /// A page of a group's pending list (extended `XPENDING`): entries from
+    /// `start` on, at most `count`, optionally of one consumer and idle at least
+    /// `min_idle_ms`.
+    pub async fn pending(
+        &mut self,
+        stream: &str,
+        group: &str,
+        start: &str,
+        count: usize,
+        consumer: Option<&str>,
+        min_idle_ms: u64,
+    ) -> Result<Vec<Pending>> {
+        let mut cmd = redis::cmd("XPENDING");
+        cmd.arg(stream).arg(group);
+        if min_idle_ms > 0 {
+            cmd.arg("IDLE").arg(min_idle_ms);
+        }
+        cmd.arg(start).arg("+").arg(count);
+        if let Some(c) = consumer {
+            cmd.arg(c);
+        }
+        let v: Vec<(String, String, u64, u64)> = cmd
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XPENDING {stream}"), e))?;
+        Ok(v.into_iter()
+            .map(|(id, consumer, idle_ms, deliveries)| Pending {
+                id,
+                consumer,
+                idle_ms,
+                deliveries,
+            })
+            .collect())
+    }
+
+    /// Takes entries idle at least `min_idle_ms` over to `consumer` (`XCLAIM`,
+    /// which counts a delivery). Entries no longer in the stream are dropped from
+    /// the pending list by Redis and not returned.
+    pub async fn claim(
+        &mut self,
+        stream: &str,
+        group: &str,
+        consumer: &str,
+        min_idle_ms: u64,
+        ids: &[&str],
+    ) -> Result<Vec<Entry>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let v: Value = redis::cmd("XCLAIM")
+            .arg(stream)
+            .arg(group)
+            .arg(consumer)
+            .arg(min_idle_ms)
+            .arg(ids)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XCLAIM {stream}"), e))?;
+        Ok(parse_entries(v)
+            .into_iter()
+            .filter_map(|(id, f)| f.map(|fields| Entry { id, fields }))
+            .collect())
+    }
+
     /// Marks a service alive in the bridge's heartbeat hash for `ttl`.
     pub async fn heartbeat(&mut self, bridge: &str, service: &str, ttl: Duration) -> Result<()> {
         let key = crate::keys::heartbeat(bridge);
@@ -210,7 +319,7 @@ pub async fn read_group(
     Ok(parse_read(v))
 }
 
-fn text(v: &Value) -> Option<String> {
+pub(crate) fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
         Value::SimpleString(s) => Some(s.clone()),

@@ -12,6 +12,9 @@
     max_in_flight = 4;
     max_attempts = 5;
     max_retry_seconds = 60;
+    claim_idle_seconds = 30;
+    max_deliveries = 5;
+    outboxWorkers = [ "b" ];
 
     approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };

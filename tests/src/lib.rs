@@ -252,29 +252,33 @@ impl Deployment {
             .expect("connect to the test redis")
     }
 
-    /// Runs any bridge service function (`email::run_outbox`, ...) of bridge `name` as a task.
-    pub fn run<F, Fut>(&self, service: F, name: &str) -> Running
-    where
-        F: FnOnce(Arc<Config>, String, Shutdown) -> Fut,
-        Fut: std::future::Future<Output = broker::Result<()>> + Send + 'static,
-    {
+    /// Runs one service of bridge `name` (of type `B`) as a task.
+    pub fn run<B: broker::bridge::Bridge>(
+        &self,
+        service: broker::config::Service,
+        name: &str,
+    ) -> Running {
         let (trigger, shutdown) = Shutdown::new();
-        let task = tokio::spawn(service(self.config.clone(), name.to_string(), shutdown));
+        let launch = broker::bridge::Launch {
+            config: self.config.clone(),
+            bridge: name.to_string(),
+            worker: None,
+            shutdown,
+        };
+        let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
         Running { trigger, task }
     }
 
     /// Runs a console service (`outbox`, `ingest` or `ping`) of bridge `name` as a task.
     pub fn spawn(&self, service: &str, name: &str) -> Running {
-        let (trigger, shutdown) = Shutdown::new();
-        let config = self.config.clone();
-        let name = name.to_string();
-        let task = match service {
-            "outbox" => tokio::spawn(console::run_outbox(config, name, shutdown)),
-            "ingest" => tokio::spawn(console::run_ingest(config, name, shutdown)),
-            "ping" => tokio::spawn(console::run_ping(config, name, shutdown)),
+        use broker::config::Service;
+        let service = match service {
+            "outbox" => Service::Outbox,
+            "ingest" => Service::Ingest,
+            "ping" => Service::Ping,
             other => panic!("no service {other}"),
         };
-        Running { trigger, task }
+        self.run::<console::Console>(service, name)
     }
 
     /// Lines delivered to a console output file.
@@ -308,6 +312,25 @@ impl Deployment {
 pub struct Process(pub Child);
 
 impl Process {
+    /// Kills the process with SIGKILL (no cleanup of any kind) and reaps it.
+    pub fn kill(mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
+    /// Waits for the process to exit by itself; its exit code, or `None` if it
+    /// was still running after `timeout` (it is then killed).
+    pub fn wait_code(mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     /// Stops the process with SIGTERM and returns its exit code.
     pub fn stop(mut self) -> Option<i32> {
         Self::terminate(&mut self.0)
@@ -330,9 +353,18 @@ impl Drop for Process {
 impl Deployment {
     /// Starts `cowboy-<type>-<service> --bridge NAME` against this deployment.
     pub fn process(&self, binary_name: &str, bridge: &str) -> Process {
-        let log = std::fs::File::create(self.path(&format!("{binary_name}-{bridge}.log"))).unwrap();
+        self.process_with(binary_name, bridge, &[])
+    }
+
+    /// [`Self::process`] with extra arguments (e.g. `--worker a`).
+    pub fn process_with(&self, binary_name: &str, bridge: &str, args: &[&str]) -> Process {
+        let log = std::fs::File::create(
+            self.path(&format!("{binary_name}-{bridge}{}.log", args.join(""))),
+        )
+        .unwrap();
         Process(
             Command::new(binary(binary_name))
+                .args(args)
                 .args(["--bridge", bridge, "--config"])
                 .arg(&self.config_path)
                 .env("RUST_LOG", "info")

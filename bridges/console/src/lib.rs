@@ -14,47 +14,37 @@ pub mod config;
 pub mod ingest;
 pub mod send;
 
-use std::sync::Arc;
-
-use broker::config::Service;
+use broker::bridge::Bridge;
 use broker::ingest::Ingest;
-use broker::ping::PingService;
-use broker::{Config, OutboxService, Result, Shutdown, Store};
+use broker::{Config, Result, Shutdown};
 
 use crate::config::ConsoleSettings;
 use crate::send::ConsoleSender;
 
-/// The bridge type this crate serves.
-pub const TYPE: &str = "console";
-
-fn settings(config: &Config, name: &str) -> Result<ConsoleSettings> {
-    Ok(config.bridge(name)?.settings(name)?)
+/// A console bridge: its validated settings.
+pub struct Console {
+    settings: ConsoleSettings,
 }
 
-/// Runs the outbox service of console bridge `name`.
-pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
-    let latency = std::time::Duration::from_millis(s.latency_ms);
-    let sender = ConsoleSender::with_latency(s.output, latency);
-    OutboxService::new(config, &name, sender, store, shutdown)?
-        .run()
-        .await
-}
+impl Bridge for Console {
+    const TYPE: &'static str = "console";
+    type Sender = ConsoleSender;
 
-/// Runs the ingest of console bridge `name`.
-pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let store = Store::connect(&config.redis_for(&name, Service::Ingest)).await?;
-    let ingest = Ingest::new(config, &name, store)?;
-    ingest::follow(ingest, s.input, shutdown).await
-}
+    fn load(config: &Config, name: &str) -> Result<Self> {
+        Ok(Console {
+            settings: config.bridge(name)?.settings(name)?,
+        })
+    }
 
-/// Runs the ping service of console bridge `name`.
-pub async fn run_ping(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    settings(&config, &name)?;
-    let store = Store::connect(&config.redis_for(&name, Service::Ping)).await?;
-    PingService::new(config, &name, store, shutdown)?
-        .run()
-        .await
+    fn sender(&self, _name: &str) -> Result<ConsoleSender> {
+        let latency = std::time::Duration::from_millis(self.settings.latency_ms);
+        Ok(ConsoleSender::with_latency(
+            self.settings.output.clone(),
+            latency,
+        ))
+    }
+
+    async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+        ingest::follow(ingest, self.settings.input, shutdown).await
+    }
 }

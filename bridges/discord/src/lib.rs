@@ -16,30 +16,26 @@ pub mod send;
 
 use std::sync::Arc;
 
-use broker::config::{read_secret, Service};
+use broker::bridge::Bridge;
+use broker::config::read_secret;
 use broker::ingest::Ingest;
-use broker::ping::PingService;
-use broker::{Config, Error, OutboxService, Result, Shutdown, Store};
+use broker::{Config, Error, Result, Shutdown};
 use serenity::http::{Http, HttpBuilder};
 
 use crate::config::DiscordSettings;
 use crate::send::DiscordSender;
 
-/// The bridge type this crate serves.
-pub const TYPE: &str = "discord";
+/// A Discord bridge: its validated settings and bot token.
+pub struct Discord {
+    settings: DiscordSettings,
+    token: String,
+}
 
 /// The bridge's settings, validated.
 pub fn settings(config: &Config, name: &str) -> Result<DiscordSettings> {
     let s: DiscordSettings = config.bridge(name)?.settings(name)?;
     s.validate(name)?;
     Ok(s)
-}
-
-fn token(s: &DiscordSettings, name: &str) -> Result<String> {
-    Ok(read_secret(
-        &format!("bridges.{name}.token_file"),
-        &s.token_file,
-    )?)
 }
 
 /// The REST client: discord.com, or `api_base` with the client-side rate limiter
@@ -52,50 +48,49 @@ pub fn http(s: &DiscordSettings, token: &str) -> Http {
     builder.build()
 }
 
-/// Runs the outbox service of Discord bridge `name`.
-pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let sender = DiscordSender {
-        http: Arc::new(http(&s, &token(&s, &name)?)),
-        mentions: s.mentions.clone(),
-    };
-    let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
-    OutboxService::new(config, &name, sender, store, shutdown)?
-        .run()
-        .await
-}
+impl Bridge for Discord {
+    const TYPE: &'static str = "discord";
+    type Sender = DiscordSender;
 
-/// Runs the ingest (gateway connection) of Discord bridge `name`.
-pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let http = http(&s, &token(&s, &name)?);
-    let store = Store::connect(&config.redis_for(&name, Service::Ingest)).await?;
-    let beat_store = store.clone();
-    let handler = ingest::Handler::new(Ingest::new(config, &name, store)?, s.clone());
-    let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
-        .event_handler(handler)
-        .await
-        .map_err(|e| Error::Request(format!("Discord client: {e}")))?;
-    if let Some(url) = &s.gateway_url {
-        *client.ws_url.lock().await = url.clone();
+    fn load(config: &Config, name: &str) -> Result<Self> {
+        let settings = settings(config, name)?;
+        let token = read_secret(&format!("bridges.{name}.token_file"), &settings.token_file)?;
+        Ok(Discord { settings, token })
     }
-    ingest::run(client, beat_store, name, shutdown).await
-}
 
-/// Runs the ping service of Discord bridge `name`, with `users/@me` in its heartbeat.
-pub async fn run_ping(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let sender = Arc::new(DiscordSender {
-        http: Arc::new(http(&s, &token(&s, &name)?)),
-        mentions: Vec::new(),
-    });
-    let store = Store::connect(&config.redis_for(&name, Service::Ping)).await?;
-    let probe: broker::ping::Probe = Box::new(move || {
-        let sender = sender.clone();
-        Box::pin(async move { sender.check().await })
-    });
-    PingService::new(config, &name, store, shutdown)?
-        .with_probe(probe)
-        .run()
-        .await
+    fn sender(&self, _name: &str) -> Result<DiscordSender> {
+        Ok(DiscordSender {
+            http: Arc::new(http(&self.settings, &self.token)),
+            mentions: self.settings.mentions.clone(),
+        })
+    }
+
+    /// The gateway connection.
+    async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+        let s = self.settings;
+        let http = http(&s, &self.token);
+        let beat_store = ingest.store.clone();
+        let name = ingest.name().to_string();
+        let handler = ingest::Handler::new(ingest, s.clone());
+        let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
+            .event_handler(handler)
+            .await
+            .map_err(|e| Error::Request(format!("Discord client: {e}")))?;
+        if let Some(url) = &s.gateway_url {
+            *client.ws_url.lock().await = url.clone();
+        }
+        ingest::run(client, beat_store, name, shutdown).await
+    }
+
+    /// `users/@me`.
+    fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
+        let sender = Arc::new(DiscordSender {
+            http: Arc::new(http(&self.settings, &self.token)),
+            mentions: Vec::new(),
+        });
+        Ok(Some(Box::new(move || {
+            let sender = sender.clone();
+            Box::pin(async move { sender.check().await })
+        })))
+    }
 }

@@ -17,16 +17,17 @@ pub mod verdict;
 
 use std::sync::Arc;
 
-use broker::config::Service;
+use broker::bridge::Bridge;
 use broker::ingest::Ingest;
-use broker::ping::PingService;
-use broker::{Config, OutboxService, Result, Shutdown, Store};
+use broker::{Config, Result, Shutdown};
 
 use crate::config::EmailSettings;
 use crate::send::EmailSender;
 
-/// The bridge type this crate serves.
-pub const TYPE: &str = "email";
+/// An email bridge: its validated settings.
+pub struct Email {
+    settings: EmailSettings,
+}
 
 /// The bridge's settings, validated.
 pub fn settings(config: &Config, name: &str) -> Result<EmailSettings> {
@@ -35,61 +36,61 @@ pub fn settings(config: &Config, name: &str) -> Result<EmailSettings> {
     Ok(s)
 }
 
-/// Runs the outbox service of email bridge `name`.
-pub async fn run_outbox(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let sender = EmailSender::new(settings(&config, &name)?, &name)?;
-    let store = Store::connect(&config.redis_for(&name, Service::Outbox)).await?;
-    OutboxService::new(config, &name, sender, store, shutdown)?
-        .run()
-        .await
-}
+impl Bridge for Email {
+    const TYPE: &'static str = "email";
+    type Sender = EmailSender;
 
-/// Runs the ingest of email bridge `name`.
-pub async fn run_ingest(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let reply = EmailSender::new(s.clone(), &name)?;
-    let store = Store::connect(&config.redis_for(&name, Service::Ingest)).await?;
-    let ingest = Ingest::new(config, &name, store)?;
-    let verifier = match s.verify {
-        Some(config::Verify::Dkim) => {
-            let resolver = s.resolver.as_deref().and_then(|r| r.parse().ok());
-            Some(dkim::Verifier::new(resolver).map_err(|e| {
-                broker::Error::Config(broker::error::ConfigError::Invalid {
-                    key: format!("bridges.{name}.resolver"),
-                    message: e,
-                })
-            })?)
-        }
-        None => None,
-    };
-    ingest::EmailIngest {
-        ingest,
-        settings: s,
-        bridge: name,
-        reply,
-        verifier,
-    }
-    .run(shutdown)
-    .await
-}
-
-/// Runs the ping service of email bridge `name`, with SMTP and IMAP checks in its heartbeat.
-pub async fn run_ping(config: Arc<Config>, name: String, shutdown: Shutdown) -> Result<()> {
-    let s = settings(&config, &name)?;
-    let smtp = Arc::new(EmailSender::new(s.clone(), &name)?);
-    let store = Store::connect(&config.redis_for(&name, Service::Ping)).await?;
-    let bridge = name.clone();
-    let probe: broker::ping::Probe = Box::new(move || {
-        let smtp = smtp.clone();
-        let imap = s.imap.clone();
-        let bridge = bridge.clone();
-        Box::pin(async move {
-            smtp.check().await?;
-            ingest::check(&imap, &bridge).await
+    fn load(config: &Config, name: &str) -> Result<Self> {
+        Ok(Email {
+            settings: settings(config, name)?,
         })
-    });
-    PingService::new(config, &name, store, shutdown)?
-        .with_probe(probe)
-        .run()
+    }
+
+    fn sender(&self, name: &str) -> Result<EmailSender> {
+        EmailSender::new(self.settings.clone(), name)
+    }
+
+    /// The IMAP follower; its "not understood" replies go out over SMTP.
+    async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+        let s = self.settings;
+        let name = ingest.name().to_string();
+        let reply = EmailSender::new(s.clone(), &name)?;
+        let verifier = match s.verify {
+            Some(config::Verify::Dkim) => {
+                let resolver = s.resolver.as_deref().and_then(|r| r.parse().ok());
+                Some(dkim::Verifier::new(resolver).map_err(|e| {
+                    broker::Error::Config(broker::error::ConfigError::Invalid {
+                        key: format!("bridges.{name}.resolver"),
+                        message: e,
+                    })
+                })?)
+            }
+            None => None,
+        };
+        ingest::EmailIngest {
+            ingest,
+            settings: s,
+            bridge: name,
+            reply,
+            verifier,
+        }
+        .run(shutdown)
         .await
+    }
+
+    /// SMTP and IMAP.
+    fn probe(&self, name: &str) -> Result<Option<broker::ping::Probe>> {
+        let smtp = Arc::new(EmailSender::new(self.settings.clone(), name)?);
+        let imap = self.settings.imap.clone();
+        let bridge = name.to_string();
+        Ok(Some(Box::new(move || {
+            let smtp = smtp.clone();
+            let imap = imap.clone();
+            let bridge = bridge.clone();
+            Box::pin(async move {
+                smtp.check().await?;
+                ingest::check(&imap, &bridge).await
+            })
+        })))
+    }
 }

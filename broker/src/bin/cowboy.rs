@@ -59,6 +59,9 @@ enum Command {
         service: String,
         #[arg(long)]
         bridge: String,
+        /// Outbox only: the worker name (see the outbox binaries' `--worker`).
+        #[arg(long)]
+        worker: Option<String>,
     },
     /// Render the Redis ACL users of the deployment, or check them on a live server.
     Acl {
@@ -125,8 +128,19 @@ async fn main() -> ExitCode {
             return ExitCode::from(broker::service::EXIT_CONFIG as u8);
         }
     };
-    if let Command::Service { service, bridge } = &args.command {
-        let err = broker::service::exec_service(&args.config, &config, service, bridge);
+    if let Command::Service {
+        service,
+        bridge,
+        worker,
+    } = &args.command
+    {
+        let err = broker::service::exec_service(
+            &args.config,
+            &config,
+            service,
+            bridge,
+            worker.as_deref(),
+        );
         eprintln!("error: {err}");
         return ExitCode::from(broker::service::EXIT_CONFIG as u8);
     }

@@ -15,9 +15,9 @@
 //!   retry, later entries for that destination queue behind it, in stream order.
 //! - Each entry is scheduled once: a deferred or queued entry read again (after
 //!   a reconnect, by the sweep, by a wake-up) is not started a second time.
-//! - Delivered entries of a batch are acked together, one `XACK` per stream,
-//!   once every send of the batch has an outcome; an email's in-flight mark is
-//!   cleared only after its ack.
+//! - Sends run beside the reader loop: their outcomes are recorded as they
+//!   finish, and the sends finished by then are acked together, one `XACK` per
+//!   stream; an email's in-flight mark is cleared only after its ack.
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
@@ -111,14 +111,32 @@ impl<S: Sender> OutboxService<S> {
         result
     }
 
+    /// Records the outcome of a finished send and of every other send finished by
+    /// now, starts what waited for room, then acks the delivered ones together.
+    pub(super) async fn collect(&mut self, joined: Joined) -> Result<()> {
+        let mut joined = Some(joined);
+        while let Some(j) = joined.take().or_else(|| self.flights.try_join_next()) {
+            let (flight, result) =
+                j.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
+            self.complete(flight, result).await?;
+        }
+        self.launch_ready();
+        self.flush_acks().await
+    }
+
+    /// Starts queued sends while there is room.
+    fn launch_ready(&mut self) {
+        while self.flights.len() < self.bridge.max_in_flight {
+            match self.ready.pop_front() {
+                Some(f) => self.launch(f),
+                None => break,
+            }
+        }
+    }
+
     async fn drain_all(&mut self) -> Result<()> {
         loop {
-            while self.flights.len() < self.bridge.max_in_flight {
-                match self.ready.pop_front() {
-                    Some(f) => self.launch(f),
-                    None => break,
-                }
-            }
+            self.launch_ready();
             let Some(joined) = self.flights.join_next().await else {
                 return self.flush_acks().await;
             };
@@ -326,7 +344,7 @@ impl<S: Sender> OutboxService<S> {
                 } => self.handle_notification(source, &entry, retry).await?,
             }
         }
-        self.drain().await
+        Ok(())
     }
 
     /// Copies the entry to the dead letter, tells the agent, acks.

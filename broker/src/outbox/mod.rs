@@ -1,10 +1,11 @@
 //! The outbox service: reads a bridge's outbox streams, gates entries behind
 //! approvals, delivers through a [`Sender`], and settles parked entries.
 //!
-//! Streams read, all through group `{bridge}-outbox` / consumer `{bridge}-worker`
-//! in one blocking `XREADGROUP`: the flat `{bridge}:outbox`, each configured
-//! agent's `{agent}:{bridge}:outbox`, and `{bridge}:decisions` (wake-ups written
-//! by `resolve_approval`).
+//! Streams read, all through group `{bridge}-outbox` / consumer
+//! `{bridge}-{worker}` in one blocking `XREADGROUP`: the flat `{bridge}:outbox`,
+//! each configured agent's `{agent}:{bridge}:outbox`, and this worker's wake-up
+//! stream (`{bridge}:decisions`, or `{bridge}:decisions:{worker}` for a named
+//! worker), written by `resolve_approval` for the worker its record names.
 //!
 //! # Layout (each module states its invariants)
 //!
@@ -13,7 +14,9 @@
 //! - [`settle`]: acting on decisions and expiries, closing records.
 //! - [`deliver`]: sending, dead letters, notices.
 //! - [`surface`]: the notify side: notifications and outcomes shown to humans.
+//! - [`claim`]: taking over the entries of a dead worker of the same bridge.
 
+mod claim;
 mod deliver;
 mod parking;
 mod reader;
@@ -37,7 +40,7 @@ use crate::entry::{Message, Notice};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::shutdown::Shutdown;
-use crate::store::{read_group, Entry, Store};
+use crate::store::{read_group, Entry, Store, StreamBatch};
 use crate::systemd::{self, Watchdog};
 
 /// How often parked records are re-read in case a wake-up was lost.
@@ -141,6 +144,11 @@ struct Parked {
     expires_at: u64,
 }
 
+/// A finished send: the flight and what the platform said.
+type FlightResult = (Flight, std::result::Result<String, SendError>);
+/// A send task as it ends (it may have panicked).
+type Joined = std::result::Result<FlightResult, tokio::task::JoinError>;
+
 /// The outbox service of one bridge.
 pub struct OutboxService<S> {
     config: Arc<Config>,
@@ -149,6 +157,8 @@ pub struct OutboxService<S> {
     sender: Arc<S>,
     store: Store,
     group: String,
+    /// This process's worker name (`--worker`), and its consumer in `group`.
+    worker: String,
     consumer: String,
     sources: Vec<Source>,
     parked: HashMap<String, Parked>,
@@ -160,7 +170,7 @@ pub struct OutboxService<S> {
     retries: Retries,
     policy: RetryPolicy,
     /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
-    flights: tokio::task::JoinSet<(Flight, std::result::Result<String, SendError>)>,
+    flights: tokio::task::JoinSet<FlightResult>,
     ready: std::collections::VecDeque<Flight>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
@@ -206,7 +216,8 @@ impl<S: Sender> OutboxService<S> {
             sender: Arc::new(sender),
             store,
             group: keys::outbox_group(name),
-            consumer: keys::outbox_consumer(name),
+            worker: keys::DEFAULT_WORKER.to_string(),
+            consumer: keys::outbox_consumer(name, keys::DEFAULT_WORKER),
             sources,
             parked: HashMap::new(),
             deadlines: BTreeSet::new(),
@@ -219,6 +230,25 @@ impl<S: Sender> OutboxService<S> {
             shutdown,
             watchdog: Watchdog::from_env(),
         })
+    }
+
+    /// Makes this process worker `worker` of the bridge (`None`: the default
+    /// worker): its own consumer in the groups and its own wake-up stream.
+    pub fn with_worker(mut self, worker: Option<&str>) -> Result<Self> {
+        let worker = worker.unwrap_or(keys::DEFAULT_WORKER);
+        if !keys::valid_worker(worker) {
+            return Err(crate::error::ConfigError::invalid(
+                "--worker",
+                "must be 1 to 64 letters, digits, `-` or `_`",
+            )
+            .into());
+        }
+        self.worker = worker.to_string();
+        self.consumer = keys::outbox_consumer(&self.name, worker);
+        if let Some(wake) = self.sources.iter_mut().find(|s| s.kind == Kind::Decisions) {
+            wake.key = keys::decisions_for(&self.name, worker);
+        }
+        Ok(self)
     }
 
     /// Creates the consumer groups. Called by [`Self::run`]; public so a caller can

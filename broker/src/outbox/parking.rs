@@ -58,11 +58,17 @@ impl<S: Sender> OutboxService<S> {
         entry: &Entry,
         message: &Message,
         id: String,
-        retry: bool,
+        deliveries: u64,
     ) -> Result<()> {
         let source = self.sources[idx].clone();
+        let retry = deliveries > 1;
         let (record, resumed) = match approval::load(&mut self.store, &id).await? {
             Some(r) => (r, true),
+            // Parked entries wait through restarts; only one that never got as far
+            // as a record counts its deliveries.
+            None if self.is_poison(deliveries) => {
+                return self.poison(idx, entry, deliveries).await;
+            }
             None => {
                 let record = self.new_record(&id, &source, entry, message);
                 let args: Vec<(&String, &String)> = record.fields.iter().collect();
@@ -151,6 +157,8 @@ impl<S: Sender> OutboxService<S> {
         put("message_sha256", message.sha256());
         put("content_bytes", message.content.len().to_string());
         put("request_id", message.request_id.clone().unwrap_or_default());
+        // Whose wake-up stream a decision goes to (changed when another worker takes over).
+        put("worker", self.worker.clone());
         // Unguessable and single-use: notify bridges build reply tokens from it
         // (an email's Message-ID), so knowing the approval id is not enough to answer.
         put("nonce", uuid::Uuid::new_v4().simple().to_string());

@@ -10,54 +10,73 @@
 //!   are applied; a lost connection recovers what a lost reply left pending.
 //! - Idle cost: the loop blocks on one read, woken by new entries, by decisions,
 //!   or by the next deadline kept in memory.
+//! - An entry handed out more than `max_deliveries` times (restarts, takeovers)
+//!   without an outcome is dead-lettered as poison before anything else is done
+//!   with it, so one entry that kills its worker cannot stop the bridge. Parked
+//!   entries are exempt: waiting through restarts is what they are for.
 
 use super::*;
+
+/// Batches from the reader task, or the error that ended it.
+pub(super) type Reads = tokio::sync::mpsc::Receiver<Result<StreamBatch>>;
 
 impl<S: Sender> OutboxService<S> {
     /// Runs until shutdown. Returns an error only for what a restart cannot fix
     /// by waiting (permissions, config) or after Redis stayed away.
     pub async fn run(mut self) -> Result<()> {
         self.prepare().await?;
-        let mut blocking = Some(self.store.blocking().await?);
-        if let Some(conn) = blocking.as_mut() {
-            self.recover(conn).await?;
-        }
+        let mut conn = self.store.blocking().await?;
+        self.recover(&mut conn).await?;
+        let mut reads = Some(self.spawn_reader(conn));
         systemd::ready();
-        tracing::info!(bridge = %self.name, parked = self.parked.len(), "outbox service running");
-        let mut loop_state = LoopState {
+        tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.parked.len(), "outbox service running");
+        self.claim_dead().await?;
+        let mut st = LoopState {
             last_sweep: Instant::now(),
             last_beat: None,
+            last_claim: Instant::now(),
         };
         let mut failures = 0u32;
         while !self.shutdown.is_set() {
             self.watchdog.tick();
-            let step = match blocking.as_mut() {
-                Some(conn) => self.step(conn, &mut loop_state).await,
+            let step = match reads.as_mut() {
+                Some(rx) => self.step(rx, &mut st).await,
                 None => self.reconnect().await.map(|conn| {
-                    blocking = Some(conn);
+                    reads = Some(self.spawn_reader(conn));
                     true
                 }),
             };
             match step {
                 Ok(true) => failures = 0,
                 Ok(false) => break,
-                // Redis lost its data (restarted without persistence): groups come back empty.
-                // Or its stream was deleted under a blocked read (UNBLOCKED).
-                Err(Error::Redis(e)) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
-                    tracing::warn!("consumer group missing; creating it again");
-                    self.prepare().await?;
-                }
-                Err(e) if e.is_retriable() && failures < MAX_FAILURES => {
-                    failures += 1;
-                    tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
-                    blocking = None;
-                    if !self.shutdown.sleep(backoff(failures)).await {
-                        break;
+                Err(e) => {
+                    // The reader is gone or about to be: what it read is pending
+                    // and recovery after the reconnect reads it again.
+                    reads = None;
+                    let _ = self.drain().await;
+                    match e {
+                        // Redis lost its data (restarted without persistence): groups
+                        // come back empty. Or a stream was deleted under a blocked
+                        // read (UNBLOCKED).
+                        Error::Redis(e) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
+                            tracing::warn!("consumer group missing; creating it again");
+                            self.prepare().await?;
+                        }
+                        e if e.is_retriable() && failures < MAX_FAILURES => {
+                            failures += 1;
+                            tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
+                            if !self.shutdown.sleep(backoff(failures)).await {
+                                break;
+                            }
+                        }
+                        e => return Err(e),
                     }
                 }
-                Err(e) => return Err(e),
             }
         }
+        // In flight at shutdown: finished and recorded, or (on a Redis error) left
+        // pending for the next start. Never half-handled.
+        let _ = self.drain().await;
         tracing::info!(bridge = %self.name, "outbox service stopped");
         Ok(())
     }
@@ -70,48 +89,97 @@ impl<S: Sender> OutboxService<S> {
         Ok(conn)
     }
 
-    /// One turn of the loop: heartbeat, one blocking read, handling, deadlines,
-    /// sweep. Returns false when shutdown came during the read.
-    pub(super) async fn step(
-        &mut self,
-        blocking: &mut redis::aio::MultiplexedConnection,
-        st: &mut LoopState,
-    ) -> Result<bool> {
-        if st.last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
+    /// The reader: one blocking `XREADGROUP` after another on its own connection,
+    /// each batch handed to the loop. It runs beside the loop so sends, timers and
+    /// beats never wait for a read, and a read is never abandoned half-way (an
+    /// abandoned read would leave its entries pending and unknown). One batch
+    /// waits in the channel at most. It ends at its first error, which it passes on.
+    fn spawn_reader(&self, mut conn: redis::aio::MultiplexedConnection) -> Reads {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
+        let group = self.group.clone();
+        let consumer = self.consumer.clone();
+        let count = self.bridge.batch;
+        // Short enough that a live worker is seen reading well within `claim_idle_seconds`.
+        let block = MAX_BLOCK.min(self.claim_every());
+        tokio::spawn(async move {
+            let new_ids = vec![">"; keys.len()];
+            loop {
+                let read = tokio::select! {
+                    _ = tx.closed() => return,
+                    r = read_group(&mut conn, &group, &consumer, &keys, &new_ids, count, Some(block)) => r,
+                };
+                let failed = read.is_err();
+                match read {
+                    Ok(batch) if batch.iter().all(|(_, e)| e.is_empty()) => continue,
+                    r => {
+                        if tx.send(r).await.is_err() || failed {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        rx
+    }
+
+    /// One turn of the loop: heartbeat, then whichever comes first of a batch, a
+    /// finished send, a timer or shutdown; then deadlines, retries, sweep and
+    /// takeover. Returns false on shutdown.
+    pub(super) async fn step(&mut self, reads: &mut Reads, st: &mut LoopState) -> Result<bool> {
+        if st
+            .last_beat
+            .is_none_or(|t| t.elapsed() >= self.beat_every())
+        {
+            let field = self.heartbeat_field();
             self.store
-                .heartbeat(&self.name, "outbox", HEARTBEAT_EVERY * 3)
+                .heartbeat(&self.name, &field, HEARTBEAT_EVERY * 3)
                 .await?;
             st.last_beat = Some(Instant::now());
         }
-        let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
-        let new_ids = vec![">"; keys.len()];
-        let block = self.block_for(st.last_sweep);
-        let batch = tokio::select! {
+        let wait = self.block_for(st);
+        let busy = !self.flights.is_empty();
+        tokio::select! {
             _ = self.shutdown.wait() => return Ok(false),
-            r = read_group(blocking, &self.group, &self.consumer, &keys, &new_ids, self.bridge.batch, Some(block)) => r?,
-        };
-        for (key, entries) in batch {
-            let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
-                continue;
-            };
-            for (id, fields) in entries {
-                self.handle(idx, id, fields, false).await?;
+            Some(joined) = self.flights.join_next(), if busy => self.collect(joined).await?,
+            read = reads.recv() => {
+                let batch = match read {
+                    Some(batch) => batch?,
+                    None => return Err(Error::Request("the outbox reader stopped".into())),
+                };
+                for (key, entries) in batch {
+                    let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
+                        continue;
+                    };
+                    for (id, fields) in entries {
+                        self.handle(idx, id, fields, 1).await?;
+                    }
+                }
             }
+            _ = tokio::time::sleep(wait) => {}
         }
-        // The batch's sends run side by side; every outcome is recorded before
-        // the next read.
-        self.drain().await?;
         self.settle_due().await?;
         self.retry_due().await?;
         if st.last_sweep.elapsed() >= SWEEP_EVERY {
             self.sweep().await?;
             st.last_sweep = Instant::now();
         }
+        if st.last_claim.elapsed() >= self.claim_every() {
+            self.claim_dead().await?;
+            st.last_claim = Instant::now();
+        }
         Ok(true)
     }
 
-    pub(super) fn block_for(&self, last_sweep: Instant) -> Duration {
-        let mut block = MAX_BLOCK.min(SWEEP_EVERY.saturating_sub(last_sweep.elapsed()));
+    /// How long the loop may wait for a batch or a finished send before a timer
+    /// is due: the next deadline, retry, sweep, takeover check or beat.
+    pub(super) fn block_for(&self, st: &LoopState) -> Duration {
+        let mut block = MAX_BLOCK
+            .min(SWEEP_EVERY.saturating_sub(st.last_sweep.elapsed()))
+            .min(self.claim_every().saturating_sub(st.last_claim.elapsed()));
+        if let Some(t) = st.last_beat {
+            block = block.min(self.beat_every().saturating_sub(t.elapsed()));
+        }
         if let Some(w) = self.watchdog.interval() {
             block = block.min(w);
         }
@@ -151,8 +219,13 @@ impl<S: Sender> OutboxService<S> {
                     break;
                 };
                 after = last.clone();
+                // This re-read counted as one more delivery of each.
+                let counts = self
+                    .delivery_counts(&key, &entries[0].0, entries.len())
+                    .await?;
                 for (id, fields) in entries {
-                    self.handle(idx, id, fields, true).await?;
+                    let deliveries = counts.get(&id).copied().unwrap_or(2);
+                    self.handle(idx, id, fields, deliveries).await?;
                 }
                 self.drain().await?;
             }
@@ -160,18 +233,44 @@ impl<S: Sender> OutboxService<S> {
         self.settle_due().await
     }
 
+    /// Delivery counts of this consumer's pending entries from `start` on.
+    async fn delivery_counts(
+        &mut self,
+        stream: &str,
+        start: &str,
+        count: usize,
+    ) -> Result<HashMap<String, u64>> {
+        let consumer = self.consumer.clone();
+        let page = self
+            .store
+            .pending(stream, &self.group, start, count, Some(&consumer), 0)
+            .await?;
+        Ok(page.into_iter().map(|p| (p.id, p.deliveries)).collect())
+    }
+
+    /// Handles one entry. `deliveries` is how many times it was handed out (the
+    /// pending list's count; 1 for a new entry): more than once makes it a retry.
     pub(super) async fn handle(
         &mut self,
         idx: usize,
         id: String,
         fields: Option<Vec<(String, Vec<u8>)>>,
-        retry: bool,
+        deliveries: u64,
     ) -> Result<()> {
         let source = self.sources[idx].clone();
+        let retry = deliveries > 1;
         let Some(fields) = fields else {
             return self.vanished(idx, &id).await;
         };
         let entry = Entry { id, fields };
+        let parks = self.bridge.approval.required
+            && source.kind != Kind::Decisions
+            && !(source.kind == Kind::Flat
+                && (entry.get("approval_outcome").is_some() || entry.get("approval_id").is_some()));
+        // A parking bridge checks once it knows whether a record exists (see `park`).
+        if !parks && source.kind != Kind::Decisions && self.is_poison(deliveries) {
+            return self.poison(idx, &entry, deliveries).await;
+        }
         if source.kind == Kind::Decisions {
             if let Some(approval_id) = entry.text("approval_id") {
                 if self.parked.contains_key(approval_id) {
@@ -220,7 +319,31 @@ impl<S: Sender> OutboxService<S> {
         if retry && self.parked.contains_key(&approval_id) {
             return Ok(());
         }
-        self.park(idx, &entry, &message, approval_id, retry).await
+        self.park(idx, &entry, &message, approval_id, deliveries)
+            .await
+    }
+
+    pub(super) fn is_poison(&self, deliveries: u64) -> bool {
+        deliveries > self.bridge.max_deliveries
+    }
+
+    /// Dead-letters an entry handed out too often without an outcome.
+    pub(super) async fn poison(
+        &mut self,
+        idx: usize,
+        entry: &Entry,
+        deliveries: u64,
+    ) -> Result<()> {
+        let reason = format!(
+            "handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison",
+            self.bridge.max_deliveries
+        );
+        let n = Notice {
+            status: "failed",
+            reason: &reason,
+            ..Notice::default()
+        };
+        self.dead_letter(idx, entry, n).await
     }
 }
 
@@ -228,4 +351,5 @@ impl<S: Sender> OutboxService<S> {
 pub(super) struct LoopState {
     last_sweep: Instant,
     last_beat: Option<Instant>,
+    last_claim: Instant,
 }

@@ -766,7 +766,7 @@ async fn a_delivery_cut_off_mid_attempt_is_uncertain_not_resent() {
         .arg(&[
             "GROUP",
             &keys::outbox_group("mail"),
-            &keys::outbox_consumer("mail"),
+            &keys::outbox_consumer("mail", keys::DEFAULT_WORKER),
             "STREAMS",
             "ann:mail:outbox",
             ">",

@@ -11,6 +11,7 @@ mod email;
 mod invalid;
 mod ping;
 mod supervisor;
+mod workers;
 
 use std::time::Duration;
 

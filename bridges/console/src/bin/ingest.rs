@@ -1,5 +1,5 @@
-//! `cowboy-console-ingest`: parses arguments and runs `console::run_ingest`.
+//! `cowboy-console-ingest`: parses arguments and runs the ingest service of a `console::Console` bridge.
 
 fn main() {
-    broker::service::main(console::TYPE, console::run_ingest)
+    broker::service::main::<console::Console>(broker::config::Service::Ingest)
 }

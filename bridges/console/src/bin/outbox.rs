@@ -1,5 +1,5 @@
-//! `cowboy-console-outbox`: parses arguments and runs `console::run_outbox`.
+//! `cowboy-console-outbox`: parses arguments and runs the outbox service of a `console::Console` bridge.
 
 fn main() {
-    broker::service::main(console::TYPE, console::run_outbox)
+    broker::service::main::<console::Console>(broker::config::Service::Outbox)
 }

@@ -1,5 +1,5 @@
-//! `cowboy-console-ping`: parses arguments and runs `console::run_ping`.
+//! `cowboy-console-ping`: parses arguments and runs the ping service of a `console::Console` bridge.
 
 fn main() {
-    broker::service::main(console::TYPE, console::run_ping)
+    broker::service::main::<console::Console>(broker::config::Service::Ping)
 }

@@ -1,5 +1,5 @@
-//! `cowboy-discord-ingest`: parses arguments and runs `discord::run_ingest`.
+//! `cowboy-discord-ingest`: parses arguments and runs the ingest service of a `discord::Discord` bridge.
 
 fn main() {
-    broker::service::main(discord::TYPE, discord::run_ingest)
+    broker::service::main::<discord::Discord>(broker::config::Service::Ingest)
 }

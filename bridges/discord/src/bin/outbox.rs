@@ -1,5 +1,5 @@
-//! `cowboy-discord-outbox`: parses arguments and runs `discord::run_outbox`.
+//! `cowboy-discord-outbox`: parses arguments and runs the outbox service of a `discord::Discord` bridge.
 
 fn main() {
-    broker::service::main(discord::TYPE, discord::run_outbox)
+    broker::service::main::<discord::Discord>(broker::config::Service::Outbox)
 }

@@ -1,5 +1,5 @@
-//! `cowboy-discord-ping`: parses arguments and runs `discord::run_ping`.
+//! `cowboy-discord-ping`: parses arguments and runs the ping service of a `discord::Discord` bridge.
 
 fn main() {
-    broker::service::main(discord::TYPE, discord::run_ping)
+    broker::service::main::<discord::Discord>(broker::config::Service::Ping)
 }

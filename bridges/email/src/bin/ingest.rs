@@ -1,5 +1,5 @@
-//! `cowboy-email-ingest`: parses arguments and runs `email::run_ingest`.
+//! `cowboy-email-ingest`: parses arguments and runs the ingest service of an `email::Email` bridge.
 
 fn main() {
-    broker::service::main(email::TYPE, email::run_ingest)
+    broker::service::main::<email::Email>(broker::config::Service::Ingest)
 }

@@ -1,5 +1,5 @@
-//! `cowboy-email-outbox`: parses arguments and runs `email::run_outbox`.
+//! `cowboy-email-outbox`: parses arguments and runs the outbox service of an `email::Email` bridge.
 
 fn main() {
-    broker::service::main(email::TYPE, email::run_outbox)
+    broker::service::main::<email::Email>(broker::config::Service::Outbox)
 }

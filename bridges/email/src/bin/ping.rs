@@ -1,5 +1,5 @@
-//! `cowboy-email-ping`: parses arguments and runs `email::run_ping`.
+//! `cowboy-email-ping`: parses arguments and runs the ping service of an `email::Email` bridge.
 
 fn main() {
-    broker::service::main(email::TYPE, email::run_ping)
+    broker::service::main::<email::Email>(broker::config::Service::Ping)
 }

@@ -1,0 +1,312 @@
+//! Several workers per bridge: a killed worker's entries (parked and under way)
+//! are taken over by a live one; entries handed out too often are poison.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use broker::{keys, Store};
+use harness::{hash, stream, wait_until, Deployment};
+
+use crate::SOON;
+
+/// `mail` parks (asking through `desk`); `fast` delivers at once but takes 3 s
+/// per send, so a kill finds its sends under way. Both hand a dead worker's
+/// entries over after 2 s.
+fn config() -> String {
+    r#"
+[agents.ann]
+
+[bridges.mail]
+type = "console"
+output = "{dir}/mail.out"
+input = "{dir}/mail.in"
+destinations = ["*"]
+claim_idle_seconds = 2
+approval = { required = true, notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
+
+[bridges.fast]
+type = "console"
+output = "{dir}/fast.out"
+input = "{dir}/fast.in"
+destinations = ["*"]
+latency_ms = 3000
+claim_idle_seconds = 2
+
+[bridges.desk]
+type = "console"
+output = "{dir}/desk.out"
+input = "{dir}/desk.in"
+destinations = ["ops"]
+"#
+    .to_string()
+}
+
+async fn send(store: &mut Store, bridge: &str, to: &str, content: &str) {
+    store
+        .xadd(
+            &keys::agent_outbox("ann", bridge),
+            &[
+                ("channel_id", to.as_bytes()),
+                ("content", content.as_bytes()),
+            ],
+        )
+        .await
+        .unwrap();
+}
+
+/// How many entries of `stream` each consumer of the outbox group holds.
+async fn holders(store: &mut Store, stream: &str, group: &str) -> HashMap<String, u64> {
+    store
+        .consumers(stream, group)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.pending > 0)
+        .map(|c| (c.name, c.pending))
+        .collect()
+}
+
+fn counts(lines: impl Iterator<Item = String>) -> HashMap<String, usize> {
+    let mut n = HashMap::new();
+    for l in lines {
+        *n.entry(l).or_default() += 1;
+    }
+    n
+}
+
+/// Worker `a` holds six parked entries and four sends under way when it is
+/// killed with SIGKILL; worker `b` takes all of them over within a few seconds,
+/// every approval was notified once, decisions on the taken approvals wake `b`
+/// (well before its 30 s sweep), and every message is delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_taken_over_and_each_entry_sent_once() {
+    let d = Deployment::new(&config());
+    let _desk = d.spawn("outbox", "desk");
+    let mut store = d.store().await;
+    let a_mail = d.process_with("cowboy-console-outbox", "mail", &["--worker", "a"]);
+    let a_fast = d.process_with("cowboy-console-outbox", "fast", &["--worker", "a"]);
+
+    let mail_stream = keys::agent_outbox("ann", "mail");
+    let fast_stream = keys::agent_outbox("ann", "fast");
+    // Written once `a` has its groups, so the entries are all `a`'s.
+    wait_until("worker a's groups exist", SOON, || async {
+        let mut s = d.store().await;
+        let m = s.consumers(&mail_stream, &keys::outbox_group("mail")).await;
+        let f = s.consumers(&fast_stream, &keys::outbox_group("fast")).await;
+        (m.is_ok_and(|c| !c.is_empty()) && f.is_ok_and(|c| !c.is_empty())).then_some(())
+    })
+    .await;
+    for i in 0..6 {
+        send(
+            &mut store,
+            "mail",
+            "bob@example.org",
+            &format!("parked {i}"),
+        )
+        .await;
+    }
+    for i in 0..4 {
+        send(
+            &mut store,
+            "fast",
+            &format!("dest-{i}"),
+            &format!("fast {i}"),
+        )
+        .await;
+    }
+    wait_until("six notifications on desk", SOON, || async {
+        (d.delivered("desk.out").len() == 6).then_some(())
+    })
+    .await;
+    wait_until("worker a holding four sends", SOON, || async {
+        let mut s = d.store().await;
+        let h = holders(&mut s, &fast_stream, &keys::outbox_group("fast")).await;
+        (h.get("fast-a") == Some(&4)).then_some(())
+    })
+    .await;
+    assert!(
+        d.delivered("fast.out").is_empty(),
+        "no send of 3 s has finished yet"
+    );
+    a_mail.kill();
+    a_fast.kill();
+
+    let _b_mail = d.process_with("cowboy-console-outbox", "mail", &["--worker", "b"]);
+    let _b_fast = d.process_with("cowboy-console-outbox", "fast", &["--worker", "b"]);
+    wait_until("worker b holding every parked entry", SOON, || async {
+        let mut s = d.store().await;
+        let h = holders(&mut s, &mail_stream, &keys::outbox_group("mail")).await;
+        (h.get("mail-b") == Some(&6) && h.len() == 1).then_some(())
+    })
+    .await;
+    let ids: Vec<String> = d
+        .delivered("desk.out")
+        .into_iter()
+        .map(|l| l.approval_id.expect("notification carries its approval id"))
+        .collect();
+    for id in &ids {
+        let record = hash(&mut store, &keys::approval(id)).await;
+        assert_eq!(
+            record.get("worker").map(String::as_str),
+            Some("b"),
+            "record {id} names the worker that holds its entry"
+        );
+    }
+
+    for id in &ids {
+        let out = d.cowboy(&["approvals", "approve", id, "--as", "op"]);
+        assert!(out.status.success(), "approve {id}: {out:?}");
+    }
+    // The sweep of `b` runs 30 s after its start: delivery within 10 s means the
+    // decisions woke it on its own wake-up stream.
+    wait_until("six approved messages delivered", SOON, || async {
+        (d.delivered("mail.out").len() >= 6).then_some(())
+    })
+    .await;
+    wait_until("four fast messages delivered", SOON, || async {
+        (d.delivered("fast.out").len() >= 4).then_some(())
+    })
+    .await;
+    let woke: Vec<_> = stream(&mut store, &keys::decisions_for("mail", "b")).await;
+    assert_eq!(
+        woke.len(),
+        6,
+        "every decision went to worker b's wake-up stream"
+    );
+
+    // Let any duplicate surface before counting.
+    wait_until("nothing left pending", SOON, || async {
+        let mut s = d.store().await;
+        let m = holders(&mut s, &mail_stream, &keys::outbox_group("mail")).await;
+        let f = holders(&mut s, &fast_stream, &keys::outbox_group("fast")).await;
+        (m.is_empty() && f.is_empty()).then_some(())
+    })
+    .await;
+    let mail = counts(d.delivered("mail.out").into_iter().map(|l| l.content));
+    let fast = counts(d.delivered("fast.out").into_iter().map(|l| l.content));
+    let notes = counts(
+        d.delivered("desk.out")
+            .into_iter()
+            .filter_map(|l| l.approval_id),
+    );
+    assert_eq!(mail.len(), 6, "{mail:?}");
+    assert!(
+        mail.values().all(|n| *n == 1),
+        "each parked message once: {mail:?}"
+    );
+    assert_eq!(fast.len(), 4, "{fast:?}");
+    assert!(
+        fast.values().all(|n| *n == 1),
+        "each fast message once: {fast:?}"
+    );
+    assert_eq!(notes.len(), 6, "{notes:?}");
+    assert!(
+        notes.values().all(|n| *n == 1),
+        "each approval notified once: {notes:?}"
+    );
+}
+
+/// An entry handed out more than `max_deliveries` times without an outcome (here:
+/// a worker that took it and kept dying, as the pending list records it) is
+/// dead-lettered as poison with a notice to the agent; the next entry goes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_handed_out_too_often_is_set_aside_as_poison() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.fast]
+type = "console"
+output = "{dir}/fast.out"
+input = "{dir}/fast.in"
+destinations = ["*"]
+claim_idle_seconds = 1
+max_deliveries = 3
+"#,
+    );
+    let mut store = d.store().await;
+    let outbox = keys::agent_outbox("ann", "fast");
+    let group = keys::outbox_group("fast");
+    store.ensure_group(&outbox, &group).await.unwrap();
+    let poison_id = store
+        .xadd(
+            &outbox,
+            &[("channel_id", b"x"), ("content", b"kills its worker")],
+        )
+        .await
+        .unwrap();
+    // A worker `ghost` takes it, dies, is taken over, dies again...: three deliveries.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&group)
+        .arg("fast-ghost")
+        .arg("STREAMS")
+        .arg(&outbox)
+        .arg(">")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let taken = store
+            .claim(&outbox, &group, "fast-ghost", 0, &[poison_id.as_str()])
+            .await
+            .unwrap();
+        assert_eq!(taken.len(), 1);
+    }
+    let page = store
+        .pending(&outbox, &group, "-", 10, None, 0)
+        .await
+        .unwrap();
+    assert_eq!(page[0].deliveries, 3);
+
+    let _outbox = d.spawn("outbox", "fast");
+    let dead = wait_until("the poison entry in the dead letter", SOON, || async {
+        let mut s = d.store().await;
+        stream(&mut s, &keys::dead("fast")).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(dead.get("entry_id"), Some(&poison_id), "{dead:?}");
+    assert!(
+        dead.get("reason")
+            .is_some_and(|r| r.contains("4 times") && r.contains("max_deliveries = 3")),
+        "{dead:?}"
+    );
+    let notice = wait_until("a notice to the agent", SOON, || async {
+        let mut s = d.store().await;
+        stream(&mut s, &keys::agent_inbox("ann", "fast"))
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(notice.get("status").map(String::as_str), Some("failed"));
+    assert_eq!(notice.get("entry_id"), Some(&poison_id));
+
+    send(&mut store, "fast", "y", "fine").await;
+    let delivered = wait_until("the next entry delivered", SOON, || async {
+        d.delivered("fast.out").into_iter().next()
+    })
+    .await;
+    assert_eq!(delivered.content, "fine");
+    assert_eq!(
+        d.delivered("fast.out").len(),
+        1,
+        "the poison entry was never sent"
+    );
+    let left = store
+        .pending(&outbox, &group, "-", 10, None, 0)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "nothing left pending: {left:?}");
+}
+
+/// A worker name becomes part of keys: anything else is refused at start-up.
+#[test]
+fn a_bad_worker_name_fails_at_start_up() {
+    let d = Deployment::new(&config());
+    let p = d.process_with("cowboy-console-outbox", "fast", &["--worker", "a:b"]);
+    let code = p.wait_code(Duration::from_secs(10));
+    assert_eq!(code, Some(78));
+    let log = std::fs::read_to_string(d.path("cowboy-console-outbox-fast--workera:b.log")).unwrap();
+    assert!(log.contains("--worker"), "{log}");
+}
