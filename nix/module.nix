@@ -41,6 +41,8 @@ let
       max_retry_seconds = mkOption { type = types.ints.positive; default = 3600; description = "Seconds after its first failure that such a delivery is given up."; };
       claim_idle_seconds = mkOption { type = types.ints.positive; default = 60; description = "Seconds a worker may go without reading or beating before another worker takes over its entries."; };
       max_deliveries = mkOption { type = types.ints.between 2 1000000; default = 10; description = "Times an entry may be handed to a worker without an outcome before it is dead-lettered as poison (parked entries exempt)."; };
+      retention_seconds = mkOption { type = types.ints.unsigned; default = 86400; description = "Seconds of handled history kept in the outbox streams and inboxes (never what a group still needs); 0 keeps everything."; };
+      dead_letter_retention_seconds = mkOption { type = types.ints.unsigned; default = 2592000; description = "Seconds dead letters are kept; 0 keeps them forever."; };
       outboxWorkers = mkOption {
         type = types.listOf (types.strMatching "[A-Za-z0-9_-]{1,64}"); default = [ ];
         example = [ "b" "c" ];
@@ -69,7 +71,7 @@ let
   };
 
   bridgeInput = name: b: {
-    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds claim_idle_seconds max_deliveries ping settings redisPasswordFiles;
+    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds claim_idle_seconds max_deliveries retention_seconds dead_letter_retention_seconds ping settings redisPasswordFiles;
     secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
   };
 

@@ -69,6 +69,8 @@ let
       max_retry_seconds = b.max_retry_seconds or null;
       claim_idle_seconds = b.claim_idle_seconds or null;
       max_deliveries = b.max_deliveries or null;
+      retention_seconds = b.retention_seconds or null;
+      dead_letter_retention_seconds = b.dead_letter_retention_seconds or null;
       redis_password_files = nonNull {
         ingest = files.ingest or null;
         outbox = files.outbox or null;

@@ -94,14 +94,16 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             // XINFO CONSUMERS, XPENDING and XCLAIM: taking over a dead worker's entries.
             sels.push(selector(
                 &read,
-                "+xreadgroup +xack +xgroup|create +xrange +xinfo|consumers +xpending +xclaim",
+                "+xreadgroup +xack +xgroup|create +xrange +xinfo|consumers +xinfo|groups +xpending +xclaim +xtrim",
             ));
+            // XADD notices and dead letters; trim their handled history (group
+            // metadata is read for that, never an entry).
             let mut write = vec![
-                format!("%W~{}", keys::inbox(name)),
-                format!("%W~{}", keys::dead(name)),
+                format!("~{}", keys::inbox(name)),
+                format!("~{}", keys::dead(name)),
             ];
-            write.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
-            sels.push(selector(&write, "+xadd"));
+            write.extend(each(&|a| format!("~{}", keys::agent_inbox(a, name))));
+            sels.push(selector(&write, "+xadd +xtrim +xinfo|groups +xpending"));
             sels.push(selector(
                 &[format!("~{}", keys::in_flight(name))],
                 "+hset +hdel +hexists",

@@ -165,6 +165,13 @@ pub struct BridgeCommon {
     /// dead-lettered as poison. Parked entries are exempt: they wait by design.
     #[serde(default = "default_max_deliveries")]
     pub max_deliveries: u64,
+    /// Seconds of handled history kept in this bridge's outbox streams and
+    /// inboxes (never cutting what a group still needs). 0 keeps everything.
+    #[serde(default = "default_retention_seconds")]
+    pub retention_seconds: u64,
+    /// Seconds dead letters are kept. 0 keeps them forever.
+    #[serde(default = "default_dead_letter_retention_seconds")]
+    pub dead_letter_retention_seconds: u64,
     /// Password files of this bridge's own Redis users (`cowboy-{bridge}-{service}`).
     /// A service with a file here authenticates as its own user; `cowboy acl` renders it.
     #[serde(default)]
@@ -215,6 +222,14 @@ fn default_claim_idle_seconds() -> u64 {
 
 fn default_max_deliveries() -> u64 {
     10
+}
+
+fn default_retention_seconds() -> u64 {
+    24 * 3600
+}
+
+fn default_dead_letter_retention_seconds() -> u64 {
+    30 * 24 * 3600
 }
 
 /// `redis_password_files = { ingest = PATH, outbox = PATH, ping = PATH }`.

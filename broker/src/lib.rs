@@ -56,6 +56,14 @@ pub fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Unix time in milliseconds (stream ids are millisecond timestamps).
+pub fn now_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 /// Unix time in fractional seconds (deadline comparisons).
 pub fn now_secs_f64() -> f64 {
     std::time::SystemTime::now()

@@ -53,6 +53,16 @@ pub struct Consumer {
     pub idle_ms: u64,
 }
 
+/// One consumer group of a stream, as `XINFO GROUPS` reports it.
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub name: String,
+    /// Entries handed out and not yet acked.
+    pub pending: u64,
+    /// The last entry handed to any consumer of the group.
+    pub last_delivered: String,
+}
+
 /// One entry of a group's pending list.
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -209,6 +219,46 @@ impl Store {
                 })
             })
             .collect())
+    }
+
+    /// The groups of a stream (`XINFO GROUPS`); none when the stream does not exist.
+    pub async fn groups(&mut self, stream: &str) -> Result<Vec<Group>> {
+        let r: redis::RedisResult<Vec<HashMap<String, Value>>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(stream)
+            .query_async(&mut self.conn)
+            .await;
+        let v = match r {
+            Ok(v) => v,
+            Err(e) if e.to_string().contains("no such key") => return Ok(Vec::new()),
+            Err(e) => return Err(Error::from_redis(&format!("XINFO GROUPS {stream}"), e)),
+        };
+        Ok(v.iter()
+            .filter_map(|m| {
+                Some(Group {
+                    name: m.get("name").and_then(text)?,
+                    pending: match m.get("pending") {
+                        Some(Value::Int(i)) => (*i).max(0) as u64,
+                        _ => 0,
+                    },
+                    last_delivered: m.get("last-delivered-id").and_then(text)?,
+                })
+            })
+            .collect())
+    }
+
+    /// The smallest id pending in a group (summary `XPENDING`).
+    pub async fn oldest_pending(&mut self, stream: &str, group: &str) -> Result<Option<String>> {
+        let v: Value = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(group)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XPENDING {stream}"), e))?;
+        Ok(match v {
+            Value::Array(items) => items.get(1).and_then(text),
+            _ => None,
+        })
     }
 
     /// A page of a group's pending list (extended `XPENDING`): entries from

@@ -14,6 +14,8 @@
     max_retry_seconds = 60;
     claim_idle_seconds = 30;
     max_deliveries = 5;
+    retention_seconds = 3600;
+    dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
     approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; };

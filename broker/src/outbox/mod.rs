@@ -15,11 +15,13 @@
 //! - [`deliver`]: sending, dead letters, notices.
 //! - [`surface`]: the notify side: notifications and outcomes shown to humans.
 //! - [`claim`]: taking over the entries of a dead worker of the same bridge.
+//! - [`retention`]: trimming handled history from the streams.
 
 mod claim;
 mod deliver;
 mod parking;
 mod reader;
+mod retention;
 mod settle;
 mod surface;
 

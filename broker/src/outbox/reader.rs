@@ -31,10 +31,12 @@ impl<S: Sender> OutboxService<S> {
         systemd::ready();
         tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.parked.len(), "outbox service running");
         self.claim_dead().await?;
+        self.retain().await?;
         let mut st = LoopState {
             last_sweep: Instant::now(),
             last_beat: None,
             last_claim: Instant::now(),
+            last_retain: Instant::now(),
         };
         let mut failures = 0u32;
         while !self.shutdown.is_set() {
@@ -167,6 +169,10 @@ impl<S: Sender> OutboxService<S> {
         if st.last_claim.elapsed() >= self.claim_every() {
             self.claim_dead().await?;
             st.last_claim = Instant::now();
+        }
+        if st.last_retain.elapsed() >= retention::RETAIN_EVERY {
+            self.retain().await?;
+            st.last_retain = Instant::now();
         }
         Ok(true)
     }
@@ -352,4 +358,5 @@ pub(super) struct LoopState {
     last_sweep: Instant,
     last_beat: Option<Instant>,
     last_claim: Instant,
+    last_retain: Instant,
 }

@@ -10,6 +10,7 @@ mod discord;
 mod email;
 mod invalid;
 mod ping;
+mod retention;
 mod supervisor;
 mod workers;
 
