@@ -44,7 +44,8 @@ let
       retention_seconds = mkOption { type = types.ints.unsigned; default = 86400; description = "Seconds of handled history kept in the outbox streams and inboxes (never what a group still needs); 0 keeps everything."; };
       dead_letter_retention_seconds = mkOption { type = types.ints.unsigned; default = 2592000; description = "Seconds dead letters are kept; 0 keeps them forever."; };
       outboxWorkers = mkOption {
-        type = types.listOf (types.strMatching "[A-Za-z0-9_-]{1,64}"); default = [ ];
+        # `worker` is the default worker's name: a second unit under it would share its pending list.
+        type = types.listOf (types.addCheck (types.strMatching "[A-Za-z0-9_-]{1,64}") (w: w != "worker")); default = [ ];
         example = [ "b" "c" ];
         description = "Extra outbox workers, each a unit cowboy-NAME-outbox-WORKER run with `--worker WORKER` beside the default one; a dead one's entries are taken over by the others.";
       };

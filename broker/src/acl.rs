@@ -74,14 +74,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     let agents: Vec<&str> = config.agent_names().collect();
     let each =
         |f: &dyn Fn(&str) -> String| -> Vec<String> { agents.iter().map(|a| f(a)).collect() };
-    let heartbeat = match service {
-        // Workers read each other's beats before taking over entries.
-        Service::Outbox => selector(
-            &[format!("~{}", keys::heartbeat(name))],
-            "+hset +expire +hget",
-        ),
-        _ => selector(&[format!("%W~{}", keys::heartbeat(name))], "+hset +expire"),
-    };
+    let heartbeat = selector(&[format!("%W~{}", keys::heartbeat(name))], "+hset +expire");
     let mut sels = Vec::new();
     match service {
         Service::Outbox => {
@@ -107,6 +100,11 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             sels.push(selector(
                 &[format!("~{}", keys::in_flight(name))],
                 "+hset +hdel +hexists",
+            ));
+            // Worker leases: its own renewed, the others' looked at before a takeover.
+            sels.push(selector(
+                &[format!("~{}", keys::worker_lease_pattern(name))],
+                "+set +get +pexpire +exists +evalsha +eval +script|load",
             ));
             let parks = config.bridge(name).is_ok_and(|b| b.approval.required);
             if parks {

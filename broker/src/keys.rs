@@ -137,6 +137,18 @@ pub fn outbox_heartbeat_field(worker: &str) -> String {
     }
 }
 
+/// The lease of outbox worker `worker`: holds the running process's instance id
+/// and expires `claim_idle_seconds` after its last renewal. Only a worker whose
+/// lease is gone is dead.
+pub fn worker_lease(bridge: &str, worker: &str) -> String {
+    format!("{bridge}:worker:{worker}")
+}
+
+/// A key pattern matching every worker lease of a bridge (ACL rules).
+pub fn worker_lease_pattern(bridge: &str) -> String {
+    format!("{bridge}:worker:*")
+}
+
 /// A key pattern matching every named worker's wake-up stream (ACL rules).
 pub fn worker_decisions_pattern(bridge: &str) -> String {
     format!("{bridge}:decisions:*")

@@ -176,6 +176,8 @@ pub struct OutboxService<S> {
     ready: std::collections::VecDeque<Flight>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
+    /// This worker's lease and when it was taken ([`claim`]); `None` before `run`.
+    lease: Option<(claim::Lease, Instant)>,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -229,6 +231,7 @@ impl<S: Sender> OutboxService<S> {
             ready: std::collections::VecDeque::new(),
             acks: Vec::new(),
             policy,
+            lease: None,
             shutdown,
             watchdog: Watchdog::from_env(),
         })

@@ -63,6 +63,28 @@ impl<S: Sender> OutboxService<S> {
         let source = self.sources[idx].clone();
         let retry = deliveries > 1;
         let (record, resumed) = match approval::load(&mut self.store, &id).await? {
+            // Approved, its send started, and handed out too often since: the send
+            // itself kills workers. Set aside rather than tried forever.
+            Some(r)
+                if self.is_poison(deliveries)
+                    && r.fields.contains_key("delivery_started")
+                    && !r.fields.contains_key("settled_at") =>
+            {
+                let reason = format!(
+                    "approved, but its delivery was handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison, not sent",
+                    self.bridge.max_deliveries
+                );
+                let n = Notice {
+                    status: "failed",
+                    reason: &reason,
+                    approval_id: Some(&id),
+                    request_id: Some(r.get("request_id")),
+                    ..Notice::default()
+                };
+                self.dead_letter_only(idx, entry, &n).await?;
+                self.notice(idx, &entry.id, Some(entry), n).await?;
+                return self.finish(idx, &entry.id, &r, Some("failed")).await;
+            }
             Some(r) => (r, true),
             // Parked entries wait through restarts; only one that never got as far
             // as a record counts its deliveries.

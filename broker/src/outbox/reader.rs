@@ -25,6 +25,8 @@ impl<S: Sender> OutboxService<S> {
     /// by waiting (permissions, config) or after Redis stayed away.
     pub async fn run(mut self) -> Result<()> {
         self.prepare().await?;
+        // Before recovery, so a long recovery is not mistaken for a dead worker.
+        self.take_lease().await?;
         let mut conn = self.store.blocking().await?;
         self.recover(&mut conn).await?;
         let mut reads = Some(self.spawn_reader(conn));
@@ -45,12 +47,18 @@ impl<S: Sender> OutboxService<S> {
                 Some(rx) => self.step(rx, &mut st).await,
                 None => self.reconnect().await.map(|conn| {
                     reads = Some(self.spawn_reader(conn));
-                    true
+                    Turn::Go
                 }),
             };
             match step {
-                Ok(true) => failures = 0,
-                Ok(false) => break,
+                Ok(Turn::Go) => failures = 0,
+                Ok(Turn::Stop) => break,
+                Ok(Turn::Fence) => {
+                    // The reader goes with its receiver; the reconnect reads this
+                    // worker's pending list again, without what was taken.
+                    reads = None;
+                    self.fence().await?;
+                }
                 Err(e) => {
                     // The reader is gone or about to be: what it read is pending
                     // and recovery after the reconnect reads it again.
@@ -127,8 +135,22 @@ impl<S: Sender> OutboxService<S> {
 
     /// One turn of the loop: heartbeat, then whichever comes first of a batch, a
     /// finished send, a timer or shutdown; then deadlines, retries, sweep and
-    /// takeover. Returns false on shutdown.
-    pub(super) async fn step(&mut self, reads: &mut Reads, st: &mut LoopState) -> Result<bool> {
+    /// takeover. Returns `Stop` on shutdown, `Fence` when the lease lapsed.
+    pub(super) async fn step(&mut self, reads: &mut Reads, st: &mut LoopState) -> Result<Turn> {
+        match self.standing() {
+            claim::Standing::Held => {}
+            claim::Standing::Lost => return Ok(Turn::Fence),
+            claim::Standing::Usurped => {
+                return Err(crate::error::ConfigError::invalid(
+                    "--worker",
+                    format!(
+                        "another process now runs as worker `{}` of bridge `{}`: each process needs its own worker name",
+                        self.worker, self.name
+                    ),
+                )
+                .into())
+            }
+        }
         if st
             .last_beat
             .is_none_or(|t| t.elapsed() >= self.beat_every())
@@ -142,7 +164,7 @@ impl<S: Sender> OutboxService<S> {
         let wait = self.block_for(st);
         let busy = !self.flights.is_empty();
         tokio::select! {
-            _ = self.shutdown.wait() => return Ok(false),
+            _ = self.shutdown.wait() => return Ok(Turn::Stop),
             Some(joined) = self.flights.join_next(), if busy => self.collect(joined).await?,
             read = reads.recv() => {
                 let batch = match read {
@@ -174,7 +196,7 @@ impl<S: Sender> OutboxService<S> {
             self.retain().await?;
             st.last_retain = Instant::now();
         }
-        Ok(true)
+        Ok(Turn::Go)
     }
 
     /// How long the loop may wait for a batch or a finished send before a timer
@@ -274,7 +296,12 @@ impl<S: Sender> OutboxService<S> {
             && !(source.kind == Kind::Flat
                 && (entry.get("approval_outcome").is_some() || entry.get("approval_id").is_some()));
         // A parking bridge checks once it knows whether a record exists (see `park`).
-        if !parks && source.kind != Kind::Decisions && self.is_poison(deliveries) {
+        // One waiting for its retry was handed out again by a reconnect, not by a crash.
+        let waiting = self
+            .retries
+            .scheduled
+            .contains(&delivery_key(&source.key, &entry.id));
+        if !parks && !waiting && source.kind != Kind::Decisions && self.is_poison(deliveries) {
             return self.poison(idx, &entry, deliveries).await;
         }
         if source.kind == Kind::Decisions {
@@ -351,6 +378,14 @@ impl<S: Sender> OutboxService<S> {
         };
         self.dead_letter(idx, entry, n).await
     }
+}
+
+/// What the loop does after a turn.
+pub(super) enum Turn {
+    Go,
+    Stop,
+    /// This worker's lease lapsed: forget what is in memory and recover.
+    Fence,
 }
 
 /// Timers of the main loop.

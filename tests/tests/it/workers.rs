@@ -310,3 +310,103 @@ fn a_bad_worker_name_fails_at_start_up() {
     let log = std::fs::read_to_string(d.path("cowboy-console-outbox-fast--workera:b.log")).unwrap();
     assert!(log.contains("--worker"), "{log}");
 }
+
+/// A worker that was only paused (SIGSTOP) past `claim_idle_seconds` is taken
+/// over like a dead one; when it wakes it finds its lease lapsed and fences
+/// itself: it forgets the parked entries it tracked, so only the new holder
+/// acts on their decisions, and each is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
+    let d = Deployment::new(&config());
+    let _desk = d.spawn("outbox", "desk");
+    let mut store = d.store().await;
+    let a = d.process_with("cowboy-console-outbox", "mail", &["--worker", "a"]);
+    let mail_stream = keys::agent_outbox("ann", "mail");
+    let group = keys::outbox_group("mail");
+    wait_until("worker a's group exists", SOON, || async {
+        let mut s = d.store().await;
+        s.consumers(&mail_stream, &group)
+            .await
+            .is_ok_and(|c| !c.is_empty())
+            .then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        send(
+            &mut store,
+            "mail",
+            "bob@example.org",
+            &format!("parked {i}"),
+        )
+        .await;
+    }
+    wait_until("three notifications on desk", SOON, || async {
+        (d.delivered("desk.out").len() == 3).then_some(())
+    })
+    .await;
+    let pid = a.0.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "mail", &["--worker", "b"]);
+    wait_until(
+        "worker b holding the paused worker's entries",
+        SOON,
+        || async {
+            let mut s = d.store().await;
+            let h = holders(&mut s, &mail_stream, &group).await;
+            (h.get("mail-b") == Some(&3) && h.len() == 1).then_some(())
+        },
+    )
+    .await;
+    signal("-CONT");
+    let log = d.path("cowboy-console-outbox-mail--workera.log");
+    wait_until("worker a fencing itself", SOON, || async {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("lease lapsed")
+            .then_some(())
+    })
+    .await;
+
+    for line in d.delivered("desk.out") {
+        let id = line.approval_id.unwrap();
+        let out = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
+        assert!(out.status.success(), "approve {id}: {out:?}");
+    }
+    wait_until("three approved messages delivered", SOON, || async {
+        (d.delivered("mail.out").len() >= 3).then_some(())
+    })
+    .await;
+    wait_until("nothing left pending", SOON, || async {
+        let mut s = d.store().await;
+        holders(&mut s, &mail_stream, &group)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let mail = counts(d.delivered("mail.out").into_iter().map(|l| l.content));
+    assert_eq!(mail.len(), 3, "{mail:?}");
+    assert!(mail.values().all(|n| *n == 1), "each once: {mail:?}");
+    assert_eq!(
+        d.delivered("desk.out").len(),
+        3,
+        "each approval notified once"
+    );
+    // Worker a lives on, as a worker again.
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("outbox service stopped")
+            .count()
+            == 0
+    );
+    drop(a);
+}
