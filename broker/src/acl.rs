@@ -459,6 +459,18 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
     )];
     let first_agent = config.agent_names().next();
     let parks = config.bridge(name).is_ok_and(|b| b.approval.required);
+    // Who is alive decides takeovers: only the outbox may renew a worker lease.
+    let lease = keys::worker_lease(name, "acl-check");
+    p.push(probe(
+        u,
+        if service == Service::Outbox {
+            Allowed
+        } else {
+            Refused
+        },
+        true,
+        &["SET", &lease, "0", "PX", "1"],
+    ));
     let surface = config.is_approval_surface(name);
     let when = |yes: bool| if yes { Allowed } else { Refused };
     match service {

@@ -340,8 +340,8 @@ impl<S: Sender> OutboxService<S> {
                 Job::Notification {
                     source,
                     entry,
-                    retry,
-                } => self.handle_notification(source, &entry, retry).await?,
+                    deliveries,
+                } => self.handle_notification(source, &entry, deliveries).await?,
             }
         }
         Ok(())
@@ -439,7 +439,8 @@ pub(super) enum Job {
     Notification {
         source: usize,
         entry: Entry,
-        retry: bool,
+        /// As the pending list counted them when it was read.
+        deliveries: u64,
     },
 }
 

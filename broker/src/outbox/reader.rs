@@ -291,17 +291,23 @@ impl<S: Sender> OutboxService<S> {
             return self.vanished(idx, &id).await;
         };
         let entry = Entry { id, fields };
-        let parks = self.bridge.approval.required
-            && source.kind != Kind::Decisions
-            && !(source.kind == Kind::Flat
-                && (entry.get("approval_outcome").is_some() || entry.get("approval_id").is_some()));
-        // A parking bridge checks once it knows whether a record exists (see `park`).
+        let surface = source.kind == Kind::Flat
+            && (entry.get("approval_outcome").is_some() || entry.get("approval_id").is_some());
+        let notification = surface && entry.get("approval_outcome").is_none();
+        // A parking bridge checks once it knows whether a record exists (see
+        // `park`); a notification once it knows whether it is genuine.
+        let parks = self.bridge.approval.required && source.kind != Kind::Decisions && !surface;
         // One waiting for its retry was handed out again by a reconnect, not by a crash.
         let waiting = self
             .retries
             .scheduled
             .contains(&delivery_key(&source.key, &entry.id));
-        if !parks && !waiting && source.kind != Kind::Decisions && self.is_poison(deliveries) {
+        if !parks
+            && !notification
+            && !waiting
+            && source.kind != Kind::Decisions
+            && self.is_poison(deliveries)
+        {
             return self.poison(idx, &entry, deliveries).await;
         }
         if source.kind == Kind::Decisions {
@@ -316,7 +322,7 @@ impl<S: Sender> OutboxService<S> {
             return self.handle_outcome(idx, &entry).await;
         }
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
-            return self.handle_notification(idx, &entry, retry).await;
+            return self.handle_notification(idx, &entry, deliveries).await;
         }
         let message = Message::from_entry(&entry, &self.bridge).and_then(|m| {
             if self

@@ -15,13 +15,16 @@ use super::*;
 
 impl<S: Sender> OutboxService<S> {
     /// An entry carrying `approval_id` on the flat outbox: shown only when it is the
-    /// one notification the requesting service wrote for a pending approval.
+    /// one notification the requesting service wrote for a pending approval. One
+    /// handed out more than `max_deliveries` times (its send kills workers) is not
+    /// tried again: a genuine one rejects its approval, so the agent hears why.
     pub(super) async fn handle_notification(
         &mut self,
         idx: usize,
         entry: &Entry,
-        retry: bool,
+        deliveries: u64,
     ) -> Result<()> {
+        let retry = deliveries > 1;
         let id = entry.text("approval_id").unwrap_or_default().to_string();
         if self
             .retries
@@ -42,6 +45,15 @@ impl<S: Sender> OutboxService<S> {
                 return self.dead_letter(idx, entry, n).await;
             }
         };
+        if self.is_poison(deliveries) {
+            let reason = format!(
+                "the notification was handed to a worker {deliveries} times without being shown (max_deliveries = {})",
+                self.bridge.max_deliveries
+            );
+            approval::reject_unshown(&mut self.store, &record, &self.name, &reason).await?;
+            let n = FailedNotice::new("failed", reason).with_approval(&id);
+            return self.dead_letter(idx, entry, n).await;
+        }
         let key = delivery_key(&self.sources[idx].key, &entry.id);
         let out = Outgoing {
             message: &message,
@@ -85,7 +97,7 @@ impl<S: Sender> OutboxService<S> {
                 let job = Job::Notification {
                     source: idx,
                     entry: entry.clone(),
-                    retry,
+                    deliveries,
                 };
                 self.retries.defer(key, due, job);
                 Ok(())

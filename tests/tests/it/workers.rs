@@ -236,23 +236,7 @@ max_deliveries = 3
         .await
         .unwrap();
     // A worker `ghost` takes it, dies, is taken over, dies again...: three deliveries.
-    let _: redis::Value = redis::cmd("XREADGROUP")
-        .arg("GROUP")
-        .arg(&group)
-        .arg("fast-ghost")
-        .arg("STREAMS")
-        .arg(&outbox)
-        .arg(">")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
-    for _ in 0..2 {
-        let taken = store
-            .claim(&outbox, &group, "fast-ghost", 0, &[poison_id.as_str()])
-            .await
-            .unwrap();
-        assert_eq!(taken.len(), 1);
-    }
+    haunt(&mut store, &outbox, &group, "fast-ghost", &poison_id, 3).await;
     let page = store
         .pending(&outbox, &group, "-", 10, None, 0)
         .await
@@ -409,4 +393,94 @@ async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
             == 0
     );
     drop(a);
+}
+
+/// Hands entry `id` of `stream` to consumer `ghost` `times` times (a worker
+/// that took it and died, again and again, as the pending list records it).
+async fn haunt(store: &mut Store, stream: &str, group: &str, ghost: &str, id: &str, times: u64) {
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(ghost)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    for _ in 1..times {
+        let taken = store.claim(stream, group, ghost, 0, &[id]).await.unwrap();
+        assert_eq!(taken.len(), 1);
+    }
+}
+
+/// A genuine notification handed out too often is not shown; its approval is
+/// rejected by the broker, so the agent hears why instead of waiting forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poisoned_notification_rejects_its_approval() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "console"
+output = "{dir}/mail.out"
+input = "{dir}/mail.in"
+destinations = ["*"]
+approval = { required = true, notify = "desk", notify_channel = "ops", timeout = 0, approvers = ["cli:op"] }
+
+[bridges.desk]
+type = "console"
+output = "{dir}/desk.out"
+input = "{dir}/desk.in"
+destinations = ["ops"]
+claim_idle_seconds = 1
+max_deliveries = 3
+"#,
+    );
+    let mut store = d.store().await;
+    let desk = keys::outbox("desk");
+    let group = keys::outbox_group("desk");
+    store.ensure_group(&desk, &group).await.unwrap();
+    let _mail = d.spawn("outbox", "mail");
+    send(&mut store, "mail", "bob@example.org", "never shown").await;
+    let note = wait_until("the notification written", SOON, || async {
+        let mut s = d.store().await;
+        s.range(&desk, "-", "+", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .next()
+    })
+    .await;
+    haunt(&mut store, &desk, &group, "desk-ghost", &note.id, 3).await;
+
+    let _desk = d.spawn("outbox", "desk");
+    let notice = wait_until("a rejection notice to the agent", SOON, || async {
+        let mut s = d.store().await;
+        stream(&mut s, &keys::agent_inbox("ann", "mail"))
+            .await
+            .into_iter()
+            .next()
+    })
+    .await;
+    assert_eq!(
+        notice.get("status").map(String::as_str),
+        Some("rejected"),
+        "{notice:?}"
+    );
+    assert!(
+        notice
+            .get("reason")
+            .is_some_and(|r| r.contains("handed to a worker 4 times")),
+        "{notice:?}"
+    );
+    assert_eq!(
+        notice.get("approver").map(String::as_str),
+        Some("broker:desk")
+    );
+    assert!(d.delivered("desk.out").is_empty(), "nothing shown");
+    assert!(d.delivered("mail.out").is_empty(), "nothing sent");
+    let dead = stream(&mut store, &keys::dead("desk")).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
 }
