@@ -139,6 +139,14 @@ struct Source {
     kind: Kind,
 }
 
+/// A fresh entry waiting to be parked with its batch.
+struct NewPark {
+    source: usize,
+    entry: Entry,
+    message: Message,
+    id: String,
+}
+
 #[derive(Debug, Clone)]
 struct Parked {
     source: usize,
@@ -174,6 +182,8 @@ pub struct OutboxService<S> {
     /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
     flights: tokio::task::JoinSet<FlightResult>,
     ready: std::collections::VecDeque<Flight>,
+    /// Fresh entries of the batch being read, parked together after it.
+    to_park: Vec<NewPark>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
     /// This worker's lease and when it was taken ([`claim`]); `None` before `run`.
@@ -230,6 +240,7 @@ impl<S: Sender> OutboxService<S> {
             flights: tokio::task::JoinSet::new(),
             ready: std::collections::VecDeque::new(),
             acks: Vec::new(),
+            to_park: Vec::new(),
             policy,
             lease: None,
             shutdown,

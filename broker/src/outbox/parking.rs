@@ -142,6 +142,100 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
+    /// Parks the fresh entries of a batch in three pipelined round trips: records
+    /// and index entries; notifications; their ids in the records. The same steps
+    /// as [`Self::park`], each for the whole batch, so a crash between two of them
+    /// is repaired as for one entry. Anything unusual (a record that already
+    /// exists, a refusing notify stream) falls back to [`Self::park`] for that entry.
+    pub(super) async fn park_batch(&mut self) -> Result<()> {
+        let batch = std::mem::take(&mut self.to_park);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let create = redis::Script::new(approval::CREATE);
+        let index = keys::pending(&self.name);
+        let records: Vec<Record> = batch
+            .iter()
+            .map(|p| self.new_record(&p.id, &self.sources[p.source], &p.entry, &p.message))
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&create).ignore();
+        let mut invocations = Vec::with_capacity(records.len());
+        for record in &records {
+            let mut inv = create.key(keys::approval(&record.id));
+            for (k, v) in &record.fields {
+                inv.arg(k).arg(v);
+            }
+            invocations.push(inv);
+        }
+        for (record, inv) in records.iter().zip(&invocations) {
+            let created: u64 = record.get("created_at").parse().unwrap_or(0);
+            pipe.invoke_script(inv);
+            pipe.zadd(&index, &record.id, created).ignore();
+        }
+        let created: Vec<i64> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA create approvals", e))?;
+        let mut fresh = Vec::with_capacity(batch.len());
+        for ((p, record), created) in batch.into_iter().zip(records).zip(created) {
+            if created == 1 {
+                fresh.push((p, record));
+            } else {
+                // Its record exists already: the careful path.
+                self.park(p.source, &p.entry, &p.message, p.id, 2).await?;
+            }
+        }
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (p, record) in &fresh {
+            let fields = notification_fields(record, &p.message.content);
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(keys::outbox(record.get("notify"))).arg("*");
+            for (k, v) in &fields {
+                cmd.arg(*k).arg(v.as_slice());
+            }
+            pipe.add_command(cmd);
+        }
+        let notified: Vec<String> = match pipe.query_async(&mut self.store.conn).await {
+            Ok(ids) => ids,
+            Err(e) if refused_by_stream(&e) => {
+                // Some may be written: the careful path searches before writing.
+                for (p, _) in fresh {
+                    self.park(p.source, &p.entry, &p.message, p.id, 2).await?;
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(Error::from_redis("XADD notifications", e)),
+        };
+        let set = redis::Script::new(approval::SET_IF_EXISTS);
+        let mut pipe = redis::pipe();
+        pipe.load_script(&set).ignore();
+        let invocations: Vec<_> = fresh
+            .iter()
+            .zip(&notified)
+            .map(|((_, record), entry_id)| {
+                let mut inv = set.key(keys::approval(&record.id));
+                inv.arg("notified").arg(entry_id);
+                inv
+            })
+            .collect();
+        for inv in &invocations {
+            pipe.invoke_script(inv).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA notified", e))?;
+        for (p, record) in fresh {
+            tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
+            self.track(p.id, p.source, p.entry.id, record.expires_at());
+        }
+        Ok(())
+    }
+
     pub(super) fn new_record(
         &self,
         id: &str,

@@ -179,6 +179,7 @@ impl<S: Sender> OutboxService<S> {
                         self.handle(idx, id, fields, 1).await?;
                     }
                 }
+                self.park_batch().await?;
             }
             _ = tokio::time::sleep(wait) => {}
         }
@@ -356,6 +357,16 @@ impl<S: Sender> OutboxService<S> {
         }
         let approval_id = self.approval_id(&source.key, &entry.id)?;
         if retry && self.parked.contains_key(&approval_id) {
+            return Ok(());
+        }
+        if !retry {
+            // A fresh entry: parked with the rest of its batch, in a few round trips.
+            self.to_park.push(NewPark {
+                source: idx,
+                entry,
+                message,
+                id: approval_id,
+            });
             return Ok(());
         }
         self.park(idx, &entry, &message, approval_id, deliveries)
