@@ -259,16 +259,18 @@ return 1
 /// claim that makes it the only one. ARGV: this bridge, the entry id, the entry's
 /// digest. Returns `ok`, or why the entry is not the notification: `missing`,
 /// `not-ours` (another notify bridge), `settled`, `digest` (not the entry the
-/// requesting service wrote), `claimed` (another entry was shown already).
+/// requesting service wrote), `claimed` (another entry was shown already); and
+/// the record as it is after the claim (one round trip for both).
 pub(crate) const CLAIM: &str = r#"
 local f = redis.call('HMGET', KEYS[1], 'notify', 'notify_sha256', 'notify_entry', 'settled_at')
-if not f[1] then return 'missing' end
-if f[1] ~= ARGV[1] then return 'not-ours' end
-if f[4] then return 'settled' end
-if f[2] ~= ARGV[3] then return 'digest' end
-if f[3] and f[3] ~= ARGV[2] then return 'claimed' end
-if not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
-return 'ok'
+local answer = 'ok'
+if not f[1] then return {'missing', {}} end
+if f[1] ~= ARGV[1] then answer = 'not-ours'
+elseif f[4] then answer = 'settled'
+elseif f[2] ~= ARGV[3] then answer = 'digest'
+elseif f[3] and f[3] ~= ARGV[2] then answer = 'claimed'
+elseif not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
+return {answer, redis.call('HGETALL', KEYS[1])}
 "#;
 
 /// Whether `id` has the shape of an approval id (so no other key is ever read).

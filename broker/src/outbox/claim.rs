@@ -162,6 +162,7 @@ impl<S: Sender> OutboxService<S> {
         while self.flights.join_next().await.is_some() {}
         self.ready.clear();
         self.acks.clear();
+        self.acks_since = None;
         self.retries = Retries::default();
         self.parked.clear();
         self.deadlines.clear();

@@ -106,6 +106,7 @@ impl<S: Sender> OutboxService<S> {
             while self.flights.join_next().await.is_some() {}
             self.ready.clear();
             self.acks.clear();
+            self.acks_since = None;
             self.retries = Retries::default();
         }
         result
@@ -121,7 +122,21 @@ impl<S: Sender> OutboxService<S> {
             self.complete(flight, result).await?;
         }
         self.launch_ready();
-        self.flush_acks().await
+        self.flush_acks_due().await
+    }
+
+    /// Acks what was delivered once nothing is in flight, a batch's worth is
+    /// waiting, or the oldest has waited [`ACK_DELAY`]: one `XACK` per stream
+    /// for many entries, while a delivered entry stays pending only briefly (a
+    /// crash before its ack sends it again with `retry`, which is deduplicated).
+    pub(super) async fn flush_acks_due(&mut self) -> Result<()> {
+        let due = self.flights.is_empty()
+            || self.acks.len() >= self.bridge.batch
+            || self.acks_since.is_some_and(|t| t.elapsed() >= ACK_DELAY);
+        if due {
+            self.flush_acks().await?;
+        }
+        Ok(())
     }
 
     /// Starts queued sends while there is room.
@@ -151,6 +166,7 @@ impl<S: Sender> OutboxService<S> {
     /// their in-flight marks (a mark cleared before its ack would let a restart
     /// send the message again).
     async fn flush_acks(&mut self) -> Result<()> {
+        self.acks_since = None;
         if self.acks.is_empty() {
             return Ok(());
         }
@@ -193,6 +209,7 @@ impl<S: Sender> OutboxService<S> {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
                 // Acked with the rest of the batch, then its mark cleared.
                 self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
+                self.acks_since.get_or_insert_with(Instant::now);
             }
             Delivery::Failed(n) => {
                 self.dead_letter(f.source, &f.entry, n).await?;

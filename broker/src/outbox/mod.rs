@@ -56,6 +56,8 @@ const MAX_BLOCK: Duration = Duration::from_secs(5);
 const MAX_FAILURES: u32 = 15;
 /// Fields of a refused entry copied into its dead letter (the rest are counted).
 const DEAD_FIELDS_KEPT: usize = 64;
+/// Longest a delivered entry waits for its ack while other sends are under way.
+const ACK_DELAY: Duration = Duration::from_millis(20);
 /// Redis TTL put on a settled record in case the final delete never happens.
 const SETTLED_TTL_SECS: i64 = 7 * 24 * 3600;
 
@@ -186,6 +188,8 @@ pub struct OutboxService<S> {
     to_park: Vec<NewPark>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
+    /// When the oldest of `acks` was delivered.
+    acks_since: Option<Instant>,
     /// This worker's lease and when it was taken ([`claim`]); `None` before `run`.
     lease: Option<(claim::Lease, Instant)>,
     shutdown: Shutdown,
@@ -240,6 +244,7 @@ impl<S: Sender> OutboxService<S> {
             flights: tokio::task::JoinSet::new(),
             ready: std::collections::VecDeque::new(),
             acks: Vec::new(),
+            acks_since: None,
             to_park: Vec::new(),
             policy,
             lease: None,

@@ -183,6 +183,7 @@ impl<S: Sender> OutboxService<S> {
             }
             _ = tokio::time::sleep(wait) => {}
         }
+        self.flush_acks_due().await?;
         self.settle_due().await?;
         self.retry_due().await?;
         if st.last_sweep.elapsed() >= SWEEP_EVERY {
@@ -214,6 +215,9 @@ impl<S: Sender> OutboxService<S> {
         }
         if let Some(due) = self.retries.next_due() {
             block = block.min(due.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        if let Some(t) = self.acks_since {
+            block = block.min(ACK_DELAY.saturating_sub(t.elapsed()));
         }
         if let Some((deadline, _)) = self.deadlines.first() {
             let until = *deadline as f64 - crate::now_secs_f64();

@@ -63,20 +63,24 @@ impl<S: Sender> OutboxService<S> {
         };
         match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
+                // One round trip: the map entry, the record's note of the card, the ack.
                 let map = keys::approval_map(&self.name);
-                let _: i64 = self
-                    .store
-                    .conn
+                let set = redis::Script::new(approval::SET_IF_EXISTS);
+                let mut note = set.key(keys::approval(&id));
+                note.arg("notify_external_id").arg(&external_id);
+                let stream = self.sources[idx].key.clone();
+                let (kept,): (i64,) = redis::pipe()
                     .hset(&map, &external_id, &id)
+                    .ignore()
+                    .load_script(&set)
+                    .ignore()
+                    .invoke_script(&note)
+                    .xack(&stream, &self.group, &[&entry.id])
+                    .ignore()
+                    .query_async(&mut self.store.conn)
                     .await
                     .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
-                let kept = set_if_exists(
-                    &mut self.store,
-                    &id,
-                    &[("notify_external_id", &external_id)],
-                )
-                .await?;
-                if !kept {
+                if kept == 0 {
                     // Settled and gone while the card was being posted: answers to it
                     // could only be late, so it is not kept as an answerable card.
                     let _: i64 = self
@@ -87,7 +91,7 @@ impl<S: Sender> OutboxService<S> {
                         .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
                 }
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
-                self.ack(&self.sources[idx].key.clone(), &entry.id).await
+                Ok(())
             }
             Delivery::Failed(n) => {
                 approval::reject_unshown(&mut self.store, &record, &self.name, &n.reason).await?;
@@ -121,8 +125,28 @@ impl<S: Sender> OutboxService<S> {
         if !approval::is_id(id) {
             return Ok(Err(format!("approval `{id}` does not exist")));
         }
-        let Some(record) = approval::load(&mut self.store, id).await? else {
+        let digest = approval::fields_sha256(
+            entry
+                .fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+        );
+        let key = keys::approval(id);
+        let (claim, fields): (String, HashMap<String, String>) =
+            redis::Script::new(approval::CLAIM)
+                .key(&key)
+                .arg(&self.name)
+                .arg(&entry.id)
+                .arg(&digest)
+                .invoke_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?;
+        if fields.is_empty() {
             return Ok(Err(format!("approval `{id}` does not exist")));
+        }
+        let record = Record {
+            id: id.to_string(),
+            fields,
         };
         if record.get("notify") != self.name
             || self.config.notify_bridge(record.source()) != self.name
@@ -136,21 +160,6 @@ impl<S: Sender> OutboxService<S> {
             State::Pending => {}
             other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
         }
-        let digest = approval::fields_sha256(
-            entry
-                .fields
-                .iter()
-                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-        );
-        let key = keys::approval(id);
-        let claim: String = redis::Script::new(approval::CLAIM)
-            .key(&key)
-            .arg(&self.name)
-            .arg(&entry.id)
-            .arg(&digest)
-            .invoke_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?;
         let refusal = match claim.as_str() {
             "ok" => None,
             "digest" => Some(format!(
