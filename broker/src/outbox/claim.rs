@@ -163,6 +163,8 @@ impl<S: Sender> OutboxService<S> {
         self.ready.clear();
         self.acks.clear();
         self.acks_since = None;
+        self.shown.clear();
+        self.claims.clear();
         self.retries = Retries::default();
         self.parked.clear();
         self.deadlines.clear();

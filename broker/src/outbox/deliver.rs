@@ -107,6 +107,7 @@ impl<S: Sender> OutboxService<S> {
             self.ready.clear();
             self.acks.clear();
             self.acks_since = None;
+            self.shown.clear();
             self.retries = Retries::default();
         }
         result
@@ -153,6 +154,7 @@ impl<S: Sender> OutboxService<S> {
         loop {
             self.launch_ready();
             let Some(joined) = self.flights.join_next().await else {
+                self.flush_shown().await?;
                 return self.flush_acks().await;
             };
             let (flight, result) =

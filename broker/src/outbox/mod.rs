@@ -186,6 +186,11 @@ pub struct OutboxService<S> {
     ready: std::collections::VecDeque<Flight>,
     /// Fresh entries of the batch being read, parked together after it.
     to_park: Vec<NewPark>,
+    /// Claims of the batch's notifications, made together before it is handled:
+    /// entry id → (claim answer, record fields).
+    claims: HashMap<String, (String, HashMap<String, String>)>,
+    /// Notifications shown, recorded together after the batch.
+    shown: Vec<surface::Shown>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
     /// When the oldest of `acks` was delivered.
@@ -246,6 +251,8 @@ impl<S: Sender> OutboxService<S> {
             acks: Vec::new(),
             acks_since: None,
             to_park: Vec::new(),
+            claims: HashMap::new(),
+            shown: Vec::new(),
             policy,
             lease: None,
             shutdown,

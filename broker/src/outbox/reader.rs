@@ -171,6 +171,7 @@ impl<S: Sender> OutboxService<S> {
                     Some(batch) => batch?,
                     None => return Err(Error::Request("the outbox reader stopped".into())),
                 };
+                self.prefetch_claims(&batch).await?;
                 for (key, entries) in batch {
                     let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
                         continue;
@@ -180,12 +181,14 @@ impl<S: Sender> OutboxService<S> {
                     }
                 }
                 self.park_batch().await?;
+                self.claims.clear();
             }
             _ = tokio::time::sleep(wait) => {}
         }
         self.flush_acks_due().await?;
         self.settle_due().await?;
         self.retry_due().await?;
+        self.flush_shown().await?;
         if st.last_sweep.elapsed() >= SWEEP_EVERY {
             self.sweep().await?;
             st.last_sweep = Instant::now();

@@ -13,7 +13,115 @@
 
 use super::*;
 
+/// A notification shown on the platform, waiting to be recorded.
+pub(super) struct Shown {
+    stream: String,
+    entry_id: String,
+    approval_id: String,
+    external_id: String,
+}
+
 impl<S: Sender> OutboxService<S> {
+    /// Claims the records of a batch's notifications in one round trip; each is
+    /// then checked as it is handled ([`Self::check_notification`]).
+    pub(super) async fn prefetch_claims(&mut self, batch: &StreamBatch) -> Result<()> {
+        if !self.config.is_approval_surface(&self.name) {
+            return Ok(());
+        }
+        let flat = keys::outbox(&self.name);
+        let claim = redis::Script::new(approval::CLAIM);
+        let mut asked = Vec::new();
+        let mut invocations = Vec::new();
+        for (key, entries) in batch {
+            if *key != flat {
+                continue;
+            }
+            for (entry_id, fields) in entries {
+                let Some(fields) = fields else { continue };
+                let get = |n: &str| fields.iter().find(|(k, _)| k == n).map(|(_, v)| v);
+                let Some(id) = get("approval_id").and_then(|v| std::str::from_utf8(v).ok()) else {
+                    continue;
+                };
+                if get("approval_outcome").is_some() || !approval::is_id(id) {
+                    continue;
+                }
+                let digest = approval::fields_sha256(
+                    fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+                );
+                let mut inv = claim.key(keys::approval(id));
+                inv.arg(&self.name).arg(entry_id).arg(digest);
+                invocations.push(inv);
+                asked.push(entry_id.clone());
+            }
+        }
+        if asked.len() < 2 {
+            return Ok(()); // one is claimed as it is handled
+        }
+        let mut pipe = redis::pipe();
+        pipe.load_script(&claim).ignore();
+        for inv in &invocations {
+            pipe.invoke_script(inv);
+        }
+        let answers: Vec<(String, HashMap<String, String>)> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA claim notifications", e))?;
+        self.claims.extend(asked.into_iter().zip(answers));
+        Ok(())
+    }
+
+    /// Records the shown notifications in one round trip: each card's map entry,
+    /// the record's note of it, the ack. A record settled and gone meanwhile keeps
+    /// no answerable card: answers to it could only be late.
+    pub(super) async fn flush_shown(&mut self) -> Result<()> {
+        if self.shown.is_empty() {
+            return Ok(());
+        }
+        let shown = std::mem::take(&mut self.shown);
+        let map = keys::approval_map(&self.name);
+        let set = redis::Script::new(approval::SET_IF_EXISTS);
+        let notes: Vec<_> = shown
+            .iter()
+            .map(|s| {
+                let mut note = set.key(keys::approval(&s.approval_id));
+                note.arg("notify_external_id").arg(&s.external_id);
+                note
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&set).ignore();
+        for (s, note) in shown.iter().zip(&notes) {
+            pipe.hset(&map, &s.external_id, &s.approval_id).ignore();
+            pipe.invoke_script(note);
+        }
+        let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for s in &shown {
+            by_stream.entry(&s.stream).or_default().push(&s.entry_id);
+        }
+        for (stream, ids) in &by_stream {
+            pipe.xack(*stream, &self.group, ids).ignore();
+        }
+        let kept: Vec<i64> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
+        let gone: Vec<&str> = shown
+            .iter()
+            .zip(kept)
+            .filter(|(_, k)| *k == 0)
+            .map(|(s, _)| s.external_id.as_str())
+            .collect();
+        if !gone.is_empty() {
+            let _: i64 = self
+                .store
+                .conn
+                .hdel(&map, gone)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
+        }
+        Ok(())
+    }
+
     /// An entry carrying `approval_id` on the flat outbox: shown only when it is the
     /// one notification the requesting service wrote for a pending approval. One
     /// handed out more than `max_deliveries` times (its send kills workers) is not
@@ -63,34 +171,14 @@ impl<S: Sender> OutboxService<S> {
         };
         match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
-                // One round trip: the map entry, the record's note of the card, the ack.
-                let map = keys::approval_map(&self.name);
-                let set = redis::Script::new(approval::SET_IF_EXISTS);
-                let mut note = set.key(keys::approval(&id));
-                note.arg("notify_external_id").arg(&external_id);
-                let stream = self.sources[idx].key.clone();
-                let (kept,): (i64,) = redis::pipe()
-                    .hset(&map, &external_id, &id)
-                    .ignore()
-                    .load_script(&set)
-                    .ignore()
-                    .invoke_script(&note)
-                    .xack(&stream, &self.group, &[&entry.id])
-                    .ignore()
-                    .query_async(&mut self.store.conn)
-                    .await
-                    .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
-                if kept == 0 {
-                    // Settled and gone while the card was being posted: answers to it
-                    // could only be late, so it is not kept as an answerable card.
-                    let _: i64 = self
-                        .store
-                        .conn
-                        .hdel(&map, &external_id)
-                        .await
-                        .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
-                }
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
+                // Recorded with the rest of the batch (`flush_shown`).
+                self.shown.push(Shown {
+                    stream: self.sources[idx].key.clone(),
+                    entry_id: entry.id.clone(),
+                    approval_id: id,
+                    external_id,
+                });
                 Ok(())
             }
             Delivery::Failed(n) => {
@@ -132,15 +220,18 @@ impl<S: Sender> OutboxService<S> {
                 .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
         );
         let key = keys::approval(id);
-        let (claim, fields): (String, HashMap<String, String>) =
-            redis::Script::new(approval::CLAIM)
+        let (claim, fields): (String, HashMap<String, String>) = match self.claims.remove(&entry.id)
+        {
+            Some(claimed) => claimed,
+            None => redis::Script::new(approval::CLAIM)
                 .key(&key)
                 .arg(&self.name)
                 .arg(&entry.id)
                 .arg(&digest)
                 .invoke_async(&mut self.store.conn)
                 .await
-                .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?;
+                .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?,
+        };
         if fields.is_empty() {
             return Ok(Err(format!("approval `{id}` does not exist")));
         }
