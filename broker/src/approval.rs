@@ -125,6 +125,28 @@ impl Record {
 }
 
 /// Reads a record; `None` when it does not exist.
+/// Loads many records, a thousand per pipelined round trip; `None` for each gone.
+pub async fn load_many(store: &mut Store, ids: &[String]) -> Result<Vec<Option<Record>>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            pipe.hgetall(keys::approval(id));
+        }
+        let all: Vec<HashMap<String, String>> = pipe
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
+        out.extend(chunk.iter().zip(all).map(|(id, fields)| {
+            (!fields.is_empty()).then(|| Record {
+                id: id.clone(),
+                fields,
+            })
+        }));
+    }
+    Ok(out)
+}
+
 pub async fn load(store: &mut Store, id: &str) -> Result<Option<Record>> {
     let key = keys::approval(id);
     let fields: HashMap<String, String> = store
@@ -242,8 +264,8 @@ local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker')
 if not f[1] then return {'missing', ''} end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', ''} end
-if f[1] ~= 'pending' then return {f[1], ''} end
 if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return {'settled', ''} end
+if f[1] ~= 'pending' then return {f[1], f[3] or ''} end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
 return {'decided', f[3] or ''}
 "#;
@@ -397,16 +419,19 @@ async fn apply(
         .invoke_async(&mut store.conn)
         .await
         .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
-    if answer != "decided" {
+    let late = answer != "decided";
+    if late && answer != "approved" && answer != "rejected" {
         tracing::info!(approval = id, state = %answer, "late answer ignored");
         return Ok(Outcome::Late(answer));
     }
-    tracing::info!(
-        approval = id,
-        approver,
-        verdict = verdict.as_str(),
-        "approval decided"
-    );
+    if !late {
+        tracing::info!(
+            approval = id,
+            approver,
+            verdict = verdict.as_str(),
+            "approval decided"
+        );
+    }
     // Wake the requesting worker (the one the record names, read in the same step
     // as the decision); if this is lost it still sees the decision at its next
     // sweep. Capped: a wake-up trimmed before it was read is covered by that sweep too.
@@ -424,6 +449,12 @@ async fn apply(
         .query_async(&mut store.conn)
         .await
         .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
+    if late {
+        // Decided but not yet settled: the requester is woken again, in case the
+        // first wake-up was lost (a decider that died between its two steps).
+        tracing::info!(approval = id, state = %answer, "late answer ignored; requester woken again");
+        return Ok(Outcome::Late(answer));
+    }
     Ok(Outcome::Decided)
 }
 

@@ -22,8 +22,9 @@ use crate::store::Store;
 pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Result<String> {
     let now = crate::now_secs_f64();
     let mut out = String::new();
-    for id in approval::pending_ids(store, config).await? {
-        let Some(r) = approval::load(store, &id).await? else {
+    let ids = approval::pending_ids(store, config).await?;
+    for (id, r) in ids.iter().zip(approval::load_many(store, &ids).await?) {
+        let Some(r) = r else {
             continue;
         };
         let state = r.state(now);

@@ -45,8 +45,10 @@ use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store, StreamBatch};
 use crate::systemd::{self, Watchdog};
 
-/// How often parked records are re-read in case a wake-up was lost.
+/// How often a slice of the parked records is re-read in case a wake-up was lost.
 const SWEEP_EVERY: Duration = Duration::from_secs(30);
+/// Parked records re-read per sweep.
+const SWEEP_SLICE: usize = 64;
 /// How often the service refreshes its heartbeat.
 pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
 /// Longest single block on the read, so shutdown and heartbeats stay timely.
@@ -174,6 +176,8 @@ pub struct OutboxService<S> {
     consumer: String,
     sources: Vec<Source>,
     parked: HashMap<String, Parked>,
+    /// Parked ids still to be re-read this round of sweeps.
+    sweep_queue: Vec<String>,
     deadlines: BTreeSet<(u64, String)>,
     /// The secret approval ids are derived with; loaded by [`Self::prepare`]
     /// when this bridge parks.
@@ -189,6 +193,8 @@ pub struct OutboxService<S> {
     /// Claims of the batch's notifications, made together before it is handled:
     /// entry id → (claim answer, record fields).
     claims: HashMap<String, (String, HashMap<String, String>)>,
+    /// Records of a recovery page, read together (and put in the pending index).
+    prefetched: HashMap<String, Option<Record>>,
     /// Notifications shown, recorded together after the batch.
     shown: Vec<surface::Shown>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
@@ -243,6 +249,7 @@ impl<S: Sender> OutboxService<S> {
             consumer: keys::outbox_consumer(name, keys::DEFAULT_WORKER),
             sources,
             parked: HashMap::new(),
+            sweep_queue: Vec::new(),
             deadlines: BTreeSet::new(),
             id_key: None,
             retries: Retries::default(),
@@ -252,6 +259,7 @@ impl<S: Sender> OutboxService<S> {
             acks_since: None,
             to_park: Vec::new(),
             claims: HashMap::new(),
+            prefetched: HashMap::new(),
             shown: Vec::new(),
             policy,
             lease: None,

@@ -12,8 +12,10 @@
 //!   by an agent.
 //! - A parked entry that vanished from its stream (trimmed or deleted) is settled
 //!   as failed, at start-up and in the sweep: notice, record closed, card updated.
-//! - The sweep (every 30 s, one pipelined round trip for the records) catches a
-//!   decision whose wake-up was lost.
+//! - The sweep (every 30 s) re-reads a slice of the parked records, round robin
+//!   (one pipelined round trip), to catch a decision whose wake-up was lost, and
+//!   the head of each stream to find parked entries trimmed away; its cost does
+//!   not grow with the number parked.
 
 use super::*;
 
@@ -62,7 +64,13 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<()> {
         let source = self.sources[idx].clone();
         let retry = deliveries > 1;
-        let (record, resumed) = match approval::load(&mut self.store, &id).await? {
+        // Recovery reads a page's records together and indexes them (see
+        // `prefetch_records`); anything else reads its own.
+        let (loaded, indexed) = match self.prefetched.remove(&id) {
+            Some(r) => (r, true),
+            None => (approval::load(&mut self.store, &id).await?, false),
+        };
+        let (record, resumed) = match loaded {
             // Approved, its send started, and handed out too often since: the send
             // itself kills workers. Set aside rather than tried forever.
             Some(r)
@@ -109,14 +117,16 @@ impl<S: Sender> OutboxService<S> {
             return self.finish(idx, &entry.id, &record, None).await;
         }
         // In the pending index (again, after a crash between the two steps).
-        let index = keys::pending(&self.name);
-        let created: u64 = record.get("created_at").parse().unwrap_or(0);
-        let _: i64 = self
-            .store
-            .conn
-            .zadd(&index, &id, created)
-            .await
-            .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
+        if !indexed || !resumed {
+            let index = keys::pending(&self.name);
+            let created: u64 = record.get("created_at").parse().unwrap_or(0);
+            let _: i64 = self
+                .store
+                .conn
+                .zadd(&index, &id, created)
+                .await
+                .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
+        }
         let lost =
             record.fields.contains_key("notified") && self.notification_lost(&record).await?;
         if lost || !record.fields.contains_key("notified") {
@@ -233,6 +243,54 @@ impl<S: Sender> OutboxService<S> {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
             self.track(p.id, p.source, p.entry.id, record.expires_at());
         }
+        Ok(())
+    }
+
+    /// Reads the records of a page of pending entries in one round trip and puts
+    /// the unsettled ones in the pending index in another, so recovering many
+    /// parked entries costs two round trips a page, not two an entry.
+    pub(super) async fn prefetch_records(
+        &mut self,
+        idx: usize,
+        entries: &[(String, Option<Vec<(String, Vec<u8>)>>)],
+    ) -> Result<()> {
+        let source = &self.sources[idx];
+        if !self.bridge.approval.required || source.kind == Kind::Decisions {
+            return Ok(());
+        }
+        let flat = source.kind == Kind::Flat;
+        let mut ids = Vec::new();
+        for (entry_id, fields) in entries {
+            let Some(fields) = fields else { continue };
+            let surface = flat
+                && fields
+                    .iter()
+                    .any(|(k, _)| k == "approval_id" || k == "approval_outcome");
+            if !surface {
+                ids.push(self.approval_id(&source.key, entry_id)?);
+            }
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let records = approval::load_many(&mut self.store, &ids).await?;
+        let index = keys::pending(&self.name);
+        let mut pipe = redis::pipe();
+        let mut any = false;
+        for r in records.iter().flatten() {
+            if !r.fields.contains_key("settled_at") {
+                let created: u64 = r.get("created_at").parse().unwrap_or(0);
+                pipe.zadd(&index, &r.id, created).ignore();
+                any = true;
+            }
+        }
+        if any {
+            let _: () = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
+        }
+        self.prefetched.extend(ids.into_iter().zip(records));
         Ok(())
     }
 
@@ -415,7 +473,19 @@ impl<S: Sender> OutboxService<S> {
         if self.parked.is_empty() {
             return Ok(());
         }
-        let ids: Vec<String> = self.parked.keys().cloned().collect();
+        // A slice per sweep, round robin: what an idle outbox costs Redis must
+        // not grow with the number parked. A wake-up is lost only when a decider
+        // dies between deciding and waking (answering again wakes it too), so a
+        // slow round suffices.
+        if self.sweep_queue.is_empty() {
+            self.sweep_queue = self.parked.keys().cloned().collect();
+        }
+        let take = self.sweep_queue.len().min(SWEEP_SLICE);
+        let ids: Vec<String> = self
+            .sweep_queue
+            .drain(..take)
+            .filter(|id| self.parked.contains_key(id))
+            .collect();
         let mut pipe = redis::pipe();
         for id in &ids {
             pipe.cmd("HMGET")

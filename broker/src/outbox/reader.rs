@@ -236,6 +236,7 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         blocking: &mut redis::aio::MultiplexedConnection,
     ) -> Result<()> {
+        self.prefetched.clear(); // nothing read before this recovery is trusted
         for idx in 0..self.sources.len() {
             let key = self.sources[idx].key.clone();
             let mut after = "0".to_string();
@@ -259,10 +260,12 @@ impl<S: Sender> OutboxService<S> {
                 let counts = self
                     .delivery_counts(&key, &entries[0].0, entries.len())
                     .await?;
+                self.prefetch_records(idx, &entries).await?;
                 for (id, fields) in entries {
                     let deliveries = counts.get(&id).copied().unwrap_or(2);
                     self.handle(idx, id, fields, deliveries).await?;
                 }
+                self.prefetched.clear();
                 self.drain().await?;
             }
         }

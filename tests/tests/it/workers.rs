@@ -484,3 +484,41 @@ max_deliveries = 3
     let dead = stream(&mut store, &keys::dead("desk")).await;
     assert_eq!(dead.len(), 1, "{dead:?}");
 }
+
+/// A decision whose wake-up was lost (its decider died between deciding and
+/// waking) is delivered as soon as anyone answers again, not at some later
+/// sweep: a repeated answer wakes the requester once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answering_again_wakes_the_requester_of_a_decided_approval() {
+    let d = Deployment::new(&config());
+    let _desk = d.spawn("outbox", "desk");
+    let _mail = d.spawn("outbox", "mail");
+    let mut store = d.store().await;
+    send(&mut store, "mail", "bob@example.org", "woken late").await;
+    let id = wait_until("the notification", SOON, || async {
+        d.delivered("desk.out").into_iter().next()
+    })
+    .await
+    .approval_id
+    .unwrap();
+    // Decided as the DECIDE script would, and no wake-up written.
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg("status")
+        .arg("approved")
+        .arg("approver")
+        .arg("cli:op")
+        .arg("decided_at")
+        .arg(broker::now_secs())
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let out = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
+    assert!(!out.status.success(), "a second answer is late: {out:?}");
+    // Well before the 30 s sweep.
+    let sent = wait_until("the approved entry delivered", SOON, || async {
+        d.delivered("mail.out").into_iter().next()
+    })
+    .await;
+    assert_eq!(sent.content, "woken late");
+}

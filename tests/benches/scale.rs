@@ -1,0 +1,340 @@
+//! The outbox at scale: parking linearity, then K parked approvals (default
+//! 100,000; `COWBOY_BENCH_PARKED` changes it) and what they cost: decision →
+//! delivery latency through `cowboy approvals approve`, `approvals list` and a
+//! prefix lookup, process memory per parked entry (before and after a restart),
+//! Redis memory per approval, idle Redis commands against an outbox with none
+//! parked, and the time a restart takes to serve again. Each figure is printed
+//! beside its target; the floor of `throughput` is measured in that bench.
+//! Run with `cargo bench -p cowboy-tests --bench scale`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use broker::Store;
+use harness::{binary, pending, Deployment};
+
+const CONFIG: &str = r#"
+[bridges.mail]
+type = "console"
+output = "{dir}/mail.out"
+input = "{dir}/mail.in"
+destinations = ["*"]
+approval = { required = true, notify = "desk", notify_channel = "ops", timeout = 0, approvers = ["cli:op"] }
+
+[bridges.desk]
+type = "console"
+output = "{dir}/desk.out"
+input = "{dir}/desk.in"
+destinations = ["ops"]
+"#;
+
+/// A 200-byte message, as the Redis memory target is stated for one.
+fn content() -> String {
+    "m".repeat(200)
+}
+
+async fn fill(store: &mut Store, n: usize) {
+    let content = content();
+    for chunk in 0..n.div_ceil(10_000) {
+        let mut pipe = redis::pipe();
+        for _ in 0..(n - chunk * 10_000).min(10_000) {
+            pipe.cmd("XADD")
+                .arg("mail:outbox")
+                .arg("*")
+                .arg("channel_id")
+                .arg("bob@example.org")
+                .arg("content")
+                .arg(&content)
+                .ignore();
+        }
+        let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+    }
+}
+
+/// Entries the group has been handed (`entries-read` of `XINFO GROUPS`).
+async fn read_by(store: &mut Store, stream: &str, group: &str) -> usize {
+    let v: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(stream)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap_or_default();
+    v.iter()
+        .find(|g| g.get("name") == Some(&redis::Value::BulkString(group.as_bytes().to_vec())))
+        .and_then(|g| match g.get("entries-read") {
+            Some(redis::Value::Int(i)) => Some(*i as usize),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until `n` entries are parked and each notification was shown.
+async fn parked(store: &mut Store, n: usize) {
+    loop {
+        let count: usize = redis::cmd("ZCARD")
+            .arg("mail:pending")
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+        if count >= n
+            && read_by(store, "desk:outbox", "desk-outbox").await >= n
+            && pending(store, "desk:outbox", "desk-outbox").await == 0
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+async fn commands(store: &mut Store) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn memory(store: &mut Store, key: &str) -> u64 {
+    let v: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    v.unwrap_or(0)
+}
+
+fn cowboy(d: &Deployment, args: &[&str]) -> (Duration, String) {
+    let start = Instant::now();
+    let out = Command::new(binary("cowboy"))
+        .arg("--config")
+        .arg(&d.config_path)
+        .args(args)
+        .output()
+        .unwrap();
+    let took = start.elapsed();
+    assert!(out.status.success(), "cowboy {args:?}: {out:?}");
+    (took, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Approves `id` through the CLI and returns the time until mail.out grew.
+async fn decide(d: &Deployment, id: &str) -> Duration {
+    let out = d.path("mail.out");
+    let before = size(&out);
+    let start = Instant::now();
+    cowboy(d, &["approvals", "approve", id, "--as", "op"]);
+    while size(&out) == before {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    start.elapsed()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn ids(store: &mut Store, n: isize) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg("mail:pending")
+        .arg(0)
+        .arg(n - 1)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap()
+}
+
+async fn started(store: &mut Store) {
+    while store
+        .groups("mail:outbox")
+        .await
+        .unwrap_or_default()
+        .is_empty()
+        || store
+            .groups("desk:outbox")
+            .await
+            .unwrap_or_default()
+            .is_empty()
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Idle Redis commands per second over `secs` (the measuring command excluded).
+async fn idle_rate(store: &mut Store, secs: u64) -> f64 {
+    let c0 = commands(store).await;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let c1 = commands(store).await;
+    (c1 - c0).saturating_sub(1) as f64 / secs as f64
+}
+
+#[tokio::main]
+async fn main() {
+    let k: usize = std::env::var("COWBOY_BENCH_PARKED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let idle_secs = 65; // more than two sweep periods
+
+    // Parking linearity: 10,000 and 20,000 entries, each in a fresh deployment.
+    let mut park_times = Vec::new();
+    for n in [10_000, 20_000] {
+        let d = Deployment::new(CONFIG);
+        let mut store = d.store().await;
+        let _desk = d.spawn("outbox", "desk");
+        let _mail = d.spawn("outbox", "mail");
+        started(&mut store).await;
+        fill(&mut store, n).await;
+        let start = Instant::now();
+        parked(&mut store, n).await;
+        park_times.push((n, start.elapsed()));
+    }
+    for (n, t) in &park_times {
+        println!(
+            "park {n} (record, index, notification, its delivery and map entry): {:.0} parks/s (target >= 10,000)",
+            *n as f64 / t.as_secs_f64()
+        );
+    }
+    println!(
+        "park linearity: 20,000 took {:.2} x the time of 10,000 (target <= 2.2)",
+        park_times[1].1.as_secs_f64() / park_times[0].1.as_secs_f64()
+    );
+
+    // Idle commands with nothing parked.
+    let idle0 = {
+        let d = Deployment::new(CONFIG);
+        let mut store = d.store().await;
+        let _desk = d.spawn("outbox", "desk");
+        let _mail = d.process("cowboy-console-outbox", "mail");
+        started(&mut store).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        idle_rate(&mut store, idle_secs).await
+    };
+
+    // K parked, on a Redis tuned as the NixOS module tunes its own.
+    let d = Deployment::new(CONFIG);
+    let mut store = d.store().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hash-max-listpack-value")
+        .arg(512)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let _desk = d.spawn("outbox", "desk");
+    let mail = d.process("cowboy-console-outbox", "mail");
+    started(&mut store).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_idle = rss_bytes(mail.0.id());
+    fill(&mut store, k).await;
+    let start = Instant::now();
+    parked(&mut store, k).await;
+    let park_k = start.elapsed();
+    let rss_parked = rss_bytes(mail.0.id());
+    println!(
+        "park {k}: {:.0} parks/s; process memory {:.0} bytes per parked entry above the idle process (target <= 200)",
+        k as f64 / park_k.as_secs_f64(),
+        rss_parked.saturating_sub(rss_idle) as f64 / k as f64
+    );
+
+    let sample = ids(&mut store, 100).await;
+    let mut record = 0;
+    for id in &sample {
+        record += memory(&mut store, &broker::keys::approval(id)).await;
+    }
+    let record = record as f64 / sample.len() as f64;
+    let shares = [
+        "approval:desk_map",
+        "mail:pending",
+        "mail:outbox",
+        "desk:outbox",
+    ];
+    let mut shared = 0.0;
+    for key in shares {
+        shared += memory(&mut store, key).await as f64 / k as f64;
+    }
+    println!(
+        "Redis memory per parked approval of a 200-byte message: {:.0} bytes (record {record:.0}, its share of map, index and streams {shared:.0}) (target <= 2048)",
+        record + shared
+    );
+
+    let (list, out) = cowboy(&d, &["approvals", "list"]);
+    assert!(
+        out.lines().count() >= k,
+        "approvals list shows every pending approval"
+    );
+    println!(
+        "approvals list with {k} parked: {:.0} ms (target <= 1000)",
+        list.as_secs_f64() * 1e3
+    );
+    let prefix = &sample[0][..8];
+    let (by_prefix, _) = cowboy(&d, &["approvals", "approve", prefix, "--as", "op"]);
+    println!(
+        "approvals approve PREFIX with {k} parked: {:.0} ms (target <= 100)",
+        by_prefix.as_secs_f64() * 1e3
+    );
+
+    let mut latencies = Vec::new();
+    for id in &sample[1..51] {
+        latencies.push(decide(&d, id).await);
+    }
+    latencies.sort();
+    println!(
+        "decision -> delivery with {k} parked, through approvals approve FULL_ID (CLI start-up included): p50 {:.1} ms, p99 {:.1} ms (target p50 <= 5, p99 <= 25)",
+        percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+        percentile(&latencies, 0.99).as_secs_f64() * 1e3
+    );
+
+    let idle_k = idle_rate(&mut store, idle_secs).await;
+    println!(
+        "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle0:.2} with none: {:.1} x (target <= 1.1)",
+        idle_k / idle0.max(0.01)
+    );
+
+    // Restart: a new process, then a new entry's notification and a decision on
+    // a parked entry.
+    mail.stop();
+    let start = Instant::now();
+    let mail = d.process("cowboy-console-outbox", "mail");
+    let before = read_by(&mut store, "desk:outbox", "desk-outbox").await;
+    fill(&mut store, 1).await;
+    while read_by(&mut store, "desk:outbox", "desk-outbox").await <= before {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let first_new = start.elapsed();
+    let decided = decide(&d, &sample[60]).await;
+    let served = start.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_restarted = rss_bytes(mail.0.id());
+    println!(
+        "restart with {k} parked: first new entry notified after {:.2} s, a decision on a parked entry delivered after {:.2} s ({:.0} ms for the decision itself) (target <= 5 s)",
+        first_new.as_secs_f64(),
+        served.as_secs_f64(),
+        decided.as_secs_f64() * 1e3
+    );
+    println!(
+        "process memory after the restart: {:.0} bytes per parked entry above the idle process (target <= 200)",
+        rss_restarted.saturating_sub(rss_idle) as f64 / k as f64
+    );
+    drop(mail);
+}
