@@ -41,7 +41,10 @@ impl Entry {
 
 /// What one `XREADGROUP`/`XREAD` returned: entries per stream. An entry whose
 /// body was deleted while pending comes back with `fields = None`.
-pub type StreamBatch = Vec<(String, Vec<(String, Option<Vec<(String, Vec<u8>)>>)>)>;
+pub type StreamBatch = Vec<(String, Vec<RawEntry>)>;
+
+/// One entry as read: its id, and its fields unless its body was deleted.
+pub type RawEntry = (String, Option<Vec<(String, Vec<u8>)>>);
 
 /// One consumer of a group, as `XINFO CONSUMERS` reports it.
 #[derive(Debug, Clone)]

@@ -252,7 +252,7 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn prefetch_records(
         &mut self,
         idx: usize,
-        entries: &[(String, Option<Vec<(String, Vec<u8>)>>)],
+        entries: &[crate::store::RawEntry],
     ) -> Result<()> {
         let source = &self.sources[idx];
         if !self.bridge.approval.required || source.kind == Kind::Decisions {
