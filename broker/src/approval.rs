@@ -433,8 +433,9 @@ async fn apply(
         );
     }
     // Wake the requesting worker (the one the record names, read in the same step
-    // as the decision); if this is lost it still sees the decision at its next
-    // sweep. Capped: a wake-up trimmed before it was read is covered by that sweep too.
+    // as the decision). If this is lost (the decider died in between, or the cap
+    // trimmed it unread), answering again through the CLI wakes it again, a
+    // restart re-reads every record, and the sweep's round robin reaches it.
     let stream = keys::decisions_for(requester, &worker);
     let _: String = redis::cmd("XADD")
         .arg(&stream)
@@ -445,7 +446,12 @@ async fn apply(
         .arg("approval_id")
         .arg(id)
         .arg("status")
-        .arg(verdict.as_str())
+        // The record's status: a late answer re-wakes with what was decided.
+        .arg(if late {
+            answer.as_str()
+        } else {
+            verdict.as_str()
+        })
         .query_async(&mut store.conn)
         .await
         .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;

@@ -161,6 +161,7 @@ impl<S: Sender> OutboxService<S> {
         self.flights.abort_all();
         while self.flights.join_next().await.is_some() {}
         self.ready.clear();
+        self.to_park.clear();
         self.acks.clear();
         self.acks_since = None;
         self.shown.clear();

@@ -105,6 +105,8 @@ impl<S: Sender> OutboxService<S> {
             self.flights.abort_all();
             while self.flights.join_next().await.is_some() {}
             self.ready.clear();
+            self.to_park.clear();
+            self.claims.clear();
             self.acks.clear();
             self.acks_since = None;
             self.shown.clear();

@@ -197,6 +197,8 @@ pub struct OutboxService<S> {
     prefetched: HashMap<String, Option<Record>>,
     /// Notifications shown, recorded together after the batch.
     shown: Vec<surface::Shown>,
+    /// When the oldest of `shown` was shown.
+    shown_since: Option<Instant>,
     /// Delivered this batch, to ack together: (stream, entry id, delivery key).
     acks: Vec<(String, String, String)>,
     /// When the oldest of `acks` was delivered.
@@ -261,6 +263,7 @@ impl<S: Sender> OutboxService<S> {
             claims: HashMap::new(),
             prefetched: HashMap::new(),
             shown: Vec::new(),
+            shown_since: None,
             policy,
             lease: None,
             shutdown,

@@ -67,7 +67,10 @@ impl<S: Sender> OutboxService<S> {
         // Recovery reads a page's records together and indexes them (see
         // `prefetch_records`); anything else reads its own.
         let (loaded, indexed) = match self.prefetched.remove(&id) {
-            Some(r) => (r, true),
+            Some(r) => {
+                let had = r.is_some();
+                (r, had)
+            }
             None => (approval::load(&mut self.store, &id).await?, false),
         };
         let (record, resumed) = match loaded {
@@ -117,7 +120,7 @@ impl<S: Sender> OutboxService<S> {
             return self.finish(idx, &entry.id, &record, None).await;
         }
         // In the pending index (again, after a crash between the two steps).
-        if !indexed || !resumed {
+        if !indexed {
             let index = keys::pending(&self.name);
             let created: u64 = record.get("created_at").parse().unwrap_or(0);
             let _: i64 = self
@@ -464,8 +467,10 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// Re-reads every parked record in one pipelined round trip and settles the
-    /// decided ones: the fallback for a decision whose wake-up was lost. Then
+    /// Re-reads the next slice of the parked records ([`SWEEP_SLICE`], round
+    /// robin, one pipelined round trip), settles the decided ones (the fallback
+    /// for a decision whose wake-up was lost) and writes again a notification
+    /// trimmed unshown. A full round takes `parked / SWEEP_SLICE` sweeps. Then
     /// settles as failed every parked entry that vanished from its stream: one
     /// `XRANGE - + COUNT 1` per stream finds its oldest entry, and an agent can
     /// only drop entries from the head (`XADD MAXLEN`).

@@ -236,7 +236,11 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         blocking: &mut redis::aio::MultiplexedConnection,
     ) -> Result<()> {
-        self.prefetched.clear(); // nothing read before this recovery is trusted
+        // Nothing read or begun before this recovery is trusted: what it left
+        // half-done is pending and is read again here.
+        self.prefetched.clear();
+        self.claims.clear();
+        self.to_park.clear();
         for idx in 0..self.sources.len() {
             let key = self.sources[idx].key.clone();
             let mut after = "0".to_string();

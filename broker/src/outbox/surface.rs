@@ -74,6 +74,7 @@ impl<S: Sender> OutboxService<S> {
     /// the record's note of it, the ack. A record settled and gone meanwhile keeps
     /// no answerable card: answers to it could only be late.
     pub(super) async fn flush_shown(&mut self) -> Result<()> {
+        self.shown_since = None;
         if self.shown.is_empty() {
             return Ok(());
         }
@@ -172,13 +173,18 @@ impl<S: Sender> OutboxService<S> {
         match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
-                // Recorded with the rest of the batch (`flush_shown`).
+                // Recorded with the others shown in the last ACK_DELAY, so a card
+                // is answerable (its map entry written) soon after it appears.
                 self.shown.push(Shown {
                     stream: self.sources[idx].key.clone(),
                     entry_id: entry.id.clone(),
                     approval_id: id,
                     external_id,
                 });
+                let first = *self.shown_since.get_or_insert_with(Instant::now);
+                if first.elapsed() >= ACK_DELAY {
+                    self.flush_shown().await?;
+                }
                 Ok(())
             }
             Delivery::Failed(n) => {

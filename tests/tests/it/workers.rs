@@ -522,3 +522,48 @@ async fn answering_again_wakes_the_requester_of_a_decided_approval() {
     .await;
     assert_eq!(sent.content, "woken late");
 }
+
+/// An entry read but never parked (a crash between the read and the park) is
+/// parked at recovery and put in the pending index, so a prefix finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_read_before_a_crash_is_parked_and_indexed_at_recovery() {
+    let d = Deployment::new(&config());
+    let _desk = d.spawn("outbox", "desk");
+    let mut store = d.store().await;
+    let outbox = keys::agent_outbox("ann", "mail");
+    let group = keys::outbox_group("mail");
+    store.ensure_group(&outbox, &group).await.unwrap();
+    send(&mut store, "mail", "bob@example.org", "read, then a crash").await;
+    // The default worker took it and died before parking it.
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(&group)
+        .arg(keys::outbox_consumer("mail", keys::DEFAULT_WORKER))
+        .arg("STREAMS")
+        .arg(&outbox)
+        .arg(">")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let _mail = d.spawn("outbox", "mail");
+    let id = wait_until("the notification", SOON, || async {
+        d.delivered("desk.out").into_iter().next()
+    })
+    .await
+    .approval_id
+    .unwrap();
+    let score: Option<f64> = redis::cmd("ZSCORE")
+        .arg(keys::pending("mail"))
+        .arg(&id)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    assert!(score.is_some(), "in the pending index");
+    let out = d.cowboy(&["approvals", "approve", &id[..8], "--as", "op"]);
+    assert!(out.status.success(), "{out:?}");
+    let sent = wait_until("delivered", SOON, || async {
+        d.delivered("mail.out").into_iter().next()
+    })
+    .await;
+    assert_eq!(sent.content, "read, then a crash");
+}
