@@ -125,6 +125,38 @@ impl Record {
 }
 
 /// Reads a record; `None` when it does not exist.
+/// Reads `fields` of many records, a thousand per pipelined round trip; `None`
+/// for each record gone.
+pub async fn load_fields_many(
+    store: &mut Store,
+    ids: &[String],
+    fields: &[&str],
+) -> Result<Vec<Option<Record>>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
+        }
+        let all: Vec<Vec<Option<String>>> = pipe
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+        out.extend(chunk.iter().zip(all).map(|(id, values)| {
+            let fields: HashMap<String, String> = fields
+                .iter()
+                .zip(values)
+                .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                .collect();
+            (!fields.is_empty()).then(|| Record {
+                id: id.clone(),
+                fields,
+            })
+        }));
+    }
+    Ok(out)
+}
+
 /// Loads many records, a thousand per pipelined round trip; `None` for each gone.
 pub async fn load_many(store: &mut Store, ids: &[String]) -> Result<Vec<Option<Record>>> {
     let mut out = Vec::with_capacity(ids.len());

@@ -23,7 +23,21 @@ pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Re
     let now = crate::now_secs_f64();
     let mut out = String::new();
     let ids = approval::pending_ids(store, config).await?;
-    for (id, r) in ids.iter().zip(approval::load_many(store, &ids).await?) {
+    // Only what a line shows: a list of many approvals moves little.
+    let shown = [
+        "status",
+        "expires_at",
+        "settled_at",
+        "decided_at",
+        "content_preview",
+        "source",
+        "channel_id",
+        "agent",
+    ];
+    for (id, r) in ids
+        .iter()
+        .zip(approval::load_fields_many(store, &ids, &shown).await?)
+    {
         let Some(r) = r else {
             continue;
         };

@@ -17,6 +17,10 @@
 
 use super::*;
 
+/// Pending entries read per page at recovery: far more than a live batch, since
+/// each page costs a few round trips whatever its size.
+const RECOVERY_PAGE: usize = 1000;
+
 /// Batches from the reader task, or the error that ended it.
 pub(super) type Reads = tokio::sync::mpsc::Receiver<Result<StreamBatch>>;
 
@@ -251,7 +255,7 @@ impl<S: Sender> OutboxService<S> {
                     &self.consumer,
                     std::slice::from_ref(&key),
                     &[after.as_str()],
-                    self.bridge.batch,
+                    RECOVERY_PAGE,
                     None,
                 )
                 .await?;
