@@ -3,6 +3,9 @@
 //! The external id is derived from the delivery key, so it is unique per stream
 //! entry and the same on a retry; on a retry the file is searched first, which
 //! makes a repeated delivery after a crash impossible.
+//!
+//! The file is opened once and kept (append mode: each line is one write, so it
+//! lands whole); after a failed write it is opened afresh for the next delivery.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -27,7 +30,8 @@ pub struct Delivered {
 /// Appends to a file.
 pub struct ConsoleSender {
     output: PathBuf,
-    lock: tokio::sync::Mutex<()>,
+    /// The open output file, opened on the first delivery.
+    file: tokio::sync::Mutex<Option<std::fs::File>>,
     latency: std::time::Duration,
 }
 
@@ -41,7 +45,7 @@ impl ConsoleSender {
     pub fn with_latency(output: PathBuf, latency: std::time::Duration) -> Self {
         ConsoleSender {
             output,
-            lock: tokio::sync::Mutex::new(()),
+            file: tokio::sync::Mutex::new(None),
             latency,
         }
     }
@@ -61,7 +65,7 @@ impl Sender for ConsoleSender {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
-        let _guard = self.lock.lock().await;
+        let mut file = self.file.lock().await;
         let id = external_id(out.delivery_key);
         if out.retry && already_written(&self.output, &id)? {
             return Ok(id);
@@ -78,14 +82,26 @@ impl Sender for ConsoleSender {
         let mut text =
             serde_json::to_string(&line).map_err(|e| SendError::Permanent(e.to_string()))?;
         text.push('\n');
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.output)
-            .map_err(|e| SendError::Transient(format!("{}: {e}", self.output.display())))?;
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.output)
+                .map_err(|e| SendError::Transient(format!("{}: {e}", self.output.display())))
+        };
+        if file.is_none() {
+            *file = Some(open()?);
+        }
         // One write on an O_APPEND file: the line lands whole or not at all.
-        file.write_all(text.as_bytes())
-            .map_err(|e| SendError::Uncertain(format!("{}: {e}", self.output.display())))?;
+        let written = file.as_mut().map(|f| f.write_all(text.as_bytes()));
+        if let Some(Err(e)) = written {
+            // The next delivery opens the file afresh (it may have been rotated away).
+            *file = None;
+            return Err(SendError::Uncertain(format!(
+                "{}: {e}",
+                self.output.display()
+            )));
+        }
         Ok(id)
     }
 }
