@@ -52,8 +52,6 @@ pub struct Consumer {
     pub name: String,
     /// Entries delivered to it and not yet acked.
     pub pending: u64,
-    /// Milliseconds since it last read or claimed (a blocked read counts from its start).
-    pub idle_ms: u64,
 }
 
 /// One consumer group of a stream, as `XINFO GROUPS` reports it.
@@ -64,6 +62,8 @@ pub struct Group {
     pub pending: u64,
     /// The last entry handed to any consumer of the group.
     pub last_delivered: String,
+    /// How many entries the group has been handed in all (`entries-read`).
+    pub entries_read: u64,
 }
 
 /// One entry of a group's pending list.
@@ -218,7 +218,6 @@ impl Store {
                 Some(Consumer {
                     name: m.get("name").and_then(text)?,
                     pending: int(m, "pending"),
-                    idle_ms: int(m, "idle"),
                 })
             })
             .collect())
@@ -236,15 +235,17 @@ impl Store {
             Err(e) if e.to_string().contains("no such key") => return Ok(Vec::new()),
             Err(e) => return Err(Error::from_redis(&format!("XINFO GROUPS {stream}"), e)),
         };
+        let int = |m: &HashMap<String, Value>, k: &str| match m.get(k) {
+            Some(Value::Int(i)) => (*i).max(0) as u64,
+            _ => 0,
+        };
         Ok(v.iter()
             .filter_map(|m| {
                 Some(Group {
                     name: m.get("name").and_then(text)?,
-                    pending: match m.get("pending") {
-                        Some(Value::Int(i)) => (*i).max(0) as u64,
-                        _ => 0,
-                    },
+                    pending: int(m, "pending"),
                     last_delivered: m.get("last-delivered-id").and_then(text)?,
+                    entries_read: int(m, "entries-read"),
                 })
             })
             .collect())

@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use broker::Store;
-use harness::{binary, pending, Deployment};
+use harness::{binary, commands_processed, entries_read, pending, Deployment};
 
 const CONFIG: &str = r#"
 [bridges.mail]
@@ -52,23 +52,6 @@ async fn fill(store: &mut Store, n: usize) {
     }
 }
 
-/// Entries the group has been handed (`entries-read` of `XINFO GROUPS`).
-async fn read_by(store: &mut Store, stream: &str, group: &str) -> usize {
-    let v: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(&mut store.conn)
-        .await
-        .unwrap_or_default();
-    v.iter()
-        .find(|g| g.get("name") == Some(&redis::Value::BulkString(group.as_bytes().to_vec())))
-        .and_then(|g| match g.get("entries-read") {
-            Some(redis::Value::Int(i)) => Some(*i as usize),
-            _ => None,
-        })
-        .unwrap_or(0)
-}
-
 /// Waits until `n` entries are parked and each notification was shown.
 async fn parked(store: &mut Store, n: usize) {
     loop {
@@ -78,7 +61,7 @@ async fn parked(store: &mut Store, n: usize) {
             .await
             .unwrap();
         if count >= n
-            && read_by(store, "desk:outbox", "desk-outbox").await >= n
+            && entries_read(store, "desk:outbox", "desk-outbox").await >= n
             && pending(store, "desk:outbox", "desk-outbox").await == 0
         {
             return;
@@ -95,18 +78,6 @@ fn rss_bytes(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .unwrap()
         * 1024
-}
-
-async fn commands(store: &mut Store) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 async fn memory(store: &mut Store, key: &str) -> u64 {
@@ -182,9 +153,9 @@ async fn started(store: &mut Store) {
 
 /// Idle Redis commands per second over `secs` (the measuring command excluded).
 async fn idle_rate(store: &mut Store, secs: u64) -> f64 {
-    let c0 = commands(store).await;
+    let c0 = commands_processed(store).await;
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let c1 = commands(store).await;
+    let c1 = commands_processed(store).await;
     (c1 - c0).saturating_sub(1) as f64 / secs as f64
 }
 
@@ -316,9 +287,9 @@ async fn main() {
     mail.stop();
     let start = Instant::now();
     let mail = d.process("cowboy-console-outbox", "mail");
-    let before = read_by(&mut store, "desk:outbox", "desk-outbox").await;
+    let before = entries_read(&mut store, "desk:outbox", "desk-outbox").await;
     fill(&mut store, 1).await;
-    while read_by(&mut store, "desk:outbox", "desk-outbox").await <= before {
+    while entries_read(&mut store, "desk:outbox", "desk-outbox").await <= before {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let first_new = start.elapsed();

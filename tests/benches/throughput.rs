@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use broker::Store;
-use harness::{pending, Deployment};
+use harness::{entries_read, pending, Deployment};
 
 const N: usize = 50_000;
 
@@ -80,23 +80,6 @@ async fn floor(store: &mut Store, file: &std::path::Path) -> Duration {
         }
     }
     start.elapsed()
-}
-
-async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize {
-    let groups: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(&mut store.conn)
-        .await
-        .unwrap_or_default();
-    groups
-        .iter()
-        .find(|g| g.get("name") == Some(&redis::Value::BulkString(group.as_bytes().to_vec())))
-        .and_then(|g| match g.get("entries-read") {
-            Some(redis::Value::Int(i)) => Some(*i as usize),
-            _ => None,
-        })
-        .unwrap_or(0)
 }
 
 async fn drained(d: &Deployment, stream: &str, group: &str, n: usize) {

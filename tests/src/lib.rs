@@ -454,6 +454,30 @@ pub async fn stream(
         .collect()
 }
 
+/// How many entries `group` has been handed from `stream` in all (0 if neither exists).
+pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize {
+    store
+        .groups(stream)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .find(|g| g.name == group)
+        .map_or(0, |g| g.entries_read as usize)
+}
+
+/// Commands Redis has run so far, from `INFO commandstats`.
+pub async fn commands_processed(store: &mut Store) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut store.conn)
+        .await
+        .expect("INFO commandstats");
+    info.lines()
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// Number of entries pending in a group on a stream.
 pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
     let v: redis::Value = redis::cmd("XPENDING")

@@ -80,11 +80,6 @@ impl<S: Sender> OutboxService<S> {
             .max(Duration::from_millis(500))
     }
 
-    /// How often the status heartbeat is written (`cowboy status`).
-    pub(super) fn beat_every(&self) -> Duration {
-        HEARTBEAT_EVERY
-    }
-
     pub(super) fn heartbeat_field(&self) -> String {
         keys::outbox_heartbeat_field(&self.worker)
     }

@@ -81,26 +81,13 @@ impl<S: Sender> OutboxService<S> {
                     && r.fields.contains_key("delivery_started")
                     && !r.fields.contains_key("settled_at") =>
             {
-                let reason = format!(
-                    "approved, but its delivery was handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison, not sent",
-                    self.bridge.max_deliveries
-                );
-                let n = Notice {
-                    status: "failed",
-                    reason: &reason,
-                    approval_id: Some(&id),
-                    request_id: Some(r.get("request_id")),
-                    ..Notice::default()
-                };
-                self.dead_letter_only(idx, entry, &n).await?;
-                self.notice(idx, &entry.id, Some(entry), n).await?;
-                return self.finish(idx, &entry.id, &r, Some("failed")).await;
+                return self.poison(idx, entry, deliveries, Some(&r)).await;
             }
             Some(r) => (r, true),
             // Parked entries wait through restarts; only one that never got as far
             // as a record counts its deliveries.
             None if self.is_poison(deliveries) => {
-                return self.poison(idx, entry, deliveries).await;
+                return self.poison(idx, entry, deliveries, None).await;
             }
             None => {
                 let record = self.new_record(&id, &source, entry, message);

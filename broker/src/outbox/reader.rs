@@ -114,14 +114,12 @@ impl<S: Sender> OutboxService<S> {
         let group = self.group.clone();
         let consumer = self.consumer.clone();
         let count = self.bridge.batch;
-        // Short enough that a live worker is seen reading well within `claim_idle_seconds`.
-        let block = MAX_BLOCK.min(self.claim_every());
         tokio::spawn(async move {
             let new_ids = vec![">"; keys.len()];
             loop {
                 let read = tokio::select! {
                     _ = tx.closed() => return,
-                    r = read_group(&mut conn, &group, &consumer, &keys, &new_ids, count, Some(block)) => r,
+                    r = read_group(&mut conn, &group, &consumer, &keys, &new_ids, count, Some(MAX_BLOCK)) => r,
                 };
                 let failed = read.is_err();
                 match read {
@@ -155,10 +153,7 @@ impl<S: Sender> OutboxService<S> {
                 .into())
             }
         }
-        if st
-            .last_beat
-            .is_none_or(|t| t.elapsed() >= self.beat_every())
-        {
+        if st.last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
             let field = self.heartbeat_field();
             self.store
                 .heartbeat(&self.name, &field, HEARTBEAT_EVERY * 3)
@@ -215,7 +210,7 @@ impl<S: Sender> OutboxService<S> {
             .min(SWEEP_EVERY.saturating_sub(st.last_sweep.elapsed()))
             .min(self.claim_every().saturating_sub(st.last_claim.elapsed()));
         if let Some(t) = st.last_beat {
-            block = block.min(self.beat_every().saturating_sub(t.elapsed()));
+            block = block.min(HEARTBEAT_EVERY.saturating_sub(t.elapsed()));
         }
         if let Some(w) = self.watchdog.interval() {
             block = block.min(w);
@@ -317,17 +312,18 @@ impl<S: Sender> OutboxService<S> {
         // `park`); a notification once it knows whether it is genuine.
         let parks = self.bridge.approval.required && source.kind != Kind::Decisions && !surface;
         // One waiting for its retry was handed out again by a reconnect, not by a crash.
-        let waiting = self
-            .retries
-            .scheduled
-            .contains(&delivery_key(&source.key, &entry.id));
+        let waiting = || {
+            self.retries
+                .scheduled
+                .contains(&delivery_key(&source.key, &entry.id))
+        };
         if !parks
             && !notification
-            && !waiting
             && source.kind != Kind::Decisions
             && self.is_poison(deliveries)
+            && !waiting()
         {
-            return self.poison(idx, &entry, deliveries).await;
+            return self.poison(idx, &entry, deliveries, None).await;
         }
         if source.kind == Kind::Decisions {
             if let Some(approval_id) = entry.text("approval_id") {
@@ -395,23 +391,32 @@ impl<S: Sender> OutboxService<S> {
         deliveries > self.bridge.max_deliveries
     }
 
-    /// Dead-letters an entry handed out too often without an outcome.
+    /// Dead-letters an entry handed out too often without an outcome, with a
+    /// notice; an approved one (`record`) also has its approval closed as failed.
     pub(super) async fn poison(
         &mut self,
         idx: usize,
         entry: &Entry,
         deliveries: u64,
+        record: Option<&Record>,
     ) -> Result<()> {
         let reason = format!(
-            "handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison",
+            "handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison, not sent",
             self.bridge.max_deliveries
         );
         let n = Notice {
             status: "failed",
             reason: &reason,
+            approval_id: record.map(|r| r.id.as_str()),
+            request_id: record.map(|r| r.get("request_id")),
             ..Notice::default()
         };
-        self.dead_letter(idx, entry, n).await
+        let Some(record) = record else {
+            return self.dead_letter(idx, entry, n).await;
+        };
+        self.dead_letter_only(idx, entry, &n).await?;
+        self.notice(idx, &entry.id, Some(entry), n).await?;
+        self.finish(idx, &entry.id, record, Some("failed")).await
     }
 }
 

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use broker::{approval, keys};
-use harness::{hash, pending, stream, wait_until, Deployment};
+use harness::{commands_processed, hash, pending, stream, wait_until, Deployment};
 use serde_json::json;
 
 use crate::{approval_config, SOON};
@@ -605,19 +605,6 @@ async fn the_outbox_survives_a_redis_restart() {
         2,
         "one notification each, none repeated"
     );
-}
-
-/// Total commands Redis has processed (from INFO commandstats).
-async fn commands_processed(store: &mut broker::Store) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// Waiting costs the same whatever is parked: with 300 parked entries, an idle
