@@ -299,9 +299,13 @@ maximal_backoff_time = 2s
         for sub in ["new", "cur"] {
             if let Ok(rd) = std::fs::read_dir(base.join(sub)) {
                 for e in rd.flatten() {
-                    let meta = e.metadata().unwrap();
+                    // Dovecot renames files between new/ and cur/ and expunges
+                    // them; one gone since the listing is simply not counted.
+                    let Ok(modified) = e.metadata().and_then(|m| m.modified()) else {
+                        continue;
+                    };
                     files.push((
-                        meta.modified().unwrap(),
+                        modified,
                         e.file_name().to_string_lossy().into_owned(),
                         e.path(),
                     ));

@@ -596,16 +596,21 @@ async fn handled_mail_can_be_moved() {
         .dir
         .path()
         .join("mail/bridge.test/bridge/Maildir/.Handled");
-    wait_until("the mail in Handled", MAIL, || async {
-        let count = |sub: &str| {
-            std::fs::read_dir(folder.join(sub))
-                .map(|d| d.count())
-                .unwrap_or(0)
-        };
-        (count("new") + count("cur") == 1).then_some(())
-    })
+    // A move is a copy and then an expunge, so the copy can be seen in Handled
+    // a moment before the original leaves INBOX: wait for both.
+    wait_until(
+        "the mail in Handled and nothing left in INBOX",
+        MAIL,
+        || async {
+            let count = |sub: &str| {
+                std::fs::read_dir(folder.join(sub))
+                    .map(|d| d.count())
+                    .unwrap_or(0)
+            };
+            (count("new") + count("cur") == 1 && stack.mails("bridge").is_empty()).then_some(())
+        },
+    )
     .await;
-    assert!(stack.mails("bridge").is_empty(), "nothing left in INBOX");
 }
 
 /// Approval across bridges: a console bridge whose approvals go out by email is
