@@ -10,7 +10,8 @@ use std::fmt::Write as _;
 
 use redis::AsyncCommands;
 
-use crate::approval::{self, Outcome, State, Verdict};
+use crate::approval::{self, field, Answer, Approvals, Outcome, State, Verdict};
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::entry::Message;
 use crate::error::{Error, Result};
@@ -25,36 +26,34 @@ pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Re
     let ids = approval::pending_ids(store, config).await?;
     // Only what a line shows: a list of many approvals moves little.
     let shown = [
-        "status",
-        "expires_at",
-        "settled_at",
-        "decided_at",
-        "content_preview",
-        "source",
-        "channel_id",
-        "agent",
+        field::STATUS,
+        field::EXPIRES_AT,
+        field::SETTLED_AT,
+        field::DECIDED_AT,
+        field::CONTENT_PREVIEW,
+        field::SOURCE,
+        field::CHANNEL_ID,
+        field::AGENT,
     ];
-    for (id, r) in ids
-        .iter()
-        .zip(approval::load_fields_many(store, &ids, &shown).await?)
-    {
+    let records = Approvals::on(store).load_fields_many(&ids, &shown).await?;
+    for (id, r) in ids.iter().zip(records) {
         let Some(r) = r else {
             continue;
         };
         let state = r.state(now);
-        if r.fields.contains_key("settled_at") || (!all && state != State::Pending) {
+        if r.is_settled() || (!all && state != State::Pending) {
             continue;
         }
-        let preview: String = r.get("content_preview").chars().take(60).collect();
+        let preview: String = r.content_preview.chars().take(60).collect();
         let preview = approval::display_safe(&preview);
         let _ = writeln!(
             out,
             "{id}  {state:<8}  {src} -> {dest}  agent={agent}  expires={exp}  {preview:?}",
             state = state.as_str(),
             src = r.source(),
-            dest = approval::display_safe(r.get("channel_id")),
+            dest = approval::display_safe(&r.channel_id),
             agent = r.agent().unwrap_or("-"),
-            exp = match r.expires_at() {
+            exp = match r.expires_at {
                 0 => "never".to_string(),
                 t => t.to_string(),
             },
@@ -75,7 +74,7 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         "approval {id}\nstate: {}\n\n",
         r.state(crate::now_secs_f64()).as_str()
     );
-    let entry = store.entry(r.get("stream"), r.get("entry_id")).await?;
+    let entry = store.entry(&r.stream, &r.entry_id).await?;
     match entry {
         Some(entry) => {
             let text = |k: &str| entry.text(k).filter(|v| !v.is_empty()).map(str::to_string);
@@ -98,7 +97,7 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
             let _ = writeln!(
                 out,
                 "\n\nThe entry's digest {sha} {}",
-                if sha == r.get("message_sha256") {
+                if sha == r.message_sha256 {
                     "matches the approval."
                 } else {
                     "DIFFERS FROM THE APPROVAL: it will not be sent."
@@ -108,11 +107,9 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         None => out.push_str("the entry is no longer in its stream: it will not be sent\n"),
     }
     out.push_str("\nrecord:\n");
-    let mut fields: Vec<_> = r.fields.iter().collect();
-    fields.sort();
-    for (k, v) in fields {
-        if k != "content_preview" {
-            let _ = writeln!(out, "  {k}: {}", approval::display_safe(v));
+    for (k, v) in r.to_pairs() {
+        if k != field::CONTENT_PREVIEW {
+            let _ = writeln!(out, "  {k}: {}", approval::display_safe(&v));
         }
     }
     Ok(out)
@@ -161,7 +158,8 @@ pub async fn approvals_decide(
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let approver = format!("cli:{operator}");
-    match approval::decide(store, config, &id, verdict, &approver, reason).await? {
+    let answer = Answer::new(&Clock::system(), verdict, &approver, reason);
+    match approval::decide(store, config, &id, answer).await? {
         Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
         Outcome::NotAllowed => Err(Error::Request(format!(
             "{approver} is not on the approvers list of the requesting bridge"
@@ -215,12 +213,7 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
     let now = crate::now_secs();
     let mut parked: HashMap<String, usize> = HashMap::new();
     for name in config.bridges.keys() {
-        let key = keys::pending(name);
-        let n: usize = store
-            .conn
-            .zcard(&key)
-            .await
-            .map_err(|e| Error::from_redis(&format!("ZCARD {key}"), e))?;
+        let n = Approvals::on(store).pending_count(name).await?;
         parked.insert(name.clone(), n);
     }
     let mut out = String::new();

@@ -8,7 +8,8 @@
 
 use std::sync::Arc;
 
-use crate::approval::{self, Outcome, Verdict};
+use crate::approval::{self, Answer, Approvals, Outcome, Verdict};
+use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
 use crate::keys;
@@ -21,6 +22,8 @@ pub struct Ingest {
     kind: String,
     /// Redis, for bridges that keep their own state (cursors).
     pub store: Store,
+    /// When answers are given.
+    clock: Clock,
 }
 
 impl Ingest {
@@ -31,7 +34,19 @@ impl Ingest {
             name: name.to_string(),
             kind,
             store,
+            clock: Clock::system(),
         })
+    }
+
+    /// Reads time from `clock` instead of the wall clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Ingest {
+        self.clock = clock;
+        self
+    }
+
+    /// The approval repository over this ingest's connection.
+    pub fn approvals(&mut self) -> Approvals<'_> {
+        Approvals::on(&mut self.store)
     }
 
     /// The deployment config.
@@ -77,14 +92,13 @@ impl Ingest {
             return Ok(Outcome::Unknown);
         }
         let approver = format!("{}:{user}", self.kind);
+        let answer = Answer::new(&self.clock, verdict, &approver, reason);
         let outcome = approval::resolve_approval(
             &mut self.store,
             &self.config,
             &self.name,
             external_id,
-            verdict,
-            &approver,
-            reason,
+            answer,
         )
         .await?;
         tracing::info!(bridge = %self.name, external_id, approver, ?outcome, "answer to a notification");

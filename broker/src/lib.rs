@@ -20,6 +20,7 @@
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
 //! - [`ping`]: the inbox-side wake-up service and liveness.
 //! - [`cli`]: the operator commands behind `cowboy`.
+//! - [`clock`]: the clock every decision about time reads (injectable for tests).
 //! - [`schema`]: the config schema as data (key names read from serde).
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
 //! - [`systemd`]: readiness, watchdog and stopping notifications.
@@ -29,6 +30,7 @@ pub mod acl;
 pub mod approval;
 pub mod bridge;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod entry;
 pub mod error;
@@ -42,32 +44,24 @@ pub mod shutdown;
 pub mod store;
 pub mod systemd;
 
+pub use clock::Clock;
 pub use config::Config;
 pub use error::{Error, Result};
 pub use outbox::{OutboxService, Outgoing, SendError, Sender};
 pub use shutdown::Shutdown;
 pub use store::Store;
 
-/// Unix time in whole seconds.
+/// Unix time in whole seconds, from the wall clock.
 pub fn now_secs() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    Clock::system().now_secs()
 }
 
-/// Unix time in milliseconds (stream ids are millisecond timestamps).
+/// Unix time in milliseconds, from the wall clock.
 pub fn now_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    Clock::system().now_millis()
 }
 
-/// Unix time in fractional seconds (deadline comparisons).
+/// Unix time in fractional seconds, from the wall clock.
 pub fn now_secs_f64() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    Clock::system().now_secs_f64()
 }

@@ -16,8 +16,7 @@ use std::sync::OnceLock;
 
 use broker::approval::{Outcome, Verdict};
 use broker::ingest::Ingest;
-use broker::{keys, Error, Result, Shutdown};
-use redis::AsyncCommands;
+use broker::{Error, Result, Shutdown};
 use serenity::all::{
     Context, EventHandler, GatewayIntents, Message, Reaction, ReactionType, Ready, UserId,
 };
@@ -74,13 +73,11 @@ impl Handler {
         if !ingest.is_approval_surface() {
             return Ok(false);
         }
-        let map = keys::approval_map(ingest.name());
-        let found: bool = ingest
-            .store
-            .conn
-            .hexists(&map, message_id.to_string())
-            .await
-            .map_err(|e| Error::from_redis(&format!("HEXISTS {map}"), e))?;
+        let name = ingest.name().to_string();
+        let found = ingest
+            .approvals()
+            .map_has(&name, &message_id.to_string())
+            .await?;
         Ok(found)
     }
 

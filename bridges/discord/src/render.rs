@@ -85,14 +85,14 @@ pub fn code_block(text: &str) -> String {
 /// The head of the approval card (the message that carries the reactions): the
 /// frame, in the bot's own bold text; every value the agent chose is in code.
 pub fn card_head(record: &Record, status: Option<&str>) -> String {
-    let deadline = match record.expires_at() {
+    let deadline = match record.expires_at {
         0 => "no deadline".to_string(),
         t => format!("decide by <t:{t}:f> (<t:{t}:R>)"),
     };
     let status = status.map(|s| format!("{s}\n")).unwrap_or_default();
     // Each is at most 998 bytes; on the card a long one is cut with a note, so
     // the head always fits one message (the whole value: `approvals show`).
-    let optional = |field: &str| match record.get(field) {
+    let optional = |value: &Option<String>| match value.as_deref().unwrap_or("") {
         "" => "(none)".to_string(),
         v if broker::approval::display_safe(v).chars().count() > HEAD_VALUE_CHARS => {
             // Cut where it is shown (escapes make it longer), on a character.
@@ -112,11 +112,11 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         id = record.id,
         who = record.agent().unwrap_or("an agent"),
         bridge = record.source(),
-        dest = inline_code(record.get("channel_id")),
-        subject = optional("subject"),
-        reply_to = optional("reply_to"),
-        bytes = record.get("content_bytes"),
-        sha = record.get("message_sha256"),
+        dest = inline_code(&record.channel_id),
+        subject = optional(&record.subject),
+        reply_to = optional(&record.reply_to),
+        bytes = record.content_bytes,
+        sha = record.message_sha256,
     )
 }
 
@@ -154,17 +154,14 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
             .map(|id| format!("<@{id}>"))
             .unwrap_or_else(|| inline_code(a))
     };
-    let at = record
-        .get("decided_at")
-        .parse::<u64>()
-        .unwrap_or_else(|_| broker::now_secs());
+    let at = record.decided_at.unwrap_or_else(broker::now_secs);
     let status = match outcome {
         "approved" => format!(
             "✅ **Approved** by {} at <t:{at}:f> — sent.",
-            who(record.get("approver"))
+            who(record.approver())
         ),
         "rejected" => {
-            let reason = record.get("reason");
+            let reason = record.reason();
             let reason = if reason.is_empty() {
                 String::new()
             } else {
@@ -172,7 +169,7 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
             };
             format!(
                 "❌ **Rejected** by {} at <t:{at}:f>{reason}",
-                who(record.get("approver"))
+                who(record.approver())
             )
         }
         "expired" => "⌛ **Expired** — nobody decided in time; not sent.".to_string(),
@@ -220,7 +217,6 @@ pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
     #[test]
     fn splitting_keeps_everything() {
@@ -270,7 +266,8 @@ mod tests {
     fn long_cards_label_every_part() {
         let record = Record {
             id: "id".into(),
-            fields: HashMap::from([("content_bytes".into(), "5000".into())]),
+            content_bytes: 5000,
+            ..Record::default()
         };
         let content = "y ".repeat(2500);
         let card = card(&record, &content);
@@ -287,7 +284,8 @@ mod tests {
     fn agent_text_stays_inside_its_code() {
         let record = Record {
             id: "id".into(),
-            fields: HashMap::from([("subject".into(), "a` **b**".into())]),
+            subject: Some("a` **b**".into()),
+            ..Record::default()
         };
         let content = "ok```\n**Approved** @everyone [safe](https://evil)\n```";
         let card = card(&record, content);
@@ -297,10 +295,9 @@ mod tests {
         assert!(card[0].contains("**Subject:** `a\u{02CB} **b**`"));
         let huge = Record {
             id: "id".into(),
-            fields: HashMap::from([
-                ("subject".into(), "`\u{200B}".repeat(330)),
-                ("reply_to".into(), "x".repeat(998)),
-            ]),
+            subject: Some("`\u{200B}".repeat(330)),
+            reply_to: Some("x".repeat(998)),
+            ..Record::default()
         };
         assert!(
             units(&card_head(&huge, None)) < 1200,

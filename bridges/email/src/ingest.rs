@@ -18,7 +18,7 @@
 use std::time::{Duration, Instant};
 
 use async_imap::Session;
-use broker::approval::{self, Outcome};
+use broker::approval::Outcome;
 use broker::config::read_secret;
 use broker::ingest::Ingest;
 use broker::outbox::backoff;
@@ -366,17 +366,9 @@ impl EmailIngest {
             subject,
             raw,
         } = reply;
-        let map = keys::approval_map(&self.bridge);
         let mut target = None;
         for r in refs.iter().filter(|r| verdict::is_approval_id(r)) {
-            let id: Option<String> = self
-                .ingest
-                .store
-                .conn
-                .hget(&map, r)
-                .await
-                .map_err(|e| Error::from_redis(&format!("HGET {map}"), e))?;
-            if let Some(id) = id {
+            if let Some(id) = self.ingest.approvals().map_get(&self.bridge, r).await? {
                 target = Some((r.clone(), id));
                 break;
             }
@@ -385,7 +377,7 @@ impl EmailIngest {
             tracing::info!(from, "answer to an unknown or settled approval ignored");
             return Ok(());
         };
-        let allowed = match approval::load(&mut self.ingest.store, &approval_id).await? {
+        let allowed = match self.ingest.approvals().load(&approval_id).await? {
             Some(record) => self
                 .ingest
                 .config()

@@ -217,7 +217,7 @@ impl Sender for EmailSender {
         }
         match out.approval {
             Some(record) => {
-                let nonce = record.get("nonce");
+                let nonce = record.nonce.as_str();
                 if nonce.is_empty() {
                     return Err(SendError::Permanent("approval record has no nonce".into()));
                 }
@@ -225,7 +225,7 @@ impl Sender for EmailSender {
                 let subject = format!(
                     "Approval needed: {} → {}",
                     record.agent().unwrap_or(record.source()),
-                    record.get("channel_id")
+                    record.channel_id
                 );
                 let id = verdict::approval_message_id(nonce, domain);
                 self.send_text(

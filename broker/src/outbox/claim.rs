@@ -265,7 +265,9 @@ impl<S: Sender> OutboxService<S> {
         }
         let id = self.approval_id(&source.key, &entry.id)?;
         let worker = self.worker.clone();
-        set_if_exists(&mut self.store, &id, &[("worker", &worker)]).await?;
+        Approvals::on(&mut self.store)
+            .set_worker(&id, &worker)
+            .await?;
         Ok(())
     }
 }

@@ -27,7 +27,6 @@ mod surface;
 
 pub use deliver::RetryPolicy;
 use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Retries};
-use settle::set_if_exists;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -36,7 +35,8 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::approval::{self, IdKey, Record, State};
+use crate::approval::{self, repo::Claim, Approvals, IdKey, Record, State, Status};
+use crate::clock::Clock;
 use crate::config::{BridgeConfig, Config};
 use crate::entry::{Message, Notice};
 use crate::error::{Error, Result};
@@ -60,8 +60,6 @@ const MAX_FAILURES: u32 = 15;
 const DEAD_FIELDS_KEPT: usize = 64;
 /// Longest a delivered entry waits for its ack while other sends are under way.
 const ACK_DELAY: Duration = Duration::from_millis(20);
-/// Redis TTL put on a settled record in case the final delete never happens.
-const SETTLED_TTL_SECS: i64 = 7 * 24 * 3600;
 
 /// One message to deliver.
 #[derive(Debug, Clone, Copy)]
@@ -191,8 +189,8 @@ pub struct OutboxService<S> {
     /// Fresh entries of the batch being read, parked together after it.
     to_park: Vec<NewPark>,
     /// Claims of the batch's notifications, made together before it is handled:
-    /// entry id → (claim answer, record fields).
-    claims: HashMap<String, (String, HashMap<String, String>)>,
+    /// entry id → the claim.
+    claims: HashMap<String, Claim>,
     /// Records of a recovery page, read together (and put in the pending index).
     prefetched: HashMap<String, Option<Record>>,
     /// Notifications shown, recorded together after the batch.
@@ -205,6 +203,8 @@ pub struct OutboxService<S> {
     acks_since: Option<Instant>,
     /// This worker's lease and when it was taken ([`claim`]); `None` before `run`.
     lease: Option<(claim::Lease, Instant)>,
+    /// What time it is, for every decision about time.
+    clock: Clock,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -266,6 +266,7 @@ impl<S: Sender> OutboxService<S> {
             shown_since: None,
             policy,
             lease: None,
+            clock: Clock::system(),
             shutdown,
             watchdog: Watchdog::from_env(),
         })
@@ -288,6 +289,12 @@ impl<S: Sender> OutboxService<S> {
             wake.key = keys::decisions_for(&self.name, worker);
         }
         Ok(self)
+    }
+
+    /// Reads time from `clock` instead of the wall clock (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Creates the consumer groups. Called by [`Self::run`]; public so a caller can

@@ -33,16 +33,16 @@ impl<S: Sender> OutboxService<S> {
         let source = self.sources[idx].clone();
         if self.bridge.approval.required && source.kind != Kind::Decisions {
             let id = self.approval_id(&source.key, entry_id)?;
-            if let Some(record) = approval::load(&mut self.store, &id).await? {
+            if let Some(record) = Approvals::on(&mut self.store).load(&id).await? {
                 tracing::warn!(approval = %id, stream = %source.key, entry = entry_id, "parked entry vanished from its stream; settled as failed");
-                if record.fields.contains_key("settled_at") {
+                if record.is_settled() {
                     return self.finish(idx, entry_id, &record, None).await;
                 }
                 let n = Notice {
                     status: "failed",
                     reason: "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent",
                     approval_id: Some(&id),
-                    request_id: Some(record.get("request_id")),
+                    request_id: record.request_id.as_deref(),
                     ..Notice::default()
                 };
                 self.notice(idx, entry_id, None, n).await?;
@@ -71,19 +71,19 @@ impl<S: Sender> OutboxService<S> {
                 let had = r.is_some();
                 (r, had)
             }
-            None => (approval::load(&mut self.store, &id).await?, false),
+            None => (Approvals::on(&mut self.store).load(&id).await?, false),
         };
-        let (record, resumed) = match loaded {
+        let (record, resumed, indexed) = match loaded {
             // Approved, its send started, and handed out too often since: the send
             // itself kills workers. Set aside rather than tried forever.
             Some(r)
                 if self.is_poison(deliveries)
-                    && r.fields.contains_key("delivery_started")
-                    && !r.fields.contains_key("settled_at") =>
+                    && r.delivery_started.is_some()
+                    && !r.is_settled() =>
             {
                 return self.poison(idx, entry, deliveries, Some(&r)).await;
             }
-            Some(r) => (r, true),
+            Some(r) => (r, true, indexed),
             // Parked entries wait through restarts; only one that never got as far
             // as a record counts its deliveries.
             None if self.is_poison(deliveries) => {
@@ -91,35 +91,24 @@ impl<S: Sender> OutboxService<S> {
             }
             None => {
                 let record = self.new_record(&id, &source, entry, message);
-                let args: Vec<(&String, &String)> = record.fields.iter().collect();
-                let created: i64 = redis::Script::new(approval::CREATE)
-                    .key(keys::approval(&id))
-                    .arg(args)
-                    .invoke_async(&mut self.store.conn)
-                    .await
-                    .map_err(|e| Error::from_redis("EVALSHA create approval", e))?;
+                // Created and indexed in one round trip.
+                let created = Approvals::on(&mut self.store)
+                    .create_many(std::slice::from_ref(&record))
+                    .await?;
                 tracing::info!(approval = %id, stream = %source.key, entry = %entry.id, "entry parked for approval");
-                (record, created == 0 || retry)
+                (record, !created[0] || retry, created[0])
             }
         };
-        if record.fields.contains_key("settled_at") {
+        if record.is_settled() {
             // Crashed between settling and acking: only the ack and delete remain.
             return self.finish(idx, &entry.id, &record, None).await;
         }
         // In the pending index (again, after a crash between the two steps).
         if !indexed {
-            let index = keys::pending(&self.name);
-            let created: u64 = record.get("created_at").parse().unwrap_or(0);
-            let _: i64 = self
-                .store
-                .conn
-                .zadd(&index, &id, created)
-                .await
-                .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
+            Approvals::on(&mut self.store).index(&[&record]).await?;
         }
-        let lost =
-            record.fields.contains_key("notified") && self.notification_lost(&record).await?;
-        if lost || !record.fields.contains_key("notified") {
+        let lost = record.notified.is_some() && self.notification_lost(&record).await?;
+        if lost || record.notified.is_none() {
             if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
@@ -135,8 +124,8 @@ impl<S: Sender> OutboxService<S> {
                 return self.finish(idx, &entry.id, &record, Some("failed")).await;
             }
         }
-        self.track(id.clone(), idx, entry.id.clone(), record.expires_at());
-        if record.state(crate::now_secs_f64()) != State::Pending {
+        self.track(id.clone(), idx, entry.id.clone(), record.expires_at);
+        if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
         Ok(())
@@ -152,34 +141,14 @@ impl<S: Sender> OutboxService<S> {
         if batch.is_empty() {
             return Ok(());
         }
-        let create = redis::Script::new(approval::CREATE);
-        let index = keys::pending(&self.name);
         let records: Vec<Record> = batch
             .iter()
             .map(|p| self.new_record(&p.id, &self.sources[p.source], &p.entry, &p.message))
             .collect();
-        let mut pipe = redis::pipe();
-        pipe.load_script(&create).ignore();
-        let mut invocations = Vec::with_capacity(records.len());
-        for record in &records {
-            let mut inv = create.key(keys::approval(&record.id));
-            for (k, v) in &record.fields {
-                inv.arg(k).arg(v);
-            }
-            invocations.push(inv);
-        }
-        for (record, inv) in records.iter().zip(&invocations) {
-            let created: u64 = record.get("created_at").parse().unwrap_or(0);
-            pipe.invoke_script(inv);
-            pipe.zadd(&index, &record.id, created).ignore();
-        }
-        let created: Vec<i64> = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis("EVALSHA create approvals", e))?;
+        let created = Approvals::on(&mut self.store).create_many(&records).await?;
         let mut fresh = Vec::with_capacity(batch.len());
         for ((p, record), created) in batch.into_iter().zip(records).zip(created) {
-            if created == 1 {
+            if created {
                 fresh.push((p, record));
             } else {
                 // Its record exists already: the careful path.
@@ -193,7 +162,7 @@ impl<S: Sender> OutboxService<S> {
         for (p, record) in &fresh {
             let fields = notification_fields(record, &p.message.content);
             let mut cmd = redis::cmd("XADD");
-            cmd.arg(keys::outbox(record.get("notify"))).arg("*");
+            cmd.arg(keys::outbox(&record.notify)).arg("*");
             for (k, v) in &fields {
                 cmd.arg(*k).arg(v.as_slice());
             }
@@ -210,28 +179,17 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(e) => return Err(Error::from_redis("XADD notifications", e)),
         };
-        let set = redis::Script::new(approval::SET_IF_EXISTS);
-        let mut pipe = redis::pipe();
-        pipe.load_script(&set).ignore();
-        let invocations: Vec<_> = fresh
+        let marks: Vec<(&str, &str)> = fresh
             .iter()
             .zip(&notified)
-            .map(|((_, record), entry_id)| {
-                let mut inv = set.key(keys::approval(&record.id));
-                inv.arg("notified").arg(entry_id);
-                inv
-            })
+            .map(|((_, record), entry_id)| (record.id.as_str(), entry_id.as_str()))
             .collect();
-        for inv in &invocations {
-            pipe.invoke_script(inv).ignore();
-        }
-        let _: () = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis("EVALSHA notified", e))?;
+        Approvals::on(&mut self.store)
+            .mark_notified_many(&marks)
+            .await?;
         for (p, record) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
-            self.track(p.id, p.source, p.entry.id, record.expires_at());
+            self.track(p.id, p.source, p.entry.id, record.expires_at);
         }
         Ok(())
     }
@@ -263,23 +221,11 @@ impl<S: Sender> OutboxService<S> {
         if ids.is_empty() {
             return Ok(());
         }
-        let records = approval::load_many(&mut self.store, &ids).await?;
-        let index = keys::pending(&self.name);
-        let mut pipe = redis::pipe();
-        let mut any = false;
-        for r in records.iter().flatten() {
-            if !r.fields.contains_key("settled_at") {
-                let created: u64 = r.get("created_at").parse().unwrap_or(0);
-                pipe.zadd(&index, &r.id, created).ignore();
-                any = true;
-            }
-        }
-        if any {
-            let _: () = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("ZADD {index}"), e))?;
-        }
+        let mut approvals = Approvals::on(&mut self.store);
+        let records = approvals.load_many(&ids).await?;
+        approvals
+            .index(&records.iter().flatten().collect::<Vec<_>>())
+            .await?;
         self.prefetched.extend(ids.into_iter().zip(records));
         Ok(())
     }
@@ -291,49 +237,37 @@ impl<S: Sender> OutboxService<S> {
         entry: &Entry,
         message: &Message,
     ) -> Record {
-        let now = crate::now_secs();
+        let now = self.clock.now_secs();
         let timeout = self.bridge.approval.timeout;
-        let expires_at = if timeout == 0 { 0 } else { now + timeout };
-        let mut fields = HashMap::new();
-        let mut put = |k: &str, v: String| {
-            fields.insert(k.to_string(), v);
-        };
-        put("status", "pending".into());
-        put("source", self.name.clone());
-        put("channel_id", message.channel_id.clone());
-        put("subject", message.subject.clone().unwrap_or_default());
-        put("reply_to", message.reply_to.clone().unwrap_or_default());
-        put("content_preview", approval::preview(&message.content));
-        put("created_at", now.to_string());
-        put("expires_at", expires_at.to_string());
-        put("stream", source.key.clone());
-        put("entry_id", entry.id.clone());
-        put("agent", source.agent.clone().unwrap_or_default());
-        put("notify", self.config.notify_bridge(&self.name).to_string());
-        put(
-            "notify_channel",
-            self.bridge.approval.notify_channel.clone(),
-        );
-        put(
-            "content_sha256",
-            approval::sha256_hex(message.content.as_bytes()),
-        );
-        put("message_sha256", message.sha256());
-        put("content_bytes", message.content.len().to_string());
-        put("request_id", message.request_id.clone().unwrap_or_default());
-        // Whose wake-up stream a decision goes to (changed when another worker takes over).
-        put("worker", self.worker.clone());
-        // Unguessable and single-use: notify bridges build reply tokens from it
-        // (an email's Message-ID), so knowing the approval id is not enough to answer.
-        put("nonce", uuid::Uuid::new_v4().simple().to_string());
         let mut record = Record {
             id: id.to_string(),
-            fields,
+            status: Status::Pending,
+            source: self.name.clone(),
+            agent: source.agent.clone(),
+            channel_id: message.channel_id.clone(),
+            subject: message.subject.clone(),
+            reply_to: message.reply_to.clone(),
+            content_preview: approval::preview(&message.content),
+            content_sha256: approval::sha256_hex(message.content.as_bytes()),
+            message_sha256: message.sha256(),
+            content_bytes: message.content.len() as u64,
+            request_id: message.request_id.clone(),
+            created_at: now,
+            expires_at: if timeout == 0 { 0 } else { now + timeout },
+            stream: source.key.clone(),
+            entry_id: entry.id.clone(),
+            notify: self.config.notify_bridge(&self.name).to_string(),
+            notify_channel: self.bridge.approval.notify_channel.clone(),
+            // Whose wake-up stream a decision goes to (changed when another worker takes over).
+            worker: self.worker.clone(),
+            // Unguessable and single-use: notify bridges build reply tokens from it
+            // (an email's Message-ID), so knowing the approval id is not enough to answer.
+            nonce: uuid::Uuid::new_v4().simple().to_string(),
+            ..Record::default()
         };
         // Written with the record, before the notification exists: the notify side
         // shows only the entry with exactly this digest.
-        let digest = notification_digest(&notification_fields(&record, &message.content));
-        record.fields.insert("notify_sha256".into(), digest);
+        record.notify_sha256 = notification_digest(&notification_fields(&record, &message.content));
         record
     }
 
@@ -347,16 +281,20 @@ impl<S: Sender> OutboxService<S> {
         message: &Message,
         resumed: bool,
     ) -> Result<std::result::Result<(), String>> {
-        let stream = keys::outbox(record.get("notify"));
+        let stream = keys::outbox(&record.notify);
         let fields = notification_fields(record, &message.content);
         let digest = notification_digest(&fields);
-        if digest != record.get("notify_sha256") {
+        if digest != record.notify_sha256 {
             // A record parked by an older version: bind the notification now, before it exists.
-            set_if_exists(&mut self.store, &record.id, &[("notify_sha256", &digest)]).await?;
+            Approvals::on(&mut self.store)
+                .bind_notification(&record.id, &digest)
+                .await?;
         }
         if resumed {
             if let Some(found) = self.find_notification(&stream, record, &digest).await? {
-                set_if_exists(&mut self.store, &record.id, &[("notified", &found)]).await?;
+                Approvals::on(&mut self.store)
+                    .mark_notified(&record.id, &found)
+                    .await?;
                 return Ok(Ok(()));
             }
         }
@@ -366,7 +304,9 @@ impl<S: Sender> OutboxService<S> {
             Err(Error::Redis(e)) if refused_by_stream(&e) => return Ok(Err(e.to_string())),
             Err(e) => return Err(e),
         };
-        set_if_exists(&mut self.store, &record.id, &[("notified", &notification)]).await?;
+        Approvals::on(&mut self.store)
+            .mark_notified(&record.id, &notification)
+            .await?;
         Ok(Ok(()))
     }
 
@@ -374,13 +314,14 @@ impl<S: Sender> OutboxService<S> {
     /// notify side took it (someone trimmed the flat notify outbox): then it must
     /// be written again, or nobody is ever asked.
     pub(super) async fn notification_lost(&mut self, record: &Record) -> Result<bool> {
-        if record.fields.contains_key("notify_entry")
-            || record.fields.contains_key("notify_external_id")
-        {
+        if record.notify_entry.is_some() || record.notify_external_id.is_some() {
             return Ok(false);
         }
-        let stream = keys::outbox(record.get("notify"));
-        let found = self.store.entry(&stream, record.get("notified")).await?;
+        let Some(notified) = &record.notified else {
+            return Ok(false);
+        };
+        let stream = keys::outbox(&record.notify);
+        let found = self.store.entry(&stream, notified).await?;
         if found.is_none() {
             tracing::warn!(approval = %record.id, stream, "the notification vanished before it was shown; writing it again");
         }
@@ -395,8 +336,7 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<Option<String>> {
         // Stream ids are millisecond timestamps: start a minute before the record
         // was created to allow for clock skew between this host and Redis.
-        let created: u64 = record.get("created_at").parse().unwrap_or(0);
-        let mut start = format!("{}", created.saturating_sub(60) * 1000);
+        let mut start = format!("{}", record.created_at.saturating_sub(60) * 1000);
         loop {
             let page = self.store.range(stream, &start, "+", 500).await?;
             for entry in &page {
@@ -441,7 +381,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Settles every parked entry whose deadline has passed.
     pub(super) async fn settle_due(&mut self) -> Result<()> {
-        let now = crate::now_secs_f64();
+        let now = self.clock.now_secs_f64();
         let due: Vec<String> = self
             .deadlines
             .iter()
@@ -478,21 +418,12 @@ impl<S: Sender> OutboxService<S> {
             .drain(..take)
             .filter(|id| self.parked.contains_key(id))
             .collect();
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            pipe.cmd("HMGET")
-                .arg(keys::approval(id))
-                .arg(&["status", "notified", "notify_entry"]);
-        }
-        let states: Vec<(Option<String>, Option<String>, Option<String>)> = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
+        let states = Approvals::on(&mut self.store).sweep_read(&ids).await?;
         let mut unclaimed = Vec::new();
-        for (id, (status, notified, claimed)) in ids.into_iter().zip(states) {
-            if status.as_deref() != Some("pending") {
+        for (id, state) in ids.into_iter().zip(states) {
+            if state.status != Some(Status::Pending) {
                 self.settle(id).await?;
-            } else if notified.is_some() && claimed.is_none() {
+            } else if state.notified && !state.claimed {
                 unclaimed.push(id);
             }
         }
@@ -532,7 +463,7 @@ impl<S: Sender> OutboxService<S> {
         let Some(parked) = self.parked.get(id).cloned() else {
             return Ok(());
         };
-        let Some(record) = approval::load(&mut self.store, id).await? else {
+        let Some(record) = Approvals::on(&mut self.store).load(id).await? else {
             return Ok(());
         };
         if !self.notification_lost(&record).await? {
@@ -562,10 +493,7 @@ pub(super) fn notification_fields(record: &Record, content: &str) -> Vec<(&'stat
     let frame = approval::render_notification(record, content, approval::REACT_HINT, None);
     vec![
         ("approval_id", record.id.clone().into_bytes()),
-        (
-            "channel_id",
-            record.get("notify_channel").as_bytes().to_vec(),
-        ),
+        ("channel_id", record.notify_channel.as_bytes().to_vec()),
         ("content", frame.into_bytes()),
         ("approval_content", content.as_bytes().to_vec()),
     ]

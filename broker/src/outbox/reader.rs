@@ -222,7 +222,7 @@ impl<S: Sender> OutboxService<S> {
             block = block.min(ACK_DELAY.saturating_sub(t.elapsed()));
         }
         if let Some((deadline, _)) = self.deadlines.first() {
-            let until = *deadline as f64 - crate::now_secs_f64();
+            let until = *deadline as f64 - self.clock.now_secs_f64();
             block = block.min(Duration::from_secs_f64(until.max(0.0)));
         }
         block.max(Duration::from_millis(1))
@@ -408,7 +408,7 @@ impl<S: Sender> OutboxService<S> {
             status: "failed",
             reason: &reason,
             approval_id: record.map(|r| r.id.as_str()),
-            request_id: record.map(|r| r.get("request_id")),
+            request_id: record.and_then(|r| r.request_id.as_deref()),
             ..Notice::default()
         };
         let Some(record) = record else {

@@ -21,7 +21,7 @@ pub(super) const RETAIN_EVERY: Duration = Duration::from_secs(300);
 impl<S: Sender> OutboxService<S> {
     /// Trims this bridge's outbox streams, inboxes and dead letters.
     pub(super) async fn retain(&mut self) -> Result<()> {
-        let now_ms = crate::now_millis();
+        let now_ms = self.clock.now_millis();
         let keep = self.bridge.retention_seconds;
         if keep > 0 {
             let cut = (now_ms.saturating_sub(keep * 1000), 0);

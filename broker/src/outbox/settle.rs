@@ -20,7 +20,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         let idx = parked.source;
-        let Some(record) = approval::load(&mut self.store, &id).await? else {
+        let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
             let n = Notice {
                 status: "failed",
                 reason: "the approval record disappeared; not sent",
@@ -28,26 +28,22 @@ impl<S: Sender> OutboxService<S> {
                 ..Notice::default()
             };
             self.notice(idx, &parked.entry_id, None, n).await?;
-            return self
-                .finish(
-                    idx,
-                    &parked.entry_id,
-                    &Record {
-                        id,
-                        ..Record::default()
-                    },
-                    None,
-                )
-                .await;
+            self.ack(&self.sources[idx].key.clone(), &parked.entry_id)
+                .await?;
+            Approvals::on(&mut self.store)
+                .unindex(&self.name, &id)
+                .await?;
+            self.untrack(&id);
+            return Ok(());
         };
-        if record.fields.contains_key("settled_at") {
+        if record.is_settled() {
             return self.finish(idx, &parked.entry_id, &record, None).await;
         }
         // Approved in time stays approved while its delivery waits for a retry,
         // even once the deadline has passed.
         let state = match record.approved_in_time() {
             true => State::Approved,
-            false => record.state(crate::now_secs_f64()),
+            false => record.state(self.clock.now_secs_f64()),
         };
         match state {
             State::Pending => Ok(()),
@@ -59,15 +55,14 @@ impl<S: Sender> OutboxService<S> {
                 );
                 let reason = match state {
                     State::Expired => timeout_reason.as_str(),
-                    _ => record.get("reason"),
+                    _ => record.reason(),
                 };
-                let request_id = record.get("request_id").to_string();
                 let n = Notice {
                     status: state.as_str(),
                     reason,
                     approval_id: Some(&id),
-                    approver: (state == State::Rejected).then(|| record.get("approver")),
-                    request_id: Some(&request_id),
+                    approver: (state == State::Rejected).then(|| record.approver()),
+                    request_id: record.request_id.as_deref(),
                     ..Notice::default()
                 };
                 self.notice(idx, &parked.entry_id, None, n).await?;
@@ -98,12 +93,12 @@ impl<S: Sender> OutboxService<S> {
         };
         let checked = Message::from_entry(&entry, &self.bridge).and_then(|m| {
             let sha = m.sha256();
-            if sha == record.get("message_sha256") {
+            if sha == record.message_sha256 {
                 Ok(m)
             } else {
                 Err(format!(
                     "message sha256 {sha} differs from the approved {}; not sent",
-                    record.get("message_sha256")
+                    record.message_sha256
                 ))
             }
         });
@@ -125,14 +120,11 @@ impl<S: Sender> OutboxService<S> {
         if self.retries.scheduled.contains(&dkey) {
             return Ok(()); // waits for its retry time
         }
-        let retry = record.fields.contains_key("delivery_started");
+        let retry = record.delivery_started.is_some();
         if !retry {
-            set_if_exists(
-                &mut self.store,
-                &id,
-                &[("delivery_started", &crate::now_secs().to_string())],
-            )
-            .await?;
+            Approvals::on(&mut self.store)
+                .mark_delivery_started(&id, self.clock.now_secs())
+                .await?;
         }
         let out = Outgoing {
             message: &message,
@@ -142,7 +134,7 @@ impl<S: Sender> OutboxService<S> {
         };
         match self.deliver(out).await? {
             Delivery::Sent(external_id) => {
-                tracing::info!(approval = %id, external_id, approver = record.get("approver"), "approved entry delivered");
+                tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
                 self.finish(idx, entry_id, &record, Some("approved")).await
             }
             Delivery::Failed(failed) => {
@@ -155,13 +147,9 @@ impl<S: Sender> OutboxService<S> {
             }
             Delivery::Deferred(due) => {
                 // Not delivered, so the next attempt is not a retry.
-                let key = keys::approval(&id);
-                let _: i64 = self
-                    .store
-                    .conn
-                    .hdel(&key, "delivery_started")
-                    .await
-                    .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+                Approvals::on(&mut self.store)
+                    .clear_delivery_started(&id)
+                    .await?;
                 // Decided: its deadline no longer wakes the loop.
                 if let Some(p) = self.parked.get(&id) {
                     self.deadlines.remove(&(p.expires_at, id.clone()));
@@ -185,44 +173,31 @@ impl<S: Sender> OutboxService<S> {
         record: &Record,
         outcome: Option<&str>,
     ) -> Result<()> {
-        let key = keys::approval(&record.id);
-        let exists = !record.fields.is_empty();
-        let handed_over = record.fields.contains_key("notified");
-        let outcome = outcome
-            .or(Some(record.get("outcome")).filter(|o| !o.is_empty()))
-            .unwrap_or("failed");
-        if exists && !record.fields.contains_key("settled_at") {
-            let _: () = redis::pipe()
-                .atomic()
-                .cmd("HSET")
-                .arg(&key)
-                .arg("settled_at")
-                .arg(crate::now_secs())
-                .arg("outcome")
-                .arg(outcome)
-                .ignore()
-                .expire(&key, SETTLED_TTL_SECS)
-                .ignore()
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
+        let handed_over = record.notified.is_some();
+        let outcome = outcome.or(record.outcome.as_deref()).unwrap_or("failed");
+        if !record.is_settled() {
+            Approvals::on(&mut self.store)
+                .mark_settled(&record.id, outcome, self.clock.now_secs())
+                .await?;
         }
         // Acked before the outcome entry exists: once the notify side sees the
         // outcome it deletes the record, and an unacked entry would then be
         // parked again as if new.
         self.ack(&self.sources[idx].key.clone(), entry_id).await?;
-        if handed_over && !record.fields.contains_key("outcome_sent") {
+        if handed_over && !record.outcome_sent {
             let fields: Vec<(&str, &[u8])> = vec![
                 ("approval_id", record.id.as_bytes()),
                 ("approval_outcome", outcome.as_bytes()),
             ];
             match self
                 .store
-                .xadd(&keys::outbox(record.get("notify")), &fields)
+                .xadd(&keys::outbox(&record.notify), &fields)
                 .await
             {
                 Ok(_) => {
-                    set_if_exists(&mut self.store, &record.id, &[("outcome_sent", "1")]).await?;
+                    Approvals::on(&mut self.store)
+                        .mark_outcome_sent(&record.id)
+                        .await?;
                 }
                 // A refusing stream (see `notify`) only costs the card its closing edit.
                 Err(Error::Redis(e)) if refused_by_stream(&e) => {
@@ -231,42 +206,11 @@ impl<S: Sender> OutboxService<S> {
                 Err(e) => return Err(e),
             }
         }
-        let external = record.get("notify_external_id");
-        let mut pipe = redis::pipe();
-        if !record.id.is_empty() {
-            pipe.zrem(keys::pending(&self.name), &record.id).ignore();
-        }
-        if !external.is_empty() {
-            pipe.hdel(keys::approval_map(record.get("notify")), external)
-                .ignore();
-        }
-        if !handed_over && !record.id.is_empty() {
-            pipe.del(&key).ignore();
-        }
-        // An empty pipeline is an error in redis-rs: send one only with commands.
-        if !record.id.is_empty() {
-            let _: () = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
-        }
+        // Without a notification nobody else will delete the record.
+        Approvals::on(&mut self.store)
+            .close(record, !handed_over)
+            .await?;
         self.untrack(&record.id);
         Ok(())
     }
-}
-
-/// Sets record fields unless the record is gone; returns whether it existed.
-pub(super) async fn set_if_exists(
-    store: &mut Store,
-    id: &str,
-    fields: &[(&str, &str)],
-) -> Result<bool> {
-    let key = keys::approval(id);
-    let set: i64 = redis::Script::new(approval::SET_IF_EXISTS)
-        .key(&key)
-        .arg(fields)
-        .invoke_async(&mut store.conn)
-        .await
-        .map_err(|e| Error::from_redis(&format!("EVALSHA set {key}"), e))?;
-    Ok(set == 1)
 }

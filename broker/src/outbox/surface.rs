@@ -12,6 +12,7 @@
 //!   built from the record. Then the record is deleted.
 
 use super::*;
+use crate::approval::repo::ClaimRequest;
 
 /// A notification shown on the platform, waiting to be recorded.
 pub(super) struct Shown {
@@ -29,9 +30,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let flat = keys::outbox(&self.name);
-        let claim = redis::Script::new(approval::CLAIM);
         let mut asked = Vec::new();
-        let mut invocations = Vec::new();
         for (key, entries) in batch {
             if *key != flat {
                 continue;
@@ -48,25 +47,29 @@ impl<S: Sender> OutboxService<S> {
                 let digest = approval::fields_sha256(
                     fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
                 );
-                let mut inv = claim.key(keys::approval(id));
-                inv.arg(&self.name).arg(entry_id).arg(digest);
-                invocations.push(inv);
-                asked.push(entry_id.clone());
+                asked.push((id, entry_id.as_str(), digest));
             }
         }
         if asked.len() < 2 {
             return Ok(()); // one is claimed as it is handled
         }
-        let mut pipe = redis::pipe();
-        pipe.load_script(&claim).ignore();
-        for inv in &invocations {
-            pipe.invoke_script(inv);
-        }
-        let answers: Vec<(String, HashMap<String, String>)> = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis("EVALSHA claim notifications", e))?;
-        self.claims.extend(asked.into_iter().zip(answers));
+        let requests: Vec<ClaimRequest> = asked
+            .iter()
+            .map(|(id, entry_id, digest)| ClaimRequest {
+                id,
+                entry_id,
+                digest,
+            })
+            .collect();
+        let claims = Approvals::on(&mut self.store)
+            .claim_many(&self.name, &requests)
+            .await?;
+        self.claims.extend(
+            asked
+                .iter()
+                .map(|(_, entry_id, _)| entry_id.to_string())
+                .zip(claims),
+        );
         Ok(())
     }
 
@@ -79,48 +82,22 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let shown = std::mem::take(&mut self.shown);
-        let map = keys::approval_map(&self.name);
-        let set = redis::Script::new(approval::SET_IF_EXISTS);
-        let notes: Vec<_> = shown
+        let cards: Vec<(&str, &str)> = shown
             .iter()
-            .map(|s| {
-                let mut note = set.key(keys::approval(&s.approval_id));
-                note.arg("notify_external_id").arg(&s.external_id);
-                note
-            })
+            .map(|s| (s.approval_id.as_str(), s.external_id.as_str()))
             .collect();
-        let mut pipe = redis::pipe();
-        pipe.load_script(&set).ignore();
-        for (s, note) in shown.iter().zip(&notes) {
-            pipe.hset(&map, &s.external_id, &s.approval_id).ignore();
-            pipe.invoke_script(note);
-        }
         let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for s in &shown {
             by_stream.entry(&s.stream).or_default().push(&s.entry_id);
         }
-        for (stream, ids) in &by_stream {
-            pipe.xack(*stream, &self.group, ids).ignore();
-        }
-        let kept: Vec<i64> = pipe
-            .query_async(&mut self.store.conn)
+        let group = &self.group;
+        Approvals::on(&mut self.store)
+            .record_shown(&self.name, &cards, |pipe| {
+                for (stream, ids) in &by_stream {
+                    pipe.xack(*stream, group, ids).ignore();
+                }
+            })
             .await
-            .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
-        let gone: Vec<&str> = shown
-            .iter()
-            .zip(kept)
-            .filter(|(_, k)| *k == 0)
-            .map(|(s, _)| s.external_id.as_str())
-            .collect();
-        if !gone.is_empty() {
-            let _: i64 = self
-                .store
-                .conn
-                .hdel(&map, gone)
-                .await
-                .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
-        }
-        Ok(())
     }
 
     /// An entry carrying `approval_id` on the flat outbox: shown only when it is the
@@ -159,7 +136,8 @@ impl<S: Sender> OutboxService<S> {
                 "the notification was handed to a worker {deliveries} times without being shown (max_deliveries = {})",
                 self.bridge.max_deliveries
             );
-            approval::reject_unshown(&mut self.store, &record, &self.name, &reason).await?;
+            approval::reject_unshown(&mut self.store, &self.clock, &record, &self.name, &reason)
+                .await?;
             let n = FailedNotice::new("failed", reason).with_approval(&id);
             return self.dead_letter(idx, entry, n).await;
         }
@@ -188,7 +166,14 @@ impl<S: Sender> OutboxService<S> {
                 Ok(())
             }
             Delivery::Failed(n) => {
-                approval::reject_unshown(&mut self.store, &record, &self.name, &n.reason).await?;
+                approval::reject_unshown(
+                    &mut self.store,
+                    &self.clock,
+                    &record,
+                    &self.name,
+                    &n.reason,
+                )
+                .await?;
                 self.dead_letter(idx, entry, n.with_approval(&id)).await
             }
             Delivery::Deferred(due) => {
@@ -225,35 +210,31 @@ impl<S: Sender> OutboxService<S> {
                 .iter()
                 .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
         );
-        let key = keys::approval(id);
-        let (claim, fields): (String, HashMap<String, String>) = match self.claims.remove(&entry.id)
-        {
+        let claim = match self.claims.remove(&entry.id) {
             Some(claimed) => claimed,
-            None => redis::Script::new(approval::CLAIM)
-                .key(&key)
-                .arg(&self.name)
-                .arg(&entry.id)
-                .arg(&digest)
-                .invoke_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("EVALSHA claim {key}"), e))?,
+            None => {
+                let request = ClaimRequest {
+                    id,
+                    entry_id: &entry.id,
+                    digest: &digest,
+                };
+                Approvals::on(&mut self.store)
+                    .claim_many(&self.name, &[request])
+                    .await?
+                    .remove(0)
+            }
         };
-        if fields.is_empty() {
+        let Some(record) = claim.record else {
             return Ok(Err(format!("approval `{id}` does not exist")));
-        }
-        let record = Record {
-            id: id.to_string(),
-            fields,
         };
-        if record.get("notify") != self.name
-            || self.config.notify_bridge(record.source()) != self.name
-        {
+        let claim = claim.answer;
+        if record.notify != self.name || self.config.notify_bridge(record.source()) != self.name {
             return Ok(Err(format!(
                 "approval `{id}` does not notify through bridge `{}`",
                 self.name
             )));
         }
-        match record.state(crate::now_secs_f64()) {
+        match record.state(self.clock.now_secs_f64()) {
             State::Pending => {}
             other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
         }
@@ -264,7 +245,7 @@ impl<S: Sender> OutboxService<S> {
             )),
             "claimed" => Some(format!(
                 "approval `{id}` was already notified by entry {}; a second notification is not shown",
-                record.get("notify_entry")
+                record.notify_entry.as_deref().unwrap_or("")
             )),
             "missing" => Some(format!("approval `{id}` does not exist")),
             "settled" => Some(format!("approval `{id}` is settled")),
@@ -276,12 +257,13 @@ impl<S: Sender> OutboxService<S> {
         }
         // Genuine from here on: a refusal now is one no human saw, so the
         // approval is rejected at once and the agent told.
-        let channel = record.get("notify_channel").to_string();
+        let channel = record.notify_channel.clone();
         if !self.bridge.allows_destination(&channel) {
             let reason = format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
             );
-            approval::reject_unshown(&mut self.store, &record, &self.name, &reason).await?;
+            approval::reject_unshown(&mut self.store, &self.clock, &record, &self.name, &reason)
+                .await?;
             return Ok(Err(reason));
         }
         let text = |name: &str| entry.text(name).map(str::to_string);
@@ -303,7 +285,7 @@ impl<S: Sender> OutboxService<S> {
         let claimed = entry.text("approval_outcome").unwrap_or("");
         // Off an approval surface the record is not even read (no rights on it).
         let record = if approval::is_id(&id) && self.config.is_approval_surface(&self.name) {
-            approval::load(&mut self.store, &id).await?
+            Approvals::on(&mut self.store).load(&id).await?
         } else {
             None
         };
@@ -312,15 +294,13 @@ impl<S: Sender> OutboxService<S> {
                 Some("outcome entries carry `approval_id` and `approval_outcome` only".to_string())
             }
             None => Some(format!("no settled approval `{id}` to show an outcome for")),
-            Some(r) if r.get("notify") != self.name => Some(format!(
+            Some(r) if r.notify != self.name => Some(format!(
                 "approval `{id}` was not notified through this bridge"
             )),
-            Some(r) if !r.fields.contains_key("settled_at") => {
-                Some(format!("approval `{id}` is not settled"))
-            }
-            Some(r) if r.get("outcome") != claimed => Some(format!(
+            Some(r) if !r.is_settled() => Some(format!("approval `{id}` is not settled")),
+            Some(r) if r.outcome.as_deref() != Some(claimed) => Some(format!(
                 "the outcome `{claimed}` is not the record's `{}`",
-                r.get("outcome")
+                r.outcome.as_deref().unwrap_or("")
             )),
             Some(_) => None,
         };
@@ -337,28 +317,18 @@ impl<S: Sender> OutboxService<S> {
                 return self.dead_letter(idx, entry, n).await;
             }
         };
-        let external = record.get("notify_external_id");
-        if !external.is_empty() {
+        if let Some(external) = &record.notify_external_id {
             let update = Outcome {
-                outcome: record.get("outcome"),
+                outcome: record.outcome.as_deref().unwrap_or(""),
                 external_id: external,
-                channel_id: record.get("notify_channel"),
+                channel_id: &record.notify_channel,
                 record: &record,
             };
             if let Err(e) = self.sender.update(update).await {
                 tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
             }
         }
-        let key = keys::approval(&record.id);
-        let mut pipe = redis::pipe();
-        pipe.del(&key).ignore();
-        if !external.is_empty() {
-            pipe.hdel(keys::approval_map(&self.name), external).ignore();
-        }
-        let _: () = pipe
-            .query_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        Approvals::on(&mut self.store).delete_shown(&record).await?;
         self.ack(&self.sources[idx].key.clone(), &entry.id).await
     }
 }

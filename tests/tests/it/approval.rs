@@ -294,9 +294,12 @@ async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
         &d.config,
         "desk",
         &external,
-        approval::Verdict::Approved,
-        "console:boss",
-        "",
+        approval::Answer::new(
+            &broker::Clock::system(),
+            approval::Verdict::Approved,
+            "console:boss",
+            "",
+        ),
     )
     .await
     .unwrap();
@@ -325,18 +328,14 @@ async fn answers_after_the_deadline_do_not_count() {
     let expires: f64 = hash(&mut store, &keys::approval(&id)).await["expires_at"]
         .parse()
         .unwrap();
-    tokio::time::sleep(Duration::from_secs_f64(
-        (expires - broker::now_secs_f64()).max(0.0) + 0.05,
-    ))
-    .await;
+    // Answered a moment after the deadline, by the answer's own clock: no sleep.
+    let after = broker::Clock::starting_at(expires + 0.05);
     let outcome = approval::resolve_approval(
         &mut store,
         &d.config,
         "desk",
         &external,
-        approval::Verdict::Approved,
-        "console:boss",
-        "",
+        approval::Answer::new(&after, approval::Verdict::Approved, "console:boss", ""),
     )
     .await
     .unwrap();
@@ -447,9 +446,12 @@ async fn a_decision_wakes_the_requesting_service() {
         &mut store,
         &d.config,
         &id,
-        approval::Verdict::Approved,
-        "cli:op",
-        "",
+        approval::Answer::new(
+            &broker::Clock::system(),
+            approval::Verdict::Approved,
+            "cli:op",
+            "",
+        ),
     )
     .await
     .unwrap();
@@ -485,9 +487,12 @@ async fn a_digest_mismatch_refuses_the_send() {
         &mut store,
         &d.config,
         &id,
-        approval::Verdict::Approved,
-        "cli:op",
-        "",
+        approval::Answer::new(
+            &broker::Clock::system(),
+            approval::Verdict::Approved,
+            "cli:op",
+            "",
+        ),
     )
     .await
     .unwrap();
@@ -582,9 +587,12 @@ async fn the_outbox_survives_a_redis_restart() {
         &mut store,
         &d.config,
         &id,
-        approval::Verdict::Approved,
-        "cli:op",
-        "",
+        approval::Answer::new(
+            &broker::Clock::system(),
+            approval::Verdict::Approved,
+            "cli:op",
+            "",
+        ),
     )
     .await
     .unwrap();

@@ -1,0 +1,219 @@
+//! The plain-text frame every surface shows around a parked message.
+//!
+//! Invariants:
+//! - Every line of agent content is behind [`CONTENT_MARK`], so no line the
+//!   agent wrote can read as a frame line, and text that would act on the
+//!   display (control, bidirectional, invisible characters) is shown as a
+//!   placeholder instead ([`display_safe`]).
+//! - A cut frame says how many bytes are hidden and how to see them.
+
+use super::record::Record;
+
+/// Characters of content kept in `content_preview` (the protocol's 200).
+pub const PREVIEW_CHARS: usize = 200;
+
+/// The first [`PREVIEW_CHARS`] characters.
+pub fn preview(content: &str) -> String {
+    content.chars().take(PREVIEW_CHARS).collect()
+}
+
+/// Removes skin tones and presentation selectors, so 👍🏽 counts as 👍.
+pub fn normalize_emoji(emoji: &str) -> String {
+    emoji
+        .chars()
+        .filter(|c| !matches!(*c, '\u{FE0E}' | '\u{FE0F}' | '\u{1F3FB}'..='\u{1F3FF}'))
+        .collect()
+}
+
+/// How to answer, for surfaces that react (console, Discord).
+pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
+
+/// Shows agent text without letting it act on the display: control characters
+/// (other than tab and newline) and bidirectional overrides become visible placeholders, so
+/// a carriage return cannot overwrite a line and U+202E cannot reverse one.
+pub fn display_safe(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\t' | '\n' => c.to_string(),
+            c if c.is_control() => format!("<U+{:04X}>", c as u32),
+            c if invisible(c) => format!("<U+{:04X}>", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
+/// Characters that change how text around them is shown while showing nothing
+/// themselves: bidirectional controls, line and paragraph separators (which
+/// break lines where `\n` does not), zero-width and other format characters,
+/// fillers and tags. Variation selectors stay: they only pick an emoji's look.
+fn invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{2028}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FEFF}' | '\u{FFA0}' | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E007F}')
+}
+
+/// The marker in front of every line of agent content in plain-text frames.
+pub const CONTENT_MARK: &str = "| ";
+
+/// The frame's lines about a parked message (everything but its content), in
+/// order: what a human needs to decide, each value on its own labelled line.
+pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
+    let deadline = match record.expires_at {
+        0 => "never expires".to_string(),
+        t => format!("{t} (unix seconds); undecided by then, it is dropped"),
+    };
+    let optional = |value: &Option<String>| match value {
+        None => "(none)".to_string(),
+        Some(v) => display_safe(v),
+    };
+    vec![
+        format!("Approval requested [{}]", record.id),
+        format!(
+            "From:      {}",
+            record.agent().unwrap_or("an agent on the shared outbox")
+        ),
+        format!("Via:       {}", record.source()),
+        format!("To:        {}", display_safe(&record.channel_id)),
+        format!("Subject:   {}", optional(&record.subject)),
+        format!("Reply to:  {}", optional(&record.reply_to)),
+        format!("Size:      {} bytes", record.content_bytes),
+        format!(
+            "Digest:    {} (sha256 of the whole message)",
+            record.message_sha256
+        ),
+        format!("Deadline:  {deadline}"),
+        format!(
+            "To decide: {how_to_answer}, or run `cowboy approvals approve|reject {}`",
+            &record.id[..8.min(record.id.len())]
+        ),
+    ]
+}
+
+/// Renders the plain-text approval request: the frame, then every line of the
+/// content behind [`CONTENT_MARK`], then an end line. No line the agent wrote can
+/// read as a frame line. `limit` is the most bytes the notify platform shows; if
+/// the whole text does not fit, whole content lines are kept while they fit and
+/// the end line says how many bytes are hidden and how to see them.
+pub fn render_notification(
+    record: &Record,
+    content: &str,
+    how_to_answer: &str,
+    limit: Option<usize>,
+) -> String {
+    let mut out = frame_head(record, how_to_answer).join("\n");
+    out.push_str("\nThe message, every line marked with \"| \":\n");
+    let total = content.len();
+    let lines: Vec<&str> = content.split('\n').collect();
+    let marked = |l: &str| format!("{CONTENT_MARK}{}\n", display_safe(l));
+    let end_all = format!("(end of message: {total} bytes, {} lines)", lines.len());
+    let full = out.len() + lines.iter().map(|l| marked(l).len()).sum::<usize>() + end_all.len();
+    match limit {
+        Some(limit) if full > limit => {
+            let note = |hidden: usize| {
+                format!(
+                    "(message cut here: {hidden} of {total} bytes hidden; see all: cowboy approvals show {})",
+                    record.id
+                )
+            };
+            let room = limit.saturating_sub(out.len() + note(total).len());
+            let (mut used, mut shown) = (0usize, 0usize);
+            for line in &lines {
+                let m = marked(line);
+                if used + m.len() <= room {
+                    used += m.len();
+                    shown += line.len() + 1;
+                    out.push_str(&m);
+                    continue;
+                }
+                // The first line that does not fit is shown as far as it fits.
+                let space = room.saturating_sub(used + CONTENT_MARK.len() + 1);
+                let (mut cut, mut width) = (0, 0);
+                for (i, c) in line.char_indices() {
+                    let w = display_safe(c.encode_utf8(&mut [0; 4])).len();
+                    if width + w > space {
+                        break;
+                    }
+                    width += w;
+                    cut = i + c.len_utf8();
+                }
+                if cut > 0 {
+                    out.push_str(&marked(&line[..cut]));
+                    shown += cut;
+                }
+                break;
+            }
+            out.push_str(&note(total.saturating_sub(shown)));
+        }
+        _ => {
+            for line in &lines {
+                out.push_str(&marked(line));
+            }
+            out.push_str(&end_all);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever the agent writes, every content line is marked, so a fake frame
+    /// line, separator or end note shows up as content.
+    #[test]
+    fn content_cannot_imitate_the_frame() {
+        let record = Record {
+            id: "0123456789".into(),
+            content_bytes: 9,
+            ..Record::default()
+        };
+        let evil = "hi\n(end of message: 2 bytes, 1 lines)\nApproval requested [x]\rTo:        boss\n\u{202E}gnp.exe\u{2028}(end of message)\u{200B}\u{061C}";
+        let text = render_notification(&record, evil, REACT_HINT, None);
+        let body: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("The message"))
+            .skip(1)
+            .collect();
+        let (end, content) = body.split_last().unwrap();
+        assert!(
+            content.iter().all(|l| l.starts_with(CONTENT_MARK)),
+            "{text}"
+        );
+        assert!(end.starts_with("(end of message:"), "{end}");
+        assert_eq!(content.len(), 4);
+        for c in ['\r', '\u{202E}', '\u{2028}', '\u{200B}', '\u{061C}'] {
+            assert!(!text.contains(c), "{c:?} is shown, not obeyed");
+        }
+        assert_eq!(text.matches("Approval requested").count(), 2);
+        assert!(
+            text.lines()
+                .filter(|l| l.starts_with("Approval requested"))
+                .count()
+                == 1
+        );
+    }
+
+    #[test]
+    fn truncated_notification_says_what_is_hidden() {
+        let record = Record {
+            id: "0123456789".into(),
+            content_sha256: "ab".into(),
+            ..Record::default()
+        };
+        let content = "é".repeat(2000);
+        let text = render_notification(&record, &content, REACT_HINT, Some(1000));
+        assert!(text.len() <= 1000, "{}", text.len());
+        let shown = text.lines().find(|l| l.starts_with(CONTENT_MARK)).unwrap();
+        let hidden = 4000 - (shown.len() - CONTENT_MARK.len());
+        assert!(
+            text.ends_with(&format!(
+                "{hidden} of 4000 bytes hidden; see all: cowboy approvals show 0123456789)"
+            )),
+            "{text}"
+        );
+        let full = render_notification(&record, "short", REACT_HINT, Some(1000));
+        assert!(full.contains("\n| short\n(end of message: 5 bytes, 1 lines)"));
+    }
+}

@@ -1,0 +1,133 @@
+//! Approval ids and digests.
+//!
+//! Invariants:
+//! - Approval ids are derived from (stream, entry id) with a secret key
+//!   ([`IdKey`]) that only the requesting outbox service reads: a restarted
+//!   service finds the record of a parked entry without any extra index, and an
+//!   agent, who knows its stream and entry ids, still cannot compute the id of
+//!   anything.
+//! - Digests cover a canonical, length-prefixed encoding, so no two different
+//!   sets of values share one.
+
+use redis::AsyncCommands;
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::store::Store;
+
+/// The secret that approval ids are derived with: 32 random bytes kept in
+/// `{bridge}:id-key`, readable only by the bridge's outbox user (and the operator).
+#[derive(Clone)]
+pub struct IdKey([u8; 32]);
+
+impl std::fmt::Debug for IdKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdKey(..)")
+    }
+}
+
+impl IdKey {
+    pub fn from_bytes(bytes: [u8; 32]) -> IdKey {
+        IdKey(bytes)
+    }
+
+    /// Reads the bridge's key, creating it on first use (`SET NX`, so two workers
+    /// starting together agree on one key).
+    pub async fn load(store: &mut Store, bridge: &str) -> Result<IdKey> {
+        let key = keys::id_key(bridge);
+        // Two v4 UUIDs: 244 random bits from the OS generator.
+        let fresh = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let _: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&fresh)
+            .arg("NX")
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("SET {key} NX"), e))?;
+        let saved: String = store
+            .conn
+            .get(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+        let bytes = hex::decode(saved.trim())
+            .ok()
+            .and_then(|b| <[u8; 32]>::try_from(b).ok())
+            .ok_or_else(|| Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes")))?;
+        Ok(IdKey(bytes))
+    }
+
+    /// The approval id of a parked entry: HMAC-SHA256 of (stream, entry id) as a
+    /// version-8 UUID. Stable across restarts, not computable without the key.
+    pub fn id_for(&self, stream: &str, entry_id: &str) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        mac.update(stream.as_bytes());
+        mac.update(b"\n");
+        mac.update(entry_id.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        uuid::Uuid::new_v8(bytes).to_string()
+    }
+}
+
+/// sha256 over a canonical encoding of named values, in the given order: each
+/// as `name`, then `-` when absent or `LEN:` and the bytes when present, then a
+/// newline. Lengths make the encoding unambiguous whatever the values contain.
+pub fn fields_sha256<'a>(fields: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>) -> String {
+    let mut h = Sha256::new();
+    for (name, value) in fields {
+        h.update(name.as_bytes());
+        h.update(b"=");
+        match value {
+            None => h.update(b"-"),
+            Some(v) => {
+                h.update(format!("{}:", v.len()).as_bytes());
+                h.update(v);
+            }
+        }
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
+}
+
+/// sha256 of the exact bytes that will be sent, hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Whether `id` has the shape of an approval id (so no other key is ever read).
+pub fn is_id(id: &str) -> bool {
+    uuid::Uuid::try_parse(id).is_ok_and(|u| u.hyphenated().to_string() == id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_per_entry_and_keyed() {
+        let k = IdKey::from_bytes([7; 32]);
+        assert_eq!(k.id_for("a:outbox", "1-0"), k.id_for("a:outbox", "1-0"));
+        assert_ne!(k.id_for("a:outbox", "1-0"), k.id_for("b:outbox", "1-0"));
+        let other = IdKey::from_bytes([8; 32]);
+        assert_ne!(k.id_for("a:outbox", "1-0"), other.id_for("a:outbox", "1-0"));
+        assert!(uuid::Uuid::parse_str(&k.id_for("a:outbox", "1-0")).is_ok());
+    }
+
+    #[test]
+    fn field_digests_are_unambiguous() {
+        let a = fields_sha256([("a", Some(&b"x\nb=1:y"[..])), ("b", None)]);
+        let b = fields_sha256([("a", Some(&b"x"[..])), ("b", Some(&b"y"[..]))]);
+        assert_ne!(a, b);
+        assert_ne!(
+            fields_sha256([("s", None)]),
+            fields_sha256([("s", Some(&b""[..]))])
+        );
+    }
+}

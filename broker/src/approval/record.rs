@@ -1,0 +1,386 @@
+//! The approval record, typed: what one `approval:{uuid}` hash holds.
+//!
+//! Invariants:
+//! - Field names exist here only ([`field`]); [`Record::from_map`] and
+//!   [`Record::to_pairs`] are the only translations between hash and type, and
+//!   the Lua in [`super::repo`] names only fields listed in [`field::ALL`].
+//! - `expired` is never written. [`State::of`] reads `expires_at` *before*
+//!   `status`: past the deadline a record is expired whatever `status` says.
+//! - A status that is not one of the three fails closed: it reads as rejected.
+//! - Absent optional fields are not written; an empty value reads as absent, so
+//!   records written by older versions (which wrote `""`) read the same.
+
+use std::collections::HashMap;
+
+/// The record's field names, the one place they are spelled.
+pub mod field {
+    pub const STATUS: &str = "status";
+    pub const SOURCE: &str = "source";
+    pub const AGENT: &str = "agent";
+    pub const CHANNEL_ID: &str = "channel_id";
+    pub const SUBJECT: &str = "subject";
+    pub const REPLY_TO: &str = "reply_to";
+    pub const CONTENT_PREVIEW: &str = "content_preview";
+    pub const CONTENT_SHA256: &str = "content_sha256";
+    pub const MESSAGE_SHA256: &str = "message_sha256";
+    pub const CONTENT_BYTES: &str = "content_bytes";
+    pub const REQUEST_ID: &str = "request_id";
+    pub const CREATED_AT: &str = "created_at";
+    pub const EXPIRES_AT: &str = "expires_at";
+    pub const STREAM: &str = "stream";
+    pub const ENTRY_ID: &str = "entry_id";
+    pub const NOTIFY: &str = "notify";
+    pub const NOTIFY_CHANNEL: &str = "notify_channel";
+    pub const NOTIFY_SHA256: &str = "notify_sha256";
+    pub const WORKER: &str = "worker";
+    pub const NONCE: &str = "nonce";
+    pub const NOTIFIED: &str = "notified";
+    pub const NOTIFY_ENTRY: &str = "notify_entry";
+    pub const NOTIFY_EXTERNAL_ID: &str = "notify_external_id";
+    pub const APPROVER: &str = "approver";
+    pub const REASON: &str = "reason";
+    pub const DECIDED_AT: &str = "decided_at";
+    pub const DELIVERY_STARTED: &str = "delivery_started";
+    pub const SETTLED_AT: &str = "settled_at";
+    pub const OUTCOME: &str = "outcome";
+    pub const OUTCOME_SENT: &str = "outcome_sent";
+
+    /// Every field, in the order `approvals show` lists them.
+    pub const ALL: &[&str] = &[
+        STATUS,
+        SOURCE,
+        AGENT,
+        CHANNEL_ID,
+        SUBJECT,
+        REPLY_TO,
+        CONTENT_PREVIEW,
+        CONTENT_SHA256,
+        MESSAGE_SHA256,
+        CONTENT_BYTES,
+        REQUEST_ID,
+        CREATED_AT,
+        EXPIRES_AT,
+        STREAM,
+        ENTRY_ID,
+        NOTIFY,
+        NOTIFY_CHANNEL,
+        NOTIFY_SHA256,
+        WORKER,
+        NONCE,
+        NOTIFIED,
+        NOTIFY_ENTRY,
+        NOTIFY_EXTERNAL_ID,
+        APPROVER,
+        REASON,
+        DECIDED_AT,
+        DELIVERY_STARTED,
+        SETTLED_AT,
+        OUTCOME,
+        OUTCOME_SENT,
+    ];
+}
+
+/// A decision a human can take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Approved,
+    Rejected,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Approved => "approved",
+            Verdict::Rejected => "rejected",
+        }
+    }
+}
+
+/// The written status: what was decided, if anything (never `expired`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Status {
+    #[default]
+    Pending,
+    Approved,
+    Rejected,
+}
+
+impl Status {
+    /// Anything but the three names reads as rejected (fail closed).
+    pub fn parse(s: &str) -> Status {
+        match s {
+            "pending" => Status::Pending,
+            "approved" => Status::Approved,
+            _ => Status::Rejected,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Approved => "approved",
+            Status::Rejected => "rejected",
+        }
+    }
+}
+
+/// What a record reads as now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+}
+
+impl State {
+    /// Lazy expiry: the deadline is checked first, then the written status.
+    /// A record whose status is unreadable fails closed (rejected).
+    pub fn of(status: &str, expires_at: u64, now: f64) -> State {
+        if expires_at != 0 && now >= expires_at as f64 {
+            return State::Expired;
+        }
+        match Status::parse(status) {
+            Status::Pending => State::Pending,
+            Status::Approved => State::Approved,
+            Status::Rejected => State::Rejected,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Approved => "approved",
+            State::Rejected => "rejected",
+            State::Expired => "expired",
+        }
+    }
+}
+
+/// An `approval:{uuid}` hash. The first group of fields is written once, when
+/// the entry is parked; the rest record progress, each by one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Record {
+    pub id: String,
+    pub status: Status,
+    /// The requesting bridge (the protocol's `source`).
+    pub source: String,
+    /// The agent whose per-agent stream the entry came from.
+    pub agent: Option<String>,
+    pub channel_id: String,
+    pub subject: Option<String>,
+    pub reply_to: Option<String>,
+    pub content_preview: String,
+    pub content_sha256: String,
+    /// The whole-message digest an approved entry is checked against before it is sent.
+    pub message_sha256: String,
+    pub content_bytes: u64,
+    pub request_id: Option<String>,
+    pub created_at: u64,
+    /// Unix seconds; 0 never expires.
+    pub expires_at: u64,
+    pub stream: String,
+    pub entry_id: String,
+    /// The notify bridge, and where on it the request is shown.
+    pub notify: String,
+    pub notify_channel: String,
+    /// The digest of the one notification entry the notify side will show.
+    pub notify_sha256: String,
+    /// The outbox worker whose wake-up stream a decision goes to.
+    pub worker: String,
+    /// Unguessable and single-use: notify bridges build reply tokens from it.
+    pub nonce: String,
+
+    /// The notification's entry id in the notify bridge's outbox.
+    pub notified: Option<String>,
+    /// The notification entry the notify side claimed (the only one it shows).
+    pub notify_entry: Option<String>,
+    /// The shown notification's id on the notify platform.
+    pub notify_external_id: Option<String>,
+    pub approver: Option<String>,
+    pub reason: Option<String>,
+    pub decided_at: Option<u64>,
+    pub delivery_started: Option<u64>,
+    pub settled_at: Option<u64>,
+    pub outcome: Option<String>,
+    /// The outcome entry was written to the notify bridge's outbox.
+    pub outcome_sent: bool,
+}
+
+impl Record {
+    /// Reads a hash as a record. Unknown fields are ignored.
+    pub fn from_map(id: &str, mut map: HashMap<String, String>) -> Record {
+        use field::*;
+        let mut text = |k: &str| map.remove(k).filter(|v| !v.is_empty());
+        let number = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok());
+        Record {
+            id: id.to_string(),
+            status: Status::parse(&text(STATUS).unwrap_or_default()),
+            source: text(SOURCE).unwrap_or_default(),
+            agent: text(AGENT),
+            channel_id: text(CHANNEL_ID).unwrap_or_default(),
+            subject: text(SUBJECT),
+            reply_to: text(REPLY_TO),
+            content_preview: text(CONTENT_PREVIEW).unwrap_or_default(),
+            content_sha256: text(CONTENT_SHA256).unwrap_or_default(),
+            message_sha256: text(MESSAGE_SHA256).unwrap_or_default(),
+            content_bytes: number(text(CONTENT_BYTES)).unwrap_or(0),
+            request_id: text(REQUEST_ID),
+            created_at: number(text(CREATED_AT)).unwrap_or(0),
+            expires_at: number(text(EXPIRES_AT)).unwrap_or(0),
+            stream: text(STREAM).unwrap_or_default(),
+            entry_id: text(ENTRY_ID).unwrap_or_default(),
+            notify: text(NOTIFY).unwrap_or_default(),
+            notify_channel: text(NOTIFY_CHANNEL).unwrap_or_default(),
+            notify_sha256: text(NOTIFY_SHA256).unwrap_or_default(),
+            worker: text(WORKER).unwrap_or_default(),
+            nonce: text(NONCE).unwrap_or_default(),
+            notified: text(NOTIFIED),
+            notify_entry: text(NOTIFY_ENTRY),
+            notify_external_id: text(NOTIFY_EXTERNAL_ID),
+            approver: text(APPROVER),
+            reason: text(REASON),
+            decided_at: number(text(DECIDED_AT)),
+            delivery_started: number(text(DELIVERY_STARTED)),
+            settled_at: number(text(SETTLED_AT)),
+            outcome: text(OUTCOME),
+            outcome_sent: text(OUTCOME_SENT).is_some(),
+        }
+    }
+
+    /// The hash's fields, in [`field::ALL`] order; absent ones left out.
+    pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
+        use field::*;
+        let some = |k: &'static str, v: &Option<String>| v.clone().map(|v| (k, v));
+        let num = |k: &'static str, v: Option<u64>| v.map(|v| (k, v.to_string()));
+        let text = |k: &'static str, v: &str| Some((k, v.to_string()));
+        [
+            text(STATUS, self.status.as_str()),
+            text(SOURCE, &self.source),
+            some(AGENT, &self.agent),
+            text(CHANNEL_ID, &self.channel_id),
+            some(SUBJECT, &self.subject),
+            some(REPLY_TO, &self.reply_to),
+            text(CONTENT_PREVIEW, &self.content_preview),
+            text(CONTENT_SHA256, &self.content_sha256),
+            text(MESSAGE_SHA256, &self.message_sha256),
+            num(CONTENT_BYTES, Some(self.content_bytes)),
+            some(REQUEST_ID, &self.request_id),
+            num(CREATED_AT, Some(self.created_at)),
+            num(EXPIRES_AT, Some(self.expires_at)),
+            text(STREAM, &self.stream),
+            text(ENTRY_ID, &self.entry_id),
+            text(NOTIFY, &self.notify),
+            text(NOTIFY_CHANNEL, &self.notify_channel),
+            text(NOTIFY_SHA256, &self.notify_sha256),
+            text(WORKER, &self.worker),
+            text(NONCE, &self.nonce),
+            some(NOTIFIED, &self.notified),
+            some(NOTIFY_ENTRY, &self.notify_entry),
+            some(NOTIFY_EXTERNAL_ID, &self.notify_external_id),
+            some(APPROVER, &self.approver),
+            some(REASON, &self.reason),
+            num(DECIDED_AT, self.decided_at),
+            num(DELIVERY_STARTED, self.delivery_started),
+            num(SETTLED_AT, self.settled_at),
+            some(OUTCOME, &self.outcome),
+            self.outcome_sent.then(|| (OUTCOME_SENT, "1".to_string())),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+    }
+
+    /// The state now (lazy expiry).
+    pub fn state(&self, now: f64) -> State {
+        State::of(self.status.as_str(), self.expires_at, now)
+    }
+
+    /// Whether the record was approved before its deadline (`decided_at` is
+    /// written by the same step as the status, so it cannot be later than a
+    /// deadline the decision checked).
+    pub fn approved_in_time(&self) -> bool {
+        let decided = self.decided_at.unwrap_or(u64::MAX);
+        self.status == Status::Approved && (self.expires_at == 0 || decided < self.expires_at)
+    }
+
+    /// The requesting bridge (the protocol's `source` field of the record).
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// The agent whose entry this is, if it came from a per-agent stream.
+    pub fn agent(&self) -> Option<&str> {
+        self.agent.as_deref()
+    }
+
+    pub fn is_settled(&self) -> bool {
+        self.settled_at.is_some()
+    }
+
+    pub fn approver(&self) -> &str {
+        self.approver.as_deref().unwrap_or("")
+    }
+
+    pub fn reason(&self) -> &str {
+        self.reason.as_deref().unwrap_or("")
+    }
+
+    pub fn request_id(&self) -> &str {
+        self.request_id.as_deref().unwrap_or("")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadline_is_read_before_status() {
+        assert_eq!(State::of("approved", 100, 100.0), State::Expired);
+        assert_eq!(State::of("approved", 100, 99.9), State::Approved);
+        assert_eq!(State::of("pending", 0, 1e12), State::Pending);
+        assert_eq!(State::of("garbage", 0, 0.0), State::Rejected);
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = Record {
+            id: "x".into(),
+            status: Status::Approved,
+            source: "desk".into(),
+            agent: Some("ann".into()),
+            channel_id: "ops".into(),
+            content_bytes: 9,
+            created_at: 5,
+            expires_at: 7,
+            notified: Some("1-0".into()),
+            decided_at: Some(6),
+            outcome_sent: true,
+            ..Record::default()
+        };
+        let map: HashMap<String, String> = r
+            .to_pairs()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert!(
+            !map.contains_key(field::SUBJECT),
+            "absent fields are not written"
+        );
+        assert_eq!(Record::from_map("x", map), r);
+        assert!(r.approved_in_time());
+    }
+
+    #[test]
+    fn empty_values_of_older_records_read_as_absent() {
+        let map = HashMap::from([
+            (field::AGENT.to_string(), String::new()),
+            (field::STATUS.to_string(), "pending".to_string()),
+        ]);
+        let r = Record::from_map("x", map);
+        assert_eq!(r.agent(), None);
+        assert_eq!(r.status, Status::Pending);
+    }
+}

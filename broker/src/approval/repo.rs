@@ -1,0 +1,606 @@
+//! The approval repository: every command on `approval:*` keys (records and
+//! the notify bridges' maps) and on the pending index, with the Lua beside it.
+//! No other module issues them.
+//!
+//! Invariants:
+//! - Creation is create-if-absent ([`CREATE`]): repeating a park after a crash
+//!   never overwrites a record a decision may have changed.
+//! - Progress is written with set-if-exists ([`SET_IF_EXISTS`]): a step that
+//!   comes after the record was settled and deleted never resurrects it.
+//! - A decision is one server-side step on one key ([`DECIDE`]): pending, inside
+//!   its window, and not settled, or nothing changes; it returns the worker the
+//!   record names, read in the same step, so the right worker is woken.
+//! - The notify side claims a record for exactly one notification entry, the
+//!   one with the digest the requesting service bound ([`CLAIM`]).
+//! - No step spans two records, so the protocol works unchanged on Redis Cluster
+//!   (the pending index and the maps are written beside, never inside, a script).
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+
+use redis::AsyncCommands;
+
+use super::record::{field, Record, Status, Verdict};
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::store::Store;
+
+/// Creates the record unless it exists. Returns whether it was created.
+const CREATE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"#;
+
+/// Decides a pending record inside its window. ARGV: status, approver, reason,
+/// now (fractional seconds), now (whole seconds). Returns `decided` or why
+/// nothing changed (`missing`, `expired`, `settled`, the decided status), and
+/// the record's worker.
+const DECIDE: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker')
+if not f[1] then return {'missing', ''} end
+local expires = tonumber(f[2]) or 0
+if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', ''} end
+if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return {'settled', ''} end
+if f[1] ~= 'pending' then return {f[1], f[3] or ''} end
+redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
+return {'decided', f[3] or ''}
+"#;
+
+/// Sets fields only on a record that still exists. Returns whether it existed.
+const SET_IF_EXISTS: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"#;
+
+/// The notify side's check of a notification entry against its record, and the
+/// claim that makes it the only one. ARGV: this bridge, the entry id, the entry's
+/// digest. Returns `ok`, or why the entry is not the notification: `missing`,
+/// `not-ours` (another notify bridge), `settled`, `digest` (not the entry the
+/// requesting service wrote), `claimed` (another entry was shown already); and
+/// the record as it is after the claim (one round trip for both).
+const CLAIM: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'notify', 'notify_sha256', 'notify_entry', 'settled_at')
+local answer = 'ok'
+if not f[1] then return {'missing', {}} end
+if f[1] ~= ARGV[1] then answer = 'not-ours'
+elseif f[4] then answer = 'settled'
+elseif f[2] ~= ARGV[3] then answer = 'digest'
+elseif f[3] and f[3] ~= ARGV[2] then answer = 'claimed'
+elseif not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
+return {answer, redis.call('HGETALL', KEYS[1])}
+"#;
+
+static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CREATE));
+static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DECIDE));
+static SET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SET_IF_EXISTS));
+static CLAIM_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM));
+
+/// Records handled per pipelined round trip when many are read at once.
+const CHUNK: usize = 1000;
+
+/// A settled record's Redis TTL: a safety net should the notify side never
+/// delete it (its bridge removed from the config, say).
+pub const SETTLED_TTL_SECS: i64 = 7 * 24 * 3600;
+
+/// What the sweep reads of a parked record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepState {
+    /// `None`: the record is gone.
+    pub status: Option<Status>,
+    pub notified: bool,
+    pub claimed: bool,
+}
+
+/// The notify side's claim of a record for one notification entry.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// `ok`, or why the entry is not the notification (see [`CLAIM`]).
+    pub answer: String,
+    /// The record after the claim; `None` when it does not exist.
+    pub record: Option<Record>,
+}
+
+/// A notification's claim request: the record, the entry, the entry's digest.
+pub struct ClaimRequest<'a> {
+    pub id: &'a str,
+    pub entry_id: &'a str,
+    pub digest: &'a str,
+}
+
+/// The repository over one connection.
+pub struct Approvals<'a> {
+    store: &'a mut Store,
+}
+
+fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
+    (!map.is_empty()).then(|| Record::from_map(id, map))
+}
+
+impl<'a> Approvals<'a> {
+    pub fn on(store: &'a mut Store) -> Approvals<'a> {
+        Approvals { store }
+    }
+
+    /// Reads a record; `None` when it does not exist.
+    pub async fn load(&mut self, id: &str) -> Result<Option<Record>> {
+        let key = keys::approval(id);
+        let map: HashMap<String, String> = self
+            .store
+            .conn
+            .hgetall(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HGETALL {key}"), e))?;
+        Ok(record_or_none(id, map))
+    }
+
+    /// Loads many records, a thousand per pipelined round trip; `None` for each gone.
+    pub async fn load_many(&mut self, ids: &[String]) -> Result<Vec<Option<Record>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.hgetall(keys::approval(id));
+            }
+            let all: Vec<HashMap<String, String>> = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(all)
+                    .map(|(id, map)| record_or_none(id, map)),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Reads only `fields` of many records (the rest left at their defaults), a
+    /// thousand per round trip; `None` for each gone.
+    pub async fn load_fields_many(
+        &mut self,
+        ids: &[String],
+        fields: &[&str],
+    ) -> Result<Vec<Option<Record>>> {
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(CHUNK) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
+            }
+            let all: Vec<Vec<Option<String>>> = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+            out.extend(chunk.iter().zip(all).map(|(id, values)| {
+                let map: HashMap<String, String> = fields
+                    .iter()
+                    .zip(values)
+                    .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                    .collect();
+                record_or_none(id, map)
+            }));
+        }
+        Ok(out)
+    }
+
+    /// Creates each record unless it exists and puts it in its requesting
+    /// bridge's pending index, all in one round trip. Returns, per record,
+    /// whether it was created.
+    pub async fn create_many(&mut self, records: &[Record]) -> Result<Vec<bool>> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let invocations: Vec<_> = records
+            .iter()
+            .map(|r| {
+                let mut inv = CREATE_SCRIPT.key(keys::approval(&r.id));
+                for (k, v) in r.to_pairs() {
+                    inv.arg(k).arg(v);
+                }
+                inv
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&CREATE_SCRIPT).ignore();
+        for (r, inv) in records.iter().zip(&invocations) {
+            pipe.invoke_script(inv);
+            pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
+                .ignore();
+        }
+        let created: Vec<i64> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA create approvals", e))?;
+        Ok(created.into_iter().map(|c| c == 1).collect())
+    }
+
+    /// Puts unsettled records in their requesting bridges' pending index again
+    /// (after a crash between creating and indexing; the index is a cache of
+    /// the records, repaired from them).
+    pub async fn index(&mut self, records: &[&Record]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        let mut any = false;
+        for r in records.iter().filter(|r| !r.is_settled()) {
+            pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
+                .ignore();
+            any = true;
+        }
+        if any {
+            let _: () = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis("ZADD pending", e))?;
+        }
+        Ok(())
+    }
+
+    /// The pending index of requesting bridge `bridge`, oldest first.
+    pub async fn pending(&mut self, bridge: &str) -> Result<Vec<String>> {
+        let key = keys::pending(bridge);
+        self.store
+            .conn
+            .zrange(&key, 0, -1)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))
+    }
+
+    /// How many approvals bridge `bridge` has parked.
+    pub async fn pending_count(&mut self, bridge: &str) -> Result<usize> {
+        let key = keys::pending(bridge);
+        self.store
+            .conn
+            .zcard(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZCARD {key}"), e))
+    }
+
+    /// Ids of every approval record, by `SCAN` (operator use only).
+    pub async fn scan_ids(&mut self) -> Result<Vec<String>> {
+        let mut ids = Vec::new();
+        let mut iter: redis::AsyncIter<String> = self
+            .store
+            .conn
+            .scan_match(format!("{}*", keys::APPROVAL_PREFIX))
+            .await
+            .map_err(|e| Error::from_redis("SCAN", e))?;
+        while let Some(key) = iter.next_item().await {
+            let key = key?;
+            if let Some(id) = keys::approval_id_of(&key) {
+                ids.push(id.to_string());
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// Sets fields of a record unless it is gone; returns whether it existed.
+    async fn set(&mut self, id: &str, fields: &[(&str, &str)]) -> Result<bool> {
+        let key = keys::approval(id);
+        let set: i64 = SET_SCRIPT
+            .key(&key)
+            .arg(fields)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA set {key}"), e))?;
+        Ok(set == 1)
+    }
+
+    /// Binds the digest of the one notification the notify side will show.
+    pub async fn bind_notification(&mut self, id: &str, digest: &str) -> Result<bool> {
+        self.set(id, &[(field::NOTIFY_SHA256, digest)]).await
+    }
+
+    /// Remembers the notification entry written for a record.
+    pub async fn mark_notified(&mut self, id: &str, notification: &str) -> Result<bool> {
+        self.set(id, &[(field::NOTIFIED, notification)]).await
+    }
+
+    /// [`Self::mark_notified`] for many records in one round trip.
+    pub async fn mark_notified_many(&mut self, notified: &[(&str, &str)]) -> Result<()> {
+        let invocations: Vec<_> = notified
+            .iter()
+            .map(|(id, entry)| {
+                let mut inv = SET_SCRIPT.key(keys::approval(id));
+                inv.arg(field::NOTIFIED).arg(*entry);
+                inv
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&SET_SCRIPT).ignore();
+        for inv in &invocations {
+            pipe.invoke_script(inv).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA notified", e))?;
+        Ok(())
+    }
+
+    /// Points a record at the worker that now holds its entry.
+    pub async fn set_worker(&mut self, id: &str, worker: &str) -> Result<bool> {
+        self.set(id, &[(field::WORKER, worker)]).await
+    }
+
+    /// Notes that the approved send started (a later attempt is a retry).
+    pub async fn mark_delivery_started(&mut self, id: &str, now: u64) -> Result<bool> {
+        self.set(id, &[(field::DELIVERY_STARTED, &now.to_string())])
+            .await
+    }
+
+    /// Forgets that a send started: it was deferred, not attempted.
+    pub async fn clear_delivery_started(&mut self, id: &str) -> Result<()> {
+        let key = keys::approval(id);
+        let _: i64 = self
+            .store
+            .conn
+            .hdel(&key, field::DELIVERY_STARTED)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+        Ok(())
+    }
+
+    /// Notes that the outcome entry was written to the notify bridge.
+    pub async fn mark_outcome_sent(&mut self, id: &str) -> Result<bool> {
+        self.set(id, &[(field::OUTCOME_SENT, "1")]).await
+    }
+
+    /// Decides a record (see [`DECIDE`]). Returns the answer and the worker.
+    pub async fn decide(
+        &mut self,
+        id: &str,
+        verdict: Verdict,
+        approver: &str,
+        reason: &str,
+        now: f64,
+    ) -> Result<(String, String)> {
+        let key = keys::approval(id);
+        DECIDE_SCRIPT
+            .key(&key)
+            .arg(verdict.as_str())
+            .arg(approver)
+            .arg(reason)
+            .arg(now)
+            .arg(now as u64)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))
+    }
+
+    /// Marks a record settled with its outcome, with [`SETTLED_TTL_SECS`].
+    pub async fn mark_settled(&mut self, id: &str, outcome: &str, now: u64) -> Result<()> {
+        let key = keys::approval(id);
+        let _: () = redis::pipe()
+            .atomic()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(field::SETTLED_AT)
+            .arg(now)
+            .arg(field::OUTCOME)
+            .arg(outcome)
+            .ignore()
+            .expire(&key, SETTLED_TTL_SECS)
+            .ignore()
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
+        Ok(())
+    }
+
+    /// The requesting side's last step: out of the pending index, the card's map
+    /// entry dropped, and the record deleted unless the notify side owns it now.
+    pub async fn close(&mut self, record: &Record, delete: bool) -> Result<()> {
+        let key = keys::approval(&record.id);
+        let mut pipe = redis::pipe();
+        pipe.zrem(keys::pending(&record.source), &record.id)
+            .ignore();
+        if let Some(external) = &record.notify_external_id {
+            pipe.hdel(keys::approval_map(&record.notify), external)
+                .ignore();
+        }
+        if delete {
+            pipe.del(&key).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        Ok(())
+    }
+
+    /// A record that vanished: out of `bridge`'s pending index.
+    pub async fn unindex(&mut self, bridge: &str, id: &str) -> Result<()> {
+        let key = keys::pending(bridge);
+        let _: i64 = self
+            .store
+            .conn
+            .zrem(&key, id)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZREM {key}"), e))?;
+        Ok(())
+    }
+
+    /// The notify side's last step: the record and its card's map entry deleted.
+    pub async fn delete_shown(&mut self, record: &Record) -> Result<()> {
+        let key = keys::approval(&record.id);
+        let mut pipe = redis::pipe();
+        pipe.del(&key).ignore();
+        if let Some(external) = &record.notify_external_id {
+            pipe.hdel(keys::approval_map(&record.notify), external)
+                .ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))?;
+        Ok(())
+    }
+
+    /// Claims records for notification entries of notify bridge `bridge`, in one
+    /// round trip (see [`CLAIM`]).
+    pub async fn claim_many(
+        &mut self,
+        bridge: &str,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<Claim>> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
+        }
+        let invocations: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let mut inv = CLAIM_SCRIPT.key(keys::approval(r.id));
+                inv.arg(bridge).arg(r.entry_id).arg(r.digest);
+                inv
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&CLAIM_SCRIPT).ignore();
+        for inv in &invocations {
+            pipe.invoke_script(inv);
+        }
+        let answers: Vec<(String, HashMap<String, String>)> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("EVALSHA claim notifications", e))?;
+        Ok(requests
+            .iter()
+            .zip(answers)
+            .map(|(r, (answer, map))| Claim {
+                answer,
+                record: record_or_none(r.id, map),
+            })
+            .collect())
+    }
+
+    /// Records cards shown by notify bridge `bridge` in one round trip: each
+    /// card's map entry and the record's note of it, plus `then` (the caller's
+    /// acks, so a card is recorded and its entry acked together). A record gone
+    /// meanwhile keeps no answerable card: its map entry is removed again.
+    pub async fn record_shown(
+        &mut self,
+        bridge: &str,
+        shown: &[(&str, &str)],
+        then: impl FnOnce(&mut redis::Pipeline),
+    ) -> Result<()> {
+        let map = keys::approval_map(bridge);
+        let notes: Vec<_> = shown
+            .iter()
+            .map(|(id, external)| {
+                let mut note = SET_SCRIPT.key(keys::approval(id));
+                note.arg(field::NOTIFY_EXTERNAL_ID).arg(*external);
+                note
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&SET_SCRIPT).ignore();
+        for ((id, external), note) in shown.iter().zip(&notes) {
+            pipe.hset(&map, *external, *id).ignore();
+            pipe.invoke_script(note);
+        }
+        then(&mut pipe);
+        let kept: Vec<i64> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
+        let gone: Vec<&str> = shown
+            .iter()
+            .zip(kept)
+            .filter(|(_, k)| *k == 0)
+            .map(|((_, external), _)| *external)
+            .collect();
+        if !gone.is_empty() {
+            let _: i64 = self
+                .store
+                .conn
+                .hdel(&map, gone)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// The approval id behind a card notify bridge `bridge` showed.
+    pub async fn map_get(&mut self, bridge: &str, external_id: &str) -> Result<Option<String>> {
+        let map = keys::approval_map(bridge);
+        self.store
+            .conn
+            .hget(&map, external_id)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HGET {map}"), e))
+    }
+
+    /// Whether `external_id` is a live card of notify bridge `bridge`.
+    pub async fn map_has(&mut self, bridge: &str, external_id: &str) -> Result<bool> {
+        let map = keys::approval_map(bridge);
+        self.store
+            .conn
+            .hexists(&map, external_id)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HEXISTS {map}"), e))
+    }
+
+    /// Disarms a card: answers to it are no longer looked up.
+    pub async fn map_delete(&mut self, bridge: &str, external_id: &str) -> Result<()> {
+        let map = keys::approval_map(bridge);
+        let _: i64 = self
+            .store
+            .conn
+            .hdel(&map, external_id)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
+        Ok(())
+    }
+
+    /// What the sweep needs of each parked record, in one round trip.
+    pub async fn sweep_read(&mut self, ids: &[String]) -> Result<Vec<SweepState>> {
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.cmd("HMGET").arg(keys::approval(id)).arg(&[
+                field::STATUS,
+                field::NOTIFIED,
+                field::NOTIFY_ENTRY,
+            ]);
+        }
+        let states: Vec<(Option<String>, Option<String>, Option<String>)> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
+        Ok(states
+            .into_iter()
+            .map(|(status, notified, claimed)| SweepState {
+                status: status.as_deref().map(Status::parse),
+                notified: notified.is_some(),
+                claimed: claimed.is_some(),
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Lua spells field names itself: each one it names must be a field.
+    #[test]
+    fn the_scripts_name_only_record_fields() {
+        for script in [CREATE, DECIDE, SET_IF_EXISTS, CLAIM] {
+            for quoted in script.split('\'').skip(1).step_by(2) {
+                let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());
+                let is_answer = [
+                    "missing", "expired", "settled", "decided", "ok", "not-ours", "digest",
+                    "claimed", "pending",
+                ]
+                .contains(&quoted);
+                assert!(
+                    is_command || is_answer || field::ALL.contains(&quoted),
+                    "`{quoted}` in a script is not a record field"
+                );
+            }
+        }
+    }
+}

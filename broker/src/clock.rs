@@ -1,0 +1,67 @@
+//! The clock every decision about time reads: deadlines, expiry, retry and
+//! settling stamps.
+//!
+//! Invariants:
+//! - Deadlines are unix seconds shared by every process, so a service reads
+//!   the wall clock ([`Clock::system`]); only tests start one elsewhere.
+//! - A clock started with [`Clock::starting_at`] moves with tokio's clock, so
+//!   under `tokio::time::pause` it stands still until the test advances it:
+//!   expiry and retry tests need no sleeps.
+
+/// Unix time, from the wall clock or from a chosen start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Clock {
+    /// `None`: the wall clock. Otherwise unix seconds at a tokio instant.
+    origin: Option<(f64, tokio::time::Instant)>,
+}
+
+impl Clock {
+    /// The wall clock.
+    pub fn system() -> Clock {
+        Clock { origin: None }
+    }
+
+    /// A clock that reads `unix_secs` now and then moves with tokio's clock.
+    pub fn starting_at(unix_secs: f64) -> Clock {
+        Clock {
+            origin: Some((unix_secs, tokio::time::Instant::now())),
+        }
+    }
+
+    /// Unix time in fractional seconds (deadline comparisons).
+    pub fn now_secs_f64(&self) -> f64 {
+        match self.origin {
+            None => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+            Some((start, at)) => start + at.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Unix time in whole seconds.
+    pub fn now_secs(&self) -> u64 {
+        self.now_secs_f64() as u64
+    }
+
+    /// Unix time in milliseconds (stream ids are millisecond timestamps).
+    pub fn now_millis(&self) -> u64 {
+        (self.now_secs_f64() * 1000.0) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_started_clock_moves_only_with_tokio_time() {
+        let clock = Clock::starting_at(1_000.0);
+        assert_eq!(clock.now_secs_f64(), 1_000.0);
+        tokio::time::advance(Duration::from_millis(2_500)).await;
+        assert_eq!(clock.now_secs_f64(), 1_002.5);
+        assert_eq!(clock.now_secs(), 1_002);
+        assert_eq!(clock.now_millis(), 1_002_500);
+    }
+}
