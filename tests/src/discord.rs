@@ -63,6 +63,10 @@ pub struct Recorded {
     pub rate_limit_next: usize,
     /// Per channel: how many of the next create-message calls there answer 429.
     pub rate_limit_channel: HashMap<u64, usize>,
+    /// Per channel: every create-message call there answers 429 until then.
+    pub rate_limit_until: HashMap<u64, std::time::Instant>,
+    /// Per channel: create-message calls answered 429.
+    pub rate_limited_on: HashMap<u64, usize>,
     seq: u64,
     next_id: u64,
     /// Dispatches sent, for RESUME replays: (seq, payload).
@@ -174,6 +178,12 @@ impl FakeDiscord {
         self.with(|r| r.rate_limit_channel.insert(channel, n));
     }
 
+    /// Every create-message call to `channel` answers 429 for `how_long` from now.
+    pub fn rate_limit_channel_for(&self, channel: u64, how_long: std::time::Duration) {
+        let until = std::time::Instant::now() + how_long;
+        self.with(|r| r.rate_limit_until.insert(channel, until));
+    }
+
     /// Sends a dispatch to every identified gateway session.
     pub fn dispatch(&self, t: &str, d: Value) {
         FakeRef(self.shared.clone()).dispatch(t, d);
@@ -277,12 +287,17 @@ async fn create_message(
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
     }
     let mut rec = s.rec.lock().unwrap();
-    let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0);
+    let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0)
+        || rec
+            .rate_limit_until
+            .get(&channel)
+            .is_some_and(|t| std::time::Instant::now() < *t);
     if channel_limited {
         if let Some(n) = rec.rate_limit_channel.get_mut(&channel) {
             *n = n.saturating_sub(if *n == usize::MAX { 0 } else { 1 });
         }
         rec.rate_limited += 1;
+        *rec.rate_limited_on.entry(channel).or_default() += 1;
         return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
     }
     if rec.rate_limit_next > 0 {

@@ -712,3 +712,99 @@ async fn a_delivery_that_never_stops_failing_is_dead_lettered() {
     assert_eq!(fake.with(|r| contents(r, OPS)), ["fine"]);
     assert_eq!(fake.with(|r| r.rate_limited), 3);
 }
+
+/// A destination answering 429 for a whole minute holds up nothing else: all
+/// the while, an approval on another destination goes from the approver's
+/// reaction to its delivery in under a second, and the outbox keeps beating.
+/// The stalled entry, approved before the 429s began, is delivered once they
+/// stop (the wait grows to the backoff's 30 s cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
+    const QUIET: u64 = 444_444_444_444_444_444;
+    let fake = FakeDiscord::start(&[TALK, OPS, QUIET]).await;
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let store = d.store().await;
+    let send = |channel: u64, content: String| {
+        let mut store = store.clone();
+        async move {
+            store
+                .xadd(
+                    "ann:dc:outbox",
+                    &[
+                        ("channel_id", channel.to_string().as_bytes()),
+                        ("content", content.as_bytes()),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+    };
+    send(QUIET, "stalled".into()).await;
+    let first = card(&fake, 0).await;
+    fake.rate_limit_channel_for(QUIET, Duration::from_secs(60));
+    let window = std::time::Instant::now();
+    fake.user_reaction(OPS, first.id, APPROVER, "✅");
+    let beat = || {
+        let mut store = store.clone();
+        async move {
+            harness::hash(&mut store, &keys::heartbeat("dc")).await["outbox"]
+                .parse::<u64>()
+                .unwrap()
+        }
+    };
+    let first_beat = beat().await;
+    let mut rounds = 0;
+    while window.elapsed() < Duration::from_secs(55) {
+        // One round per failed attempt on the stalled destination, so rounds
+        // spread over the whole minute as its backoff grows.
+        let limited = fake.with(|r| r.rate_limited_on.get(&QUIET).copied().unwrap_or(0));
+        rounds += 1;
+        let content = format!("round {rounds}");
+        send(TALK, content.clone()).await;
+        let card = card(&fake, rounds).await;
+        let reacted = std::time::Instant::now();
+        fake.user_reaction(OPS, card.id, APPROVER, "✅");
+        wait_until("the approved delivery", SOON, || async {
+            fake.with(|r| contents(r, TALK).contains(&content).then_some(()))
+        })
+        .await;
+        let took = reacted.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "round {rounds}: reaction to delivery took {took:?} while another destination was rate limited"
+        );
+        wait_until(
+            "another attempt on the stalled destination",
+            SOON,
+            || async {
+                fake.with(|r| {
+                    (r.rate_limited_on.get(&QUIET).copied().unwrap_or(0) > limited
+                        || window.elapsed() >= Duration::from_secs(55))
+                    .then_some(())
+                })
+            },
+        )
+        .await;
+    }
+    assert!(rounds >= 5, "only {rounds} rounds in the minute");
+    assert!(contents_of(&fake, QUIET).is_empty(), "still rate limited");
+    let later_beat = beat().await;
+    assert!(
+        later_beat >= first_beat + 40,
+        "heartbeats went on: {first_beat} then {later_beat}"
+    );
+    wait_until(
+        "the stalled delivery after the 429s",
+        Duration::from_secs(45),
+        || async { (contents_of(&fake, QUIET) == ["stalled"]).then_some(()) },
+    )
+    .await;
+    assert!(stream(&mut store.clone(), "dc:dead").await.is_empty());
+}
+
+fn contents_of(fake: &FakeDiscord, channel: u64) -> Vec<String> {
+    fake.with(|r| contents(r, channel))
+}
