@@ -284,24 +284,32 @@ async fn main() {
 
     // Restart: a new process, then a new entry's notification and a decision on
     // a parked entry.
+    // Decided at once, while the new process recovers: an entry half-way down
+    // the stream, so recovery reaches it half-way through.
+    let middle: Vec<String> = redis::cmd("ZRANGE")
+        .arg("mail:pending")
+        .arg(k / 2)
+        .arg(k / 2)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
     mail.stop();
     let start = Instant::now();
     let mail = d.process("cowboy-console-outbox", "mail");
+    decide(&d, &middle[0]).await;
+    let served = start.elapsed();
     let before = entries_read(&mut store, "desk:outbox", "desk-outbox").await;
     fill(&mut store, 1).await;
     while entries_read(&mut store, "desk:outbox", "desk-outbox").await <= before {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let first_new = start.elapsed();
-    let decided = decide(&d, &sample[60]).await;
-    let served = start.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rss_restarted = rss_bytes(mail.0.id());
     println!(
-        "restart with {k} parked: first new entry notified after {:.2} s, a decision on a parked entry delivered after {:.2} s ({:.0} ms for the decision itself) (target <= 5 s)",
-        first_new.as_secs_f64(),
+        "restart with {k} parked: a decision made at once on an entry half-way down the stream delivered after {:.2} s; first new entry notified after {:.2} s (target <= 5 s)",
         served.as_secs_f64(),
-        decided.as_secs_f64() * 1e3
+        first_new.as_secs_f64(),
     );
     println!(
         "process memory after the restart: {:.0} bytes per parked entry above the idle process (target <= 200)",

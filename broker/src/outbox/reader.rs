@@ -6,8 +6,11 @@
 //! - An entry is acked only once its outcome is recorded: sent, dead-lettered with
 //!   a notice, or settled. A parked entry stays pending, so a restart finds it in
 //!   the pending list ("resume or start") with the same derived approval id.
-//! - Recovery handles decisions last, so every parked entry is known when they
-//!   are applied; a lost connection recovers what a lost reply left pending.
+//! - Recovery handles the decisions stream's pending entries last, so every
+//!   parked entry is known when they are applied; new decisions are served
+//!   between recovery pages, for what is recovered already (the rest is settled
+//!   from its record when recovery reaches it). A lost connection recovers what
+//!   a lost reply left pending.
 //! - Idle cost: the loop blocks on one read, woken by new entries, by decisions,
 //!   or by the next deadline kept in memory.
 //! - An entry handed out more than `max_deliveries` times (restarts, takeovers)
@@ -270,9 +273,40 @@ impl<S: Sender> OutboxService<S> {
                 }
                 self.prefetched.clear();
                 self.drain().await?;
+                // A long recovery does not hold up decisions on what it has
+                // recovered already.
+                self.serve_decisions(blocking).await?;
             }
         }
         self.settle_due().await
+    }
+
+    /// Acts on the decisions that arrived since the last look, without waiting
+    /// for more: between recovery pages. A decision on an entry not recovered
+    /// yet is acked and loses nothing: the record holds it, and the entry is
+    /// settled when recovery reaches it.
+    async fn serve_decisions(
+        &mut self,
+        blocking: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<()> {
+        let Some(idx) = self.sources.iter().position(|s| s.kind == Kind::Decisions) else {
+            return Ok(());
+        };
+        let key = self.sources[idx].key.clone();
+        let batch = read_group(
+            blocking,
+            &self.group,
+            &self.consumer,
+            std::slice::from_ref(&key),
+            &[">"],
+            self.bridge.batch,
+            None,
+        )
+        .await?;
+        for (id, fields) in batch.into_iter().flat_map(|(_, e)| e) {
+            self.handle(idx, id, fields, 1).await?;
+        }
+        self.drain().await
     }
 
     /// Delivery counts of this consumer's pending entries from `start` on.

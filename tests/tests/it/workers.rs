@@ -567,3 +567,61 @@ async fn an_entry_read_before_a_crash_is_parked_and_indexed_at_recovery() {
     .await;
     assert_eq!(sent.content, "read, then a crash");
 }
+
+/// A restarted worker with thousands of parked entries serves a decision on
+/// one it has recovered already while it is still recovering the rest: the
+/// approved entry is delivered before the service reports itself running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_are_served_while_recovery_goes_on() {
+    const PARKED: usize = 5_000;
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let mut pipe = redis::pipe();
+    for i in 0..PARKED {
+        pipe.cmd("XADD")
+            .arg(keys::agent_outbox("ann", "mail"))
+            .arg("*")
+            .arg("channel_id")
+            .arg("bob")
+            .arg("content")
+            .arg(format!("m{i}"))
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+    let outbox = d.process("cowboy-console-outbox", "mail");
+    let first = wait_until("every entry parked", Duration::from_secs(120), || async {
+        let ids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys::pending("mail"))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut store.clone().conn)
+            .await
+            .unwrap();
+        (ids.len() == PARKED).then(|| ids[0].clone())
+    })
+    .await;
+    outbox.kill();
+    let log = d.path("cowboy-console-outbox-mail.log");
+    let _outbox = d.process("cowboy-console-outbox", "mail");
+    let config = d.config.clone();
+    let answer = broker::approval::Answer::new(
+        &broker::Clock::system(),
+        broker::approval::Verdict::Approved,
+        "cli:op",
+        "",
+    );
+    let outcome = broker::approval::decide(&mut store, &config, &first, answer)
+        .await
+        .unwrap();
+    assert_eq!(outcome, broker::approval::Outcome::Decided);
+    wait_until("the approved delivery", SOON, || async {
+        (!d.delivered("mail.out").is_empty()).then_some(())
+    })
+    .await;
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !logged.contains("outbox service running"),
+        "delivered only after recovery ended:\n{logged}"
+    );
+    assert_eq!(d.delivered("mail.out").len(), 1, "only the approved entry");
+}
