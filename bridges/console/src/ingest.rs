@@ -6,9 +6,14 @@
 //! re-reads handled lines nor skips unread ones; a partial last line waits until
 //! its newline arrives; a file that shrank was replaced and is read from its start.
 //! A line that cannot be understood is logged and skipped, never fatal.
+//! The file is followed by notification (inotify on its directory), so a
+//! reaction is read the moment it is written; a slow re-check every second
+//! covers filesystems that send no events, and without a watcher the file is
+//! polled every 100 ms. A change that lands while lines are being handled
+//! leaves its signal waiting, so none is missed.
 
 use std::io::{Read, Seek, SeekFrom};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use broker::approval::Verdict;
@@ -17,8 +22,10 @@ use broker::{keys, Error, Result, Shutdown};
 use redis::AsyncCommands;
 use serde::Deserialize;
 
-/// How often the input file is checked for new lines.
+/// How often the input file is checked for new lines when it cannot be watched.
 const POLL: Duration = Duration::from_millis(100);
+/// How often a watched input file is checked anyway.
+const RECHECK: Duration = Duration::from_secs(1);
 
 /// One line of the input file.
 #[derive(Debug, Deserialize)]
@@ -68,6 +75,14 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
         .unwrap_or(0);
     let mut last_beat: Option<Instant> = None;
     let mut watchdog = broker::systemd::Watchdog::from_env();
+    let watched = watch(&input);
+    if watched.is_none() {
+        tracing::warn!(input = %input.display(), "the input file cannot be watched; polling it every 100 ms");
+    }
+    let (_watcher, mut changed) = match watched {
+        Some((w, rx)) => (Some(w), Some(rx)),
+        None => (None, None),
+    };
     tracing::info!(input = %input.display(), offset, "console ingest following");
     broker::systemd::ready();
     loop {
@@ -90,10 +105,49 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
                 .await
                 .map_err(|e| Error::from_redis(&format!("SET {cursor_key}"), e))?;
         }
-        if !shutdown.sleep(POLL).await {
-            return Ok(());
+        let changed = async {
+            match changed.as_mut() {
+                Some(rx) => {
+                    let _ = tokio::time::timeout(RECHECK, rx.recv()).await;
+                }
+                None => tokio::time::sleep(POLL).await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.wait() => return Ok(()),
+            _ = changed => {}
         }
     }
+}
+
+/// Watches the input file's directory (the file may not exist yet, or be
+/// replaced); each change to the file leaves one signal in the channel.
+fn watch(input: &Path) -> Option<(notify::RecommendedWatcher, tokio::sync::mpsc::Receiver<()>)> {
+    use notify::Watcher;
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let name = input.file_name()?.to_owned();
+    // Other files in the directory (the outbox's output, say) wake nothing.
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        let ours = match event {
+            Ok(e) => e
+                .paths
+                .iter()
+                .any(|p| p.file_name() == Some(name.as_os_str())),
+            Err(_) => true,
+        };
+        if ours {
+            let _ = tx.try_send(());
+        }
+    })
+    .ok()?;
+    let dir = match input.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    watcher
+        .watch(dir, notify::RecursiveMode::NonRecursive)
+        .ok()?;
+    Some((watcher, rx))
 }
 
 /// Complete lines after `offset` with the offset just past each; the second value
