@@ -15,9 +15,15 @@
 //!   retry, later entries for that destination queue behind it, in stream order.
 //! - Each entry is scheduled once: a deferred or queued entry read again (after
 //!   a reconnect, by the sweep, by a wake-up) is not started a second time.
-//! - Sends run beside the reader loop: their outcomes are recorded as they
-//!   finish, and the sends finished by then are acked together, one `XACK` per
-//!   stream; an email's in-flight mark is cleared only after its ack.
+//! - Sends run beside the reader loop, plain, approved and notifications alike
+//!   ([`Purpose`]): their outcomes are recorded as they finish, and the plain
+//!   sends finished by then are acked together, one `XACK` per stream; an
+//!   email's in-flight mark is cleared only after its ack. An approved entry or
+//!   a notification is marked scheduled while its send is under way, so a
+//!   repeated wake-up, the sweep or a re-read never starts it twice.
+//! - Order per destination is kept for plain entries (one send at a time per
+//!   `channel_id`). Approved entries go in the order they are decided, and
+//!   notifications to one approval channel may be shown side by side.
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
@@ -71,24 +77,34 @@ impl<S: Sender> OutboxService<S> {
             message: message.clone(),
             retry,
             key,
+            purpose: Purpose::Plain,
         };
+        self.take_off(flight);
+        Ok(())
+    }
+
+    /// Starts a send now if there is room, or as soon as there is.
+    pub(super) fn take_off(&mut self, flight: Flight) {
         if self.flights.len() < self.bridge.max_in_flight {
             self.launch(flight);
         } else {
             self.ready.push_back(flight);
         }
-        Ok(())
     }
 
     /// Starts one send beside the others.
     fn launch(&mut self, flight: Flight) {
         let sender = self.sender.clone();
         self.flights.spawn(async move {
+            let approval = match &flight.purpose {
+                Purpose::Notification { record, .. } => Some(&**record),
+                _ => None,
+            };
             let out = Outgoing {
                 message: &flight.message,
                 delivery_key: &flight.key,
                 retry: flight.retry,
-                approval: None,
+                approval,
             };
             let result = sender.send(out).await;
             (flight, result)
@@ -203,9 +219,20 @@ impl<S: Sender> OutboxService<S> {
     /// letter, or a deferred retry.
     async fn complete(
         &mut self,
-        f: Flight,
+        mut f: Flight,
         result: std::result::Result<String, SendError>,
     ) -> Result<()> {
+        match std::mem::replace(&mut f.purpose, Purpose::Plain) {
+            Purpose::Plain => {}
+            Purpose::Approved { record } => {
+                return self.complete_approved(f, *record, result).await
+            }
+            Purpose::Notification { record, deliveries } => {
+                return self
+                    .complete_notification(f, *record, deliveries, result)
+                    .await
+            }
+        }
         let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
         match self.outcome_of(&f.key, result) {
@@ -286,16 +313,10 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// One attempt. A transient failure is `Deferred` to a retry time under the
-    /// bridge's [`RetryPolicy`], or `Failed` once the policy gives up.
-    pub(super) async fn deliver(&mut self, out: Outgoing<'_>) -> Result<Delivery> {
-        let key = out.delivery_key.to_string();
-        let result = self.sender.send(out).await;
-        Ok(self.outcome_of(&key, result))
-    }
-
-    /// Classifies one attempt's result under the retry policy.
-    fn outcome_of(
+    /// Classifies one attempt's result under the retry policy: a transient
+    /// failure is `Deferred` to a retry time under the bridge's [`RetryPolicy`],
+    /// or `Failed` once the policy gives up.
+    pub(super) fn outcome_of(
         &mut self,
         key: &str,
         result: std::result::Result<String, SendError>,
@@ -538,11 +559,25 @@ impl Retries {
 
 /// A send under way, with what its outcome needs.
 pub(super) struct Flight {
-    source: usize,
-    entry: Entry,
-    message: Message,
-    retry: bool,
-    key: String,
+    pub(super) source: usize,
+    pub(super) entry: Entry,
+    pub(super) message: Message,
+    pub(super) retry: bool,
+    pub(super) key: String,
+    pub(super) purpose: Purpose,
+}
+
+/// What a send is for, and so what its outcome does.
+pub(super) enum Purpose {
+    /// An entry that needs no approval: acked with its batch.
+    Plain,
+    /// An approved entry: its record is settled.
+    Approved { record: Box<Record> },
+    /// An approval notification this bridge shows: its card is recorded.
+    Notification {
+        record: Box<Record>,
+        deliveries: u64,
+    },
 }
 
 pub(super) enum Delivery {

@@ -26,7 +26,7 @@ mod settle;
 mod surface;
 
 pub use deliver::RetryPolicy;
-use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Retries};
+use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose, Retries};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;

@@ -126,24 +126,44 @@ impl<S: Sender> OutboxService<S> {
                 .mark_delivery_started(&id, self.clock.now_secs())
                 .await?;
         }
-        let out = Outgoing {
-            message: &message,
-            delivery_key: &dkey,
+        // Sent beside the loop; marked scheduled until its outcome is recorded,
+        // so a repeated wake-up or the sweep does not send it a second time.
+        self.retries.scheduled.insert(dkey.clone());
+        self.take_off(Flight {
+            source: idx,
+            entry,
+            message,
             retry,
-            approval: None,
-        };
-        match self.deliver(out).await? {
+            key: dkey,
+            purpose: Purpose::Approved {
+                record: Box::new(record),
+            },
+        });
+        Ok(())
+    }
+
+    /// Records the outcome of an approved entry's send.
+    pub(super) async fn complete_approved(
+        &mut self,
+        f: Flight,
+        record: Record,
+        result: std::result::Result<String, SendError>,
+    ) -> Result<()> {
+        self.retries.scheduled.remove(&f.key);
+        let (idx, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
+        match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
-                self.finish(idx, entry_id, &record, Some("approved")).await
+                self.finish(idx, &entry_id, &record, Some("approved")).await
             }
             Delivery::Failed(failed) => {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
-                self.dead_letter_only(idx, &entry, &n).await?;
-                self.notice(idx, entry_id, Some(&entry), n.clone()).await?;
+                self.dead_letter_only(idx, &f.entry, &n).await?;
+                self.notice(idx, &entry_id, Some(&f.entry), n.clone())
+                    .await?;
                 // `uncertain` is shown as such: the message may have gone out.
-                self.finish(idx, entry_id, &record, Some(n.status)).await
+                self.finish(idx, &entry_id, &record, Some(n.status)).await
             }
             Delivery::Deferred(due) => {
                 // Not delivered, so the next attempt is not a retry.
@@ -155,7 +175,7 @@ impl<S: Sender> OutboxService<S> {
                     self.deadlines.remove(&(p.expires_at, id.clone()));
                 }
                 self.retries
-                    .defer(dkey, due, Job::Approved { approval_id: id });
+                    .defer(f.key, due, Job::Approved { approval_id: id });
                 Ok(())
             }
         }

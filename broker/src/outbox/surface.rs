@@ -142,20 +142,40 @@ impl<S: Sender> OutboxService<S> {
             return self.dead_letter(idx, entry, n).await;
         }
         let key = delivery_key(&self.sources[idx].key, &entry.id);
-        let out = Outgoing {
-            message: &message,
-            delivery_key: &key,
+        // Shown beside the loop; scheduled until its outcome is recorded.
+        self.retries.scheduled.insert(key.clone());
+        self.take_off(Flight {
+            source: idx,
+            entry: entry.clone(),
+            message,
             retry,
-            approval: Some(&record),
-        };
-        match self.deliver(out).await? {
+            key,
+            purpose: Purpose::Notification {
+                record: Box::new(record),
+                deliveries,
+            },
+        });
+        Ok(())
+    }
+
+    /// Records the outcome of showing a notification.
+    pub(super) async fn complete_notification(
+        &mut self,
+        f: Flight,
+        record: Record,
+        deliveries: u64,
+        result: std::result::Result<String, SendError>,
+    ) -> Result<()> {
+        self.retries.scheduled.remove(&f.key);
+        let (idx, id) = (f.source, record.id.clone());
+        match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 // Recorded with the others shown in the last ACK_DELAY, so a card
                 // is answerable (its map entry written) soon after it appears.
                 self.shown.push(Shown {
                     stream: self.sources[idx].key.clone(),
-                    entry_id: entry.id.clone(),
+                    entry_id: f.entry.id.clone(),
                     approval_id: id,
                     external_id,
                 });
@@ -174,15 +194,15 @@ impl<S: Sender> OutboxService<S> {
                     &n.reason,
                 )
                 .await?;
-                self.dead_letter(idx, entry, n.with_approval(&id)).await
+                self.dead_letter(idx, &f.entry, n.with_approval(&id)).await
             }
             Delivery::Deferred(due) => {
                 let job = Job::Notification {
                     source: idx,
-                    entry: entry.clone(),
+                    entry: f.entry,
                     deliveries,
                 };
-                self.retries.defer(key, due, job);
+                self.retries.defer(f.key, due, job);
                 Ok(())
             }
         }

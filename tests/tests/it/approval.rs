@@ -712,3 +712,52 @@ async fn deliveries_side_by_side_keep_order_per_destination() {
         0
     );
 }
+
+/// Approved entries are sent beside the loop, side by side: four approvals of a
+/// bridge whose sends take 3 s each all have their sends under way before the
+/// first finishes, and a new entry is parked and notified meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_deliveries_run_side_by_side_and_block_nothing() {
+    let d = Deployment::new(&crate::approval_config(0).replace(
+        "input = \"{dir}/mail.in\"",
+        "input = \"{dir}/mail.in\"\nlatency_ms = 3000",
+    ));
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = d.process("cowboy-console-outbox", "mail");
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        agent_sends(&d, &format!("slow {i}"), &format!("r{i}")).await;
+        ids.push(notification(&d, i).await.0);
+    }
+    for id in &ids {
+        let out = d.cowboy(&["approvals", "approve", id, "--as", "op"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    wait_until("every approved send started", SOON, || async {
+        let mut store = d.store().await;
+        for id in &ids {
+            if !hash(&mut store, &keys::approval(id))
+                .await
+                .contains_key("delivery_started")
+            {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    agent_sends(&d, "meanwhile", "r9").await;
+    notification(&d, 4).await;
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "all of this happened before the first 3 s send finished"
+    );
+    let sent = wait_until("four deliveries", SOON, || async {
+        let sent = d.delivered("mail.out");
+        (sent.len() == 4).then_some(sent)
+    })
+    .await;
+    let mut contents: Vec<String> = sent.into_iter().map(|l| l.content).collect();
+    contents.sort();
+    assert_eq!(contents, ["slow 0", "slow 1", "slow 2", "slow 3"]);
+}
