@@ -65,6 +65,8 @@ pub struct Recorded {
     pub rate_limit_channel: HashMap<u64, usize>,
     /// Per channel: every create-message call there answers 429 until then.
     pub rate_limit_until: HashMap<u64, std::time::Instant>,
+    /// How long each create-message call takes before it is answered.
+    pub post_delay: std::time::Duration,
     /// Per channel: create-message calls answered 429.
     pub rate_limited_on: HashMap<u64, usize>,
     seq: u64,
@@ -285,6 +287,10 @@ async fn create_message(
 ) -> Response {
     if !authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let delay = s.rec.lock().unwrap().post_delay;
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let mut rec = s.rec.lock().unwrap();
     let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0)

@@ -61,6 +61,9 @@ pub fn external_id(delivery_key: &str) -> String {
 }
 
 impl Sender for ConsoleSender {
+    /// One delivery is one line.
+    const SPLITS: bool = false;
+
     async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;

@@ -205,6 +205,8 @@ pub fn approval_body(record: &Record, content: &str) -> String {
 
 impl Sender for EmailSender {
     const DEDUPLICATES: bool = false;
+    /// One delivery is one mail.
+    const SPLITS: bool = false;
 
     async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         let m = out.message;

@@ -54,6 +54,17 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 "#;
 
+/// Marks a record settled, once: nothing on a record that is gone (the notify
+/// side deleted it) or settled already. ARGV: now, outcome, TTL seconds.
+const MARK_SETTLED: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+-- HGET, not HEXISTS: the Redis user of the requesting outbox has only HGET.
+if redis.call('HGET', KEYS[1], 'settled_at') then return 0 end
+redis.call('HSET', KEYS[1], 'settled_at', ARGV[1], 'outcome', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"#;
+
 /// The notify side's check of a notification entry against its record, and the
 /// claim that makes it the only one. ARGV: this bridge, the entry id, the entry's
 /// digest. Returns `ok`, or why the entry is not the notification: `missing`,
@@ -76,6 +87,7 @@ static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::
 static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DECIDE));
 static SET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SET_IF_EXISTS));
 static CLAIM_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM));
+static SETTLE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(MARK_SETTLED));
 
 /// Records handled per pipelined round trip when many are read at once.
 const CHUNK: usize = 1000;
@@ -371,24 +383,19 @@ impl<'a> Approvals<'a> {
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))
     }
 
-    /// Marks a record settled with its outcome, with [`SETTLED_TTL_SECS`].
-    pub async fn mark_settled(&mut self, id: &str, outcome: &str, now: u64) -> Result<()> {
+    /// Marks a record settled with its outcome, with [`SETTLED_TTL_SECS`] (see
+    /// [`MARK_SETTLED`]). Returns whether this call settled it.
+    pub async fn mark_settled(&mut self, id: &str, outcome: &str, now: u64) -> Result<bool> {
         let key = keys::approval(id);
-        let _: () = redis::pipe()
-            .atomic()
-            .cmd("HSET")
-            .arg(&key)
-            .arg(field::SETTLED_AT)
+        let set: i64 = SETTLE_SCRIPT
+            .key(&key)
             .arg(now)
-            .arg(field::OUTCOME)
             .arg(outcome)
-            .ignore()
-            .expire(&key, SETTLED_TTL_SECS)
-            .ignore()
-            .query_async(&mut self.store.conn)
+            .arg(SETTLED_TTL_SECS)
+            .invoke_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
-        Ok(())
+            .map_err(|e| Error::from_redis(&format!("EVALSHA settle {key}"), e))?;
+        Ok(set == 1)
     }
 
     /// The requesting side's last step: out of the pending index, the card's map
@@ -588,7 +595,7 @@ mod tests {
     /// The Lua spells field names itself: each one it names must be a field.
     #[test]
     fn the_scripts_name_only_record_fields() {
-        for script in [CREATE, DECIDE, SET_IF_EXISTS, CLAIM] {
+        for script in [CREATE, DECIDE, SET_IF_EXISTS, CLAIM, MARK_SETTLED] {
             for quoted in script.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());
                 let is_answer = [

@@ -164,6 +164,7 @@ impl<S: Sender> OutboxService<S> {
         self.retries = Retries::default();
         self.parked.clear();
         self.deadlines.clear();
+        self.outcomes_waiting.clear();
         self.lease = None;
         self.take_lease().await
     }

@@ -83,6 +83,48 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
+    /// Starts an approved entry's or a notification's send, after any other
+    /// delivery to its destination when the sender splits messages (two
+    /// overlapping deliveries would interleave their parts). It stays scheduled
+    /// until its outcome is recorded, so nothing starts it twice.
+    pub(super) fn dispatch(&mut self, flight: Flight) {
+        self.retries.scheduled.insert(flight.key.clone());
+        if !S::SPLITS {
+            return self.take_off(flight);
+        }
+        let channel = flight.message.channel_id.clone();
+        match self.retries.waiting.get_mut(&channel) {
+            Some(queue) => queue.push_back((flight.key.clone(), Job::Flight(Box::new(flight)))),
+            None => {
+                self.retries.waiting.insert(channel, Default::default());
+                self.take_off(flight);
+            }
+        }
+    }
+
+    /// The delivery to `channel` is over (or waits for a retry without holding
+    /// it): starts what queued behind it.
+    pub(super) async fn start_next(&mut self, channel: &str) -> Result<()> {
+        match self.retries.release(channel) {
+            Some((
+                _,
+                Job::Plain {
+                    source,
+                    entry,
+                    message,
+                    retry,
+                },
+            )) => Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await,
+            Some((key, Job::Flight(f))) => {
+                self.retries.scheduled.insert(key);
+                self.take_off(*f);
+                Ok(())
+            }
+            // Retries wait for their time, never behind a destination.
+            Some((_, Job::Approved { .. } | Job::Notification { .. })) | None => Ok(()),
+        }
+    }
+
     /// Starts a send now if there is room, or as soon as there is.
     pub(super) fn take_off(&mut self, flight: Flight) {
         if self.flights.len() < self.bridge.max_in_flight {
@@ -127,6 +169,13 @@ impl<S: Sender> OutboxService<S> {
             self.acks_since = None;
             self.shown.clear();
             self.retries = Retries::default();
+            // Parked entries whose sends were abandoned (or queued) are tracked
+            // again by the recovery that follows every error, which settles the
+            // decided ones at once instead of leaving them to the sweep.
+            self.parked.clear();
+            self.deadlines.clear();
+            self.sweep_queue.clear();
+            self.outcomes_waiting.clear();
         }
         result
     }
@@ -267,19 +316,7 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         // The next delivery to this destination starts now.
-        if let Some((
-            _,
-            Job::Plain {
-                source,
-                entry,
-                message,
-                retry,
-            },
-        )) = self.retries.release(&channel)
-        {
-            Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await?;
-        }
-        Ok(())
+        self.start_next(&channel).await
     }
 
     pub(super) async fn in_flight(&mut self, delivery_key: &str) -> Result<bool> {
@@ -384,6 +421,8 @@ impl<S: Sender> OutboxService<S> {
                     entry,
                     deliveries,
                 } => self.handle_notification(source, &entry, deliveries).await?,
+                // Queued behind a destination, never deferred.
+                Job::Flight(f) => self.dispatch(*f),
             }
         }
         Ok(())
@@ -484,6 +523,9 @@ pub(super) enum Job {
         /// As the pending list counted them when it was read.
         deliveries: u64,
     },
+    /// An approved entry's or a notification's send, queued behind another
+    /// delivery to its destination.
+    Flight(Box<Flight>),
 }
 
 /// How long to wait before retrying a transient failure, and when to give up.
@@ -533,6 +575,11 @@ impl Retries {
         let (key, job) = self.deferred.remove(&first)?;
         self.scheduled.remove(&key);
         Some((key, job))
+    }
+
+    /// Whether `key` waits for its retry time (not under way, not queued).
+    pub(super) fn is_deferred(&self, key: &str) -> bool {
+        self.deferred.values().any(|(k, _)| k == key)
     }
 
     /// The earliest retry time.

@@ -110,6 +110,12 @@ pub trait Sender: Send + Sync + 'static {
     /// when such a mark shows an earlier attempt may have reached the platform.
     const DEDUPLICATES: bool = true;
 
+    /// Whether one delivery may be several platform messages (Discord splits
+    /// long content). Then two deliveries to one destination never overlap, or
+    /// their parts would interleave; plain entries keep stream order anyway.
+    /// True unless the sender says otherwise: overlapping is the risk.
+    const SPLITS: bool = true;
+
     /// Delivers one message and returns its id on the platform (the external id).
     fn send(
         &self,
@@ -193,6 +199,9 @@ pub struct OutboxService<S> {
     claims: HashMap<String, Claim>,
     /// Records of a recovery page, read together (and put in the pending index).
     prefetched: HashMap<String, Option<Record>>,
+    /// Outcome entries waiting for their card's send to end: notification
+    /// delivery key → (source, outcome entry).
+    outcomes_waiting: HashMap<String, (usize, Entry)>,
     /// Notifications shown, recorded together after the batch.
     shown: Vec<surface::Shown>,
     /// When the oldest of `shown` was shown.
@@ -263,6 +272,7 @@ impl<S: Sender> OutboxService<S> {
             claims: HashMap::new(),
             prefetched: HashMap::new(),
             shown: Vec::new(),
+            outcomes_waiting: HashMap::new(),
             shown_since: None,
             policy,
             lease: None,

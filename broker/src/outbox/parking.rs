@@ -31,6 +31,15 @@ impl<S: Sender> OutboxService<S> {
     /// `MAXLEN`, or deleted). If it was parked, its approval is settled as failed.
     pub(super) async fn vanished(&mut self, idx: usize, entry_id: &str) -> Result<()> {
         let source = self.sources[idx].clone();
+        if self
+            .retries
+            .scheduled
+            .contains(&delivery_key(&source.key, entry_id))
+        {
+            // Its send is under way (it read the entry before it vanished),
+            // queued, or waiting for a retry, which reads it again.
+            return Ok(());
+        }
         if self.bridge.approval.required && source.kind != Kind::Decisions {
             let id = self.approval_id(&source.key, entry_id)?;
             if let Some(record) = Approvals::on(&mut self.store).load(&id).await? {

@@ -368,7 +368,7 @@ impl<S: Sender> OutboxService<S> {
             return self.ack(&source.key, &entry.id).await;
         }
         if source.kind == Kind::Flat && entry.get("approval_outcome").is_some() {
-            return self.handle_outcome(idx, &entry).await;
+            return self.handle_outcome(idx, &entry, true).await;
         }
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, deliveries).await;

@@ -20,6 +20,14 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         let idx = parked.source;
+        // Its approved send is under way or queued: its outcome settles it.
+        if self
+            .retries
+            .scheduled
+            .contains(&delivery_key(&self.sources[idx].key, &parked.entry_id))
+        {
+            return Ok(());
+        }
         let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
             let n = Notice {
                 status: "failed",
@@ -126,10 +134,13 @@ impl<S: Sender> OutboxService<S> {
                 .mark_delivery_started(&id, self.clock.now_secs())
                 .await?;
         }
-        // Sent beside the loop; marked scheduled until its outcome is recorded,
-        // so a repeated wake-up or the sweep does not send it a second time.
-        self.retries.scheduled.insert(dkey.clone());
-        self.take_off(Flight {
+        // Decided: its deadline no longer wakes the loop.
+        if let Some(p) = self.parked.get(&id) {
+            self.deadlines.remove(&(p.expires_at, id.clone()));
+        }
+        // Sent beside the loop; scheduled until its outcome is recorded, so a
+        // repeated wake-up, the sweep or a vanished-entry check leaves it alone.
+        self.dispatch(Flight {
             source: idx,
             entry,
             message,
@@ -150,11 +161,13 @@ impl<S: Sender> OutboxService<S> {
         result: std::result::Result<String, SendError>,
     ) -> Result<()> {
         self.retries.scheduled.remove(&f.key);
+        let channel = f.message.channel_id.clone();
         let (idx, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
-                self.finish(idx, &entry_id, &record, Some("approved")).await
+                self.finish(idx, &entry_id, &record, Some("approved"))
+                    .await?;
             }
             Delivery::Failed(failed) => {
                 let failed = failed.with_approval(&id);
@@ -163,7 +176,7 @@ impl<S: Sender> OutboxService<S> {
                 self.notice(idx, &entry_id, Some(&f.entry), n.clone())
                     .await?;
                 // `uncertain` is shown as such: the message may have gone out.
-                self.finish(idx, &entry_id, &record, Some(n.status)).await
+                self.finish(idx, &entry_id, &record, Some(n.status)).await?;
             }
             Delivery::Deferred(due) => {
                 // Not delivered, so the next attempt is not a retry.
@@ -176,9 +189,10 @@ impl<S: Sender> OutboxService<S> {
                 }
                 self.retries
                     .defer(f.key, due, Job::Approved { approval_id: id });
-                Ok(())
             }
         }
+        // The retry, if any, queues again when it is due: the destination is free.
+        self.start_next(&channel).await
     }
 
     /// Marks the record settled with its outcome, tells the notify bridge, acks the

@@ -143,8 +143,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let key = delivery_key(&self.sources[idx].key, &entry.id);
         // Shown beside the loop; scheduled until its outcome is recorded.
-        self.retries.scheduled.insert(key.clone());
-        self.take_off(Flight {
+        self.dispatch(Flight {
             source: idx,
             entry: entry.clone(),
             message,
@@ -167,6 +166,8 @@ impl<S: Sender> OutboxService<S> {
         result: std::result::Result<String, SendError>,
     ) -> Result<()> {
         self.retries.scheduled.remove(&f.key);
+        let channel = f.message.channel_id.clone();
+        let key = f.key.clone();
         let (idx, id) = (f.source, record.id.clone());
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id) => {
@@ -183,7 +184,6 @@ impl<S: Sender> OutboxService<S> {
                 if first.elapsed() >= ACK_DELAY {
                     self.flush_shown().await?;
                 }
-                Ok(())
             }
             Delivery::Failed(n) => {
                 approval::reject_unshown(
@@ -194,7 +194,8 @@ impl<S: Sender> OutboxService<S> {
                     &n.reason,
                 )
                 .await?;
-                self.dead_letter(idx, &f.entry, n.with_approval(&id)).await
+                self.dead_letter(idx, &f.entry, n.with_approval(&id))
+                    .await?;
             }
             Delivery::Deferred(due) => {
                 let job = Job::Notification {
@@ -203,9 +204,14 @@ impl<S: Sender> OutboxService<S> {
                     deliveries,
                 };
                 self.retries.defer(f.key, due, job);
-                Ok(())
             }
         }
+        // An outcome that arrived while the card was being sent acts now: on
+        // the card if it was shown, else on the record alone.
+        if let Some((source, entry)) = self.outcomes_waiting.remove(&key) {
+            self.handle_outcome(source, &entry, false).await?;
+        }
+        self.start_next(&channel).await
     }
 
     /// Verifies a notification entry against its record and claims the record for
@@ -300,7 +306,16 @@ impl<S: Sender> OutboxService<S> {
     /// An outcome entry written by a requesting service when it settled an
     /// approval this bridge notified: acted on only when the record confirms it,
     /// and shown from the record, never from the entry's text.
-    pub(super) async fn handle_outcome(&mut self, idx: usize, entry: &Entry) -> Result<()> {
+    /// `may_wait`: an outcome for a card whose send is under way waits for it
+    /// (once; then it is acted on as the record is).
+    pub(super) async fn handle_outcome(
+        &mut self,
+        idx: usize,
+        entry: &Entry,
+        may_wait: bool,
+    ) -> Result<()> {
+        // Cards shown but not yet recorded get their external ids first.
+        self.flush_shown().await?;
         let id = entry.text("approval_id").unwrap_or("").to_string();
         let claimed = entry.text("approval_outcome").unwrap_or("");
         // Off an approval surface the record is not even read (no rights on it).
@@ -337,6 +352,17 @@ impl<S: Sender> OutboxService<S> {
                 return self.dead_letter(idx, entry, n).await;
             }
         };
+        let sending = record.notify_entry.as_deref().and_then(|shown| {
+            let key = delivery_key(&self.sources[idx].key, shown);
+            (self.retries.scheduled.contains(&key) && !self.retries.is_deferred(&key))
+                .then_some(key)
+        });
+        if let (true, None, Some(card)) = (may_wait, &record.notify_external_id, sending) {
+            // Its card is being sent: the outcome edits it once it exists (the
+            // entry stays pending until then, so a restart loses nothing).
+            self.outcomes_waiting.insert(card, (idx, entry.clone()));
+            return Ok(());
+        }
         if let Some(external) = &record.notify_external_id {
             let update = Outcome {
                 outcome: record.outcome.as_deref().unwrap_or(""),

@@ -761,3 +761,62 @@ async fn approved_deliveries_run_side_by_side_and_block_nothing() {
     contents.sort();
     assert_eq!(contents, ["slow 0", "slow 1", "slow 2", "slow 3"]);
 }
+
+/// While an approved entry's send is under way, neither its entry vanishing
+/// from the stream (the agent trims it) nor the approval being answered again
+/// closes it early: it is settled once, as delivered, and told so once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_send_under_way_is_settled_once() {
+    let d = Deployment::new(&crate::approval_config(0).replace(
+        "input = \"{dir}/mail.in\"",
+        "input = \"{dir}/mail.in\"\nlatency_ms = 2000",
+    ));
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = d.process("cowboy-console-outbox", "mail");
+    agent_sends(&d, "once", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let out = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut store = d.store().await;
+    wait_until("the approved send under way", SOON, || async {
+        hash(&mut store.clone(), &keys::approval(&id))
+            .await
+            .contains_key("delivery_started")
+            .then_some(())
+    })
+    .await;
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(keys::agent_outbox("ann", "mail"))
+        .arg("MAXLEN")
+        .arg(0)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    // Answering again wakes the requester again.
+    let again = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
+    assert!(!again.status.success(), "already approved");
+    wait_until("the delivery", SOON, || async {
+        (d.delivered("mail.out").len() == 1).then_some(())
+    })
+    .await;
+    wait_until("the record closed", SOON, || async {
+        hash(&mut store.clone(), &keys::approval(&id))
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let outcomes: Vec<_> = stream(&mut store, "desk:outbox")
+        .await
+        .into_iter()
+        .filter(|e| e.contains_key("approval_outcome"))
+        .collect();
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert_eq!(outcomes[0]["approval_outcome"], "approved");
+    let notices = inbox_notices(&d, "ann:mail:inbox").await;
+    assert!(
+        notices.iter().all(|n| n["status"] != "failed"),
+        "{notices:?}"
+    );
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}

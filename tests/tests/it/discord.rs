@@ -808,3 +808,108 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
 fn contents_of(fake: &FakeDiscord, channel: u64) -> Vec<String> {
     fake.with(|r| contents(r, channel))
 }
+
+/// Long messages go out as several Discord messages. Two cards for one approval
+/// channel, and two approved long messages for one destination, never overlap:
+/// each one's messages are consecutive, so no card shows another's text under
+/// its head, even though sends run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn split_messages_to_one_channel_never_interleave() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    fake.with(|r| r.post_delay = Duration::from_millis(50));
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    for letter in ["a", "b"] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", format!("{letter} ").repeat(2_500).as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let cards = [card(&fake, 0).await, card(&fake, 1).await];
+    // Every message of a card is posted before the next card begins.
+    let shape = |channel: u64| {
+        fake.with(|r| {
+            contents(r, channel)
+                .iter()
+                .map(|c| match c {
+                    c if c.contains("Approval requested") => 'H',
+                    c if c.contains("a a a") => 'a',
+                    c if c.contains("b b b") => 'b',
+                    _ => '?',
+                })
+                .collect::<String>()
+        })
+    };
+    let ops = shape(OPS);
+    assert!(
+        ops == format!("H{}H{}", "a".repeat(3), "b".repeat(3))
+            || ops == format!("H{}H{}", "b".repeat(3), "a".repeat(3)),
+        "cards interleaved: {ops}"
+    );
+    for c in &cards {
+        fake.user_reaction(OPS, c.id, APPROVER, "✅");
+    }
+    wait_until("both approved messages delivered", SOON, || async {
+        (shape(TALK).len() == 6).then_some(())
+    })
+    .await;
+    let talk = shape(TALK);
+    assert!(
+        talk == "aaabbb" || talk == "bbbaaa",
+        "deliveries interleaved: {talk}"
+    );
+}
+
+/// An approval decided while its card is still being posted: the outcome waits
+/// for the card and then closes it, so no card is left asking for an answer
+/// that can no longer count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_while_the_card_is_posted_still_closes_it() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    fake.with(|r| r.post_delay = Duration::from_millis(1500));
+    let gated = GATED.replace(
+        "approvers = [\"discord:42000000000000042\"]",
+        "approvers = [\"discord:42000000000000042\", \"cli:op\"]",
+    );
+    let d = deployment(&fake, &gated, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"too late to ask"),
+            ],
+        )
+        .await
+        .unwrap();
+    let id = wait_until("the card claimed and being posted", SOON, || async {
+        let ids = approval::list_ids(&mut store.clone()).await.unwrap();
+        let id = ids.first()?.clone();
+        harness::hash(&mut store.clone(), &keys::approval(&id))
+            .await
+            .contains_key("notify_entry")
+            .then_some(id)
+    })
+    .await;
+    let out = d.cowboy(&["approvals", "reject", &id, "--as", "op", "--reason", "no"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        fake.with(|r| contents(r, OPS)).is_empty(),
+        "decided before the card was posted"
+    );
+    let card = card(&fake, 0).await;
+    let edited = closed(&fake, card.id).await;
+    assert!(edited.contains("Rejected"), "{edited}");
+    no_records_left(&store).await;
+}
