@@ -676,3 +676,77 @@ impl AsNotice for FailedNotice {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(n: usize) -> Job {
+        Job::Approved {
+            approval_id: format!("a{n}"),
+        }
+    }
+
+    /// Under paused time nothing is due until the clock reaches it, and jobs
+    /// come out in due order (equal times in the order they were deferred).
+    #[tokio::test(start_paused = true)]
+    async fn deferred_jobs_come_due_in_order_as_time_passes() {
+        let mut r = Retries::default();
+        let now = tokio::time::Instant::now();
+        r.defer("k2".into(), now + Duration::from_secs(2), job(2));
+        r.defer("k1".into(), now + Duration::from_secs(1), job(1));
+        r.defer("k1b".into(), now + Duration::from_secs(1), job(3));
+        assert!(r.scheduled.contains("k2") && r.is_deferred("k1"));
+        assert_eq!(r.next_due(), Some(now + Duration::from_secs(1)));
+        assert!(r.pop_due(tokio::time::Instant::now()).is_none());
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let due: Vec<String> = std::iter::from_fn(|| r.pop_due(tokio::time::Instant::now()))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(due, ["k1", "k1b"]);
+        assert!(!r.scheduled.contains("k1"), "popped is no longer scheduled");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(r.pop_due(tokio::time::Instant::now()).unwrap().0, "k2");
+        assert_eq!(r.next_due(), None);
+    }
+
+    /// The policy backs off exponentially to its cap and gives up after its
+    /// attempts or its time, whichever comes first.
+    #[test]
+    fn the_retry_policy_gives_up_on_attempts_or_time() {
+        let p = RetryPolicy {
+            max_attempts: 5,
+            max_retry: Duration::from_secs(60),
+        };
+        assert_eq!(p.next(1, Duration::ZERO), Some(Duration::from_millis(400)));
+        assert_eq!(p.next(2, Duration::ZERO), Some(Duration::from_millis(800)));
+        assert_eq!(p.next(5, Duration::ZERO), None, "attempts used up");
+        assert_eq!(p.next(1, Duration::from_secs(60)), None, "time used up");
+        let long = RetryPolicy {
+            max_attempts: 100,
+            max_retry: Duration::from_secs(3600),
+        };
+        assert_eq!(long.next(20, Duration::ZERO), Some(Duration::from_secs(30)));
+    }
+
+    /// A destination stays busy while it has a current delivery; releasing it
+    /// hands out the queued ones in order, then frees it.
+    #[test]
+    fn a_destination_hands_out_its_queue_in_order() {
+        let mut r = Retries::default();
+        r.waiting.insert("ops".into(), Default::default());
+        for n in 1..=2 {
+            r.scheduled.insert(format!("q{n}"));
+            r.waiting
+                .get_mut("ops")
+                .unwrap()
+                .push_back((format!("q{n}"), job(n)));
+        }
+        assert_eq!(r.release("ops").unwrap().0, "q1");
+        assert!(r.waiting.contains_key("ops"), "q1 is now current");
+        assert_eq!(r.release("ops").unwrap().0, "q2");
+        assert!(r.release("ops").is_none());
+        assert!(!r.waiting.contains_key("ops"), "free again");
+        assert!(r.scheduled.is_empty());
+    }
+}
