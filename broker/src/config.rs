@@ -16,7 +16,11 @@ use serde::Deserialize;
 use crate::error::ConfigError;
 
 /// Bridge types this workspace ships. An unknown `type` fails the load.
-pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email"];
+pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email", "effects"];
+
+/// Bridge types whose every entry waits for approval: `approval.required` is
+/// implied, and setting it false fails the load.
+pub const GATED_TYPES: &[&str] = &["effects"];
 
 /// Surfaces an approver identity may come from: the bridge types plus the operator CLI.
 pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli"];
@@ -181,6 +185,28 @@ pub struct BridgeCommon {
 impl BridgeConfig {
     /// Splits a `[bridges.NAME]` table into the common keys and the type's settings.
     fn from_table(name: &str, mut table: toml::Table) -> Result<BridgeConfig, ConfigError> {
+        let gated = table
+            .get("type")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| GATED_TYPES.contains(&t));
+        if gated {
+            let approval = table
+                .entry("approval")
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let Some(approval) = approval.as_table_mut() {
+                match approval.get("required") {
+                    Some(toml::Value::Boolean(false)) => {
+                        return Err(ConfigError::invalid(
+                            format!("bridges.{name}.approval.required"),
+                            "this bridge type always asks for approval: remove the key",
+                        ))
+                    }
+                    _ => {
+                        approval.insert("required".into(), toml::Value::Boolean(true));
+                    }
+                }
+            }
+        }
         let mut common = toml::Table::new();
         for key in crate::schema::field_names::<BridgeCommon>() {
             if let Some(v) = table.remove(*key) {

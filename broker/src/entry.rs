@@ -32,6 +32,11 @@ pub struct Message {
     /// On approval notifications: the exact content awaiting approval, for
     /// platforms that lay out their own card instead of `content`.
     pub approval_content: Option<String>,
+    /// What the bridge found out about the request, shown to approvers below
+    /// the content (a commit's author, subject and changes). The bridge's own
+    /// finding, never an agent field, and not part of [`Message::sha256`]: what
+    /// is bound is the content.
+    pub context: Option<String>,
 }
 
 impl Message {
@@ -96,7 +101,16 @@ impl Message {
             request_id: text(entry, "request_id")?,
             approval_id: None,
             approval_content: None,
+            context: None,
         })
+    }
+
+    /// What approvers are shown: the content, then the context when there is one.
+    pub fn for_approvers(&self) -> std::borrow::Cow<'_, str> {
+        match &self.context {
+            Some(context) => format!("{}\n\n{context}", self.content).into(),
+            None => self.content.as_str().into(),
+        }
     }
 
     /// sha256 of a canonical encoding of everything a sender uses: destination,
@@ -124,7 +138,8 @@ fn text(entry: &Entry, name: &str) -> Result<Option<String>, String> {
 /// What a notice tells the agent about one of its entries.
 #[derive(Debug, Clone, Default)]
 pub struct Notice<'a> {
-    /// `rejected`, `expired`, `invalid`, `failed` or `uncertain`.
+    /// `rejected`, `expired`, `invalid`, `failed` or `uncertain`; for a declared
+    /// action also `done` and `timed_out`.
     pub status: &'a str,
     pub stream: &'a str,
     pub entry_id: &'a str,
@@ -132,6 +147,9 @@ pub struct Notice<'a> {
     pub request_id: Option<&'a str>,
     pub reason: &'a str,
     pub approver: Option<&'a str>,
+    /// A declared action's exit code and the tail of its output.
+    pub exit_code: Option<&'a str>,
+    pub output: Option<&'a str>,
 }
 
 impl Notice<'_> {
@@ -148,6 +166,8 @@ impl Notice<'_> {
             ("approval_id", self.approval_id),
             ("request_id", self.request_id),
             ("approver", self.approver),
+            ("exit_code", self.exit_code),
+            ("output", self.output),
         ] {
             if let Some(v) = value.filter(|v| !v.is_empty()) {
                 f.push((name, v.as_bytes()));

@@ -20,7 +20,7 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(key: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             key: key.into(),
             message: message.into(),

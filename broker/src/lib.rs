@@ -47,7 +47,7 @@ pub mod systemd;
 pub use clock::Clock;
 pub use config::Config;
 pub use error::{Error, Result};
-pub use outbox::{OutboxService, Outgoing, SendError, Sender};
+pub use outbox::{OutboxService, Outgoing, Report, SendError, Sender, Sent};
 pub use shutdown::Shutdown;
 pub use store::Store;
 

@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use broker::outbox::{Outgoing, SendError, Sender};
+use broker::outbox::{Outgoing, SendError, Sender, Sent};
 use serde::{Deserialize, Serialize};
 
 /// One delivered message, as written to the output file.
@@ -64,7 +64,24 @@ impl Sender for ConsoleSender {
     /// One delivery is one line.
     const SPLITS: bool = false;
 
-    async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
+    async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
+        self.deliver(out).await.map(Sent::from)
+    }
+}
+
+fn already_written(path: &std::path::Path, id: &str) -> Result<bool, SendError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(text
+            .lines()
+            .any(|l| serde_json::from_str::<Delivered>(l).is_ok_and(|d| d.external_id == id))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(SendError::Transient(format!("{}: {e}", path.display()))),
+    }
+}
+
+impl ConsoleSender {
+    /// One delivery; returns its external id.
+    async fn deliver(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
         }
@@ -106,15 +123,5 @@ impl Sender for ConsoleSender {
             )));
         }
         Ok(id)
-    }
-}
-
-fn already_written(path: &std::path::Path, id: &str) -> Result<bool, SendError> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(text
-            .lines()
-            .any(|l| serde_json::from_str::<Delivered>(l).is_ok_and(|d| d.external_id == id))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(SendError::Transient(format!("{}: {e}", path.display()))),
     }
 }

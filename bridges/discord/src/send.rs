@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use broker::outbox::{Outcome, Outgoing, SendError, Sender};
+use broker::outbox::{Outcome, Outgoing, SendError, Sender, Sent};
 use serenity::builder::{CreateAllowedMentions, CreateMessage, EditMessage};
 use serenity::http::{Http, HttpError};
 use serenity::model::channel::{MessageReference, Nonce, ReactionType};
@@ -112,7 +112,31 @@ impl DiscordSender {
 }
 
 impl Sender for DiscordSender {
-    async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
+    async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
+        self.deliver(out).await.map(Sent::from)
+    }
+
+    async fn update(&self, outcome: Outcome<'_>) -> Result<(), SendError> {
+        let channel_id = channel(outcome.channel_id)?;
+        let id = message_id(outcome.external_id)?;
+        let text = render::closed_card(outcome.record, outcome.outcome);
+        channel_id
+            .edit_message(
+                &*self.http,
+                id,
+                EditMessage::new()
+                    .content(text)
+                    .allowed_mentions(allowed(&[])),
+            )
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}
+
+impl DiscordSender {
+    /// One delivery; returns its external id.
+    async fn deliver(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         let m = out.message;
         let channel_id = channel(&m.channel_id)?;
         match out.approval {
@@ -149,22 +173,5 @@ impl Sender for DiscordSender {
                 Ok(id.get().to_string())
             }
         }
-    }
-
-    async fn update(&self, outcome: Outcome<'_>) -> Result<(), SendError> {
-        let channel_id = channel(outcome.channel_id)?;
-        let id = message_id(outcome.external_id)?;
-        let text = render::closed_card(outcome.record, outcome.outcome);
-        channel_id
-            .edit_message(
-                &*self.http,
-                id,
-                EditMessage::new()
-                    .content(text)
-                    .allowed_mentions(allowed(&[])),
-            )
-            .await
-            .map_err(classify)?;
-        Ok(())
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use broker::approval::{self, Record};
 use broker::config::read_secret;
-use broker::outbox::{Outgoing, SendError, Sender};
+use broker::outbox::{Outgoing, SendError, Sender, Sent};
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls as SmtpTls, TlsParameters};
@@ -208,7 +208,14 @@ impl Sender for EmailSender {
     /// One delivery is one mail.
     const SPLITS: bool = false;
 
-    async fn send(&self, out: Outgoing<'_>) -> Result<String, SendError> {
+    async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
+        self.deliver(out).await.map(Sent::from)
+    }
+}
+
+impl EmailSender {
+    /// One delivery; returns its external id.
+    async fn deliver(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         let m = out.message;
         let domain = self.settings.domain();
         if out.retry && out.approval.is_none() {

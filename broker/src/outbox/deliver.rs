@@ -269,7 +269,7 @@ impl<S: Sender> OutboxService<S> {
     async fn complete(
         &mut self,
         mut f: Flight,
-        result: std::result::Result<String, SendError>,
+        result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
             Purpose::Plain => {}
@@ -285,7 +285,7 @@ impl<S: Sender> OutboxService<S> {
         let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
         match self.outcome_of(&f.key, result) {
-            Delivery::Sent(external_id) => {
+            Delivery::Sent(external_id, _) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
                 // Acked with the rest of the batch, then its mark cleared.
                 self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
@@ -356,13 +356,17 @@ impl<S: Sender> OutboxService<S> {
     pub(super) fn outcome_of(
         &mut self,
         key: &str,
-        result: std::result::Result<String, SendError>,
+        result: std::result::Result<Sent, SendError>,
     ) -> Delivery {
         let key = key.to_string();
         match result {
-            Ok(id) => {
+            Ok(sent) => {
                 self.retries.attempts.remove(&key);
-                Delivery::Sent(id)
+                Delivery::Sent(sent.external_id, sent.report)
+            }
+            Err(SendError::Ran(report)) => {
+                self.retries.attempts.remove(&key);
+                Delivery::Failed(FailedNotice::ran(report))
             }
             Err(SendError::Transient(why)) => {
                 let now = tokio::time::Instant::now();
@@ -628,7 +632,8 @@ pub(super) enum Purpose {
 }
 
 pub(super) enum Delivery {
-    Sent(String),
+    /// Delivered: its external id, and what the send reported.
+    Sent(String, Option<Report>),
     Failed(FailedNotice),
     /// Not delivered (transient): retry at this time; the entry stays pending.
     Deferred(tokio::time::Instant),
@@ -639,6 +644,8 @@ pub(super) struct FailedNotice {
     status: &'static str,
     pub(super) reason: String,
     approval_id: Option<String>,
+    exit_code: Option<String>,
+    output: Option<String>,
 }
 
 impl FailedNotice {
@@ -647,6 +654,19 @@ impl FailedNotice {
             status,
             reason: reason.into(),
             approval_id: None,
+            exit_code: None,
+            output: None,
+        }
+    }
+
+    /// A declared action's run, as it reported itself.
+    pub(super) fn ran(report: Report) -> Self {
+        FailedNotice {
+            status: report.status,
+            reason: report.reason,
+            approval_id: None,
+            exit_code: report.exit_code.map(|c| c.to_string()),
+            output: Some(report.output),
         }
     }
 
@@ -672,6 +692,8 @@ impl AsNotice for FailedNotice {
             status: self.status,
             reason: &self.reason,
             approval_id: self.approval_id.as_deref(),
+            exit_code: self.exit_code.as_deref(),
+            output: self.output.as_deref(),
             ..Notice::default()
         }
     }

@@ -73,6 +73,35 @@ pub struct Outgoing<'a> {
     pub approval: Option<&'a Record>,
 }
 
+/// What a run of a declared action reported (effects bridges): passed on to
+/// the agent in its notice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// `done`, `failed` or `timed_out`.
+    pub status: &'static str,
+    pub exit_code: Option<i32>,
+    /// The last few KiB of what it printed.
+    pub output: String,
+    /// One line for people: what happened.
+    pub reason: String,
+}
+
+/// A delivery made: the platform's id for it, and what it reported, if anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub external_id: String,
+    pub report: Option<Report>,
+}
+
+impl From<String> for Sent {
+    fn from(external_id: String) -> Sent {
+        Sent {
+            external_id,
+            report: None,
+        }
+    }
+}
+
 /// Why a send did not happen, classified for the retry policy.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SendError {
@@ -85,6 +114,10 @@ pub enum SendError {
     /// May or may not have been delivered; never retried blindly.
     #[error("uncertain: {0}")]
     Uncertain(String),
+    /// A declared action ran and did not succeed (`failed`, `timed_out`): dead
+    /// letter, and the report goes to the agent. Never retried.
+    #[error("{}", .0.reason)]
+    Ran(Report),
 }
 
 /// The outcome of an approval, for the notify bridge to show on its notification.
@@ -116,11 +149,25 @@ pub trait Sender: Send + Sync + 'static {
     /// True unless the sender says otherwise: overlapping is the risk.
     const SPLITS: bool = true;
 
+    /// Turns an agent's entry into what this bridge delivers, or the reason it
+    /// is refused (dead letter and notice). Messages by default; a bridge whose
+    /// entries are something else (a declared action) validates them here, and
+    /// may add `context` for approvers. Called again before an approved entry
+    /// is sent, and the result must bind to the same digest.
+    fn request(
+        &self,
+        entry: &Entry,
+        bridge: &BridgeConfig,
+    ) -> impl Future<Output = std::result::Result<Message, String>> + Send {
+        let parsed = Message::from_entry(entry, bridge);
+        async move { parsed }
+    }
+
     /// Delivers one message and returns its id on the platform (the external id).
     fn send(
         &self,
         out: Outgoing<'_>,
-    ) -> impl Future<Output = std::result::Result<String, SendError>> + Send;
+    ) -> impl Future<Output = std::result::Result<Sent, SendError>> + Send;
 
     /// Shows the outcome on the notification (e.g. edits the Discord card), so
     /// nobody answers a dead request. Cosmetic: failures are logged, not retried.
@@ -163,7 +210,7 @@ struct Parked {
 }
 
 /// A finished send: the flight and what the platform said.
-type FlightResult = (Flight, std::result::Result<String, SendError>);
+type FlightResult = (Flight, std::result::Result<Sent, SendError>);
 /// A send task as it ends (it may have panicked).
 type Joined = std::result::Result<FlightResult, tokio::task::JoinError>;
 

@@ -169,7 +169,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let mut pipe = redis::pipe();
         for (p, record) in &fresh {
-            let fields = notification_fields(record, &p.message.content);
+            let fields = notification_fields(record, &p.message.for_approvers());
             let mut cmd = redis::cmd("XADD");
             cmd.arg(keys::outbox(&record.notify)).arg("*");
             for (k, v) in &fields {
@@ -276,7 +276,8 @@ impl<S: Sender> OutboxService<S> {
         };
         // Written with the record, before the notification exists: the notify side
         // shows only the entry with exactly this digest.
-        record.notify_sha256 = notification_digest(&notification_fields(&record, &message.content));
+        record.notify_sha256 =
+            notification_digest(&notification_fields(&record, &message.for_approvers()));
         record
     }
 
@@ -291,7 +292,7 @@ impl<S: Sender> OutboxService<S> {
         resumed: bool,
     ) -> Result<std::result::Result<(), String>> {
         let stream = keys::outbox(&record.notify);
-        let fields = notification_fields(record, &message.content);
+        let fields = notification_fields(record, &message.for_approvers());
         let digest = notification_digest(&fields);
         if digest != record.notify_sha256 {
             // A record parked by an older version: bind the notification now, before it exists.
@@ -482,7 +483,7 @@ impl<S: Sender> OutboxService<S> {
         let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
             return Ok(()); // the vanished-entry check settles it
         };
-        match Message::from_entry(&entry, &self.bridge) {
+        match self.sender.request(&entry, &self.bridge).await {
             Ok(message) => {
                 if let Err(why) = self.notify(&record, &message, false).await? {
                     tracing::warn!(approval = %id, why, "the notification cannot be written again");

@@ -373,7 +373,7 @@ impl<S: Sender> OutboxService<S> {
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, deliveries).await;
         }
-        let message = Message::from_entry(&entry, &self.bridge).and_then(|m| {
+        let message = self.sender.request(&entry, &self.bridge).await.and_then(|m| {
             if self
                 .config
                 .approval_channels(&self.name)

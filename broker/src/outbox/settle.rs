@@ -99,17 +99,21 @@ impl<S: Sender> OutboxService<S> {
             self.notice(idx, entry_id, None, n).await?;
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
-        let checked = Message::from_entry(&entry, &self.bridge).and_then(|m| {
-            let sha = m.sha256();
-            if sha == record.message_sha256 {
-                Ok(m)
-            } else {
-                Err(format!(
-                    "message sha256 {sha} differs from the approved {}; not sent",
-                    record.message_sha256
-                ))
-            }
-        });
+        let checked = self
+            .sender
+            .request(&entry, &self.bridge)
+            .await
+            .and_then(|m| {
+                let sha = m.sha256();
+                if sha == record.message_sha256 {
+                    Ok(m)
+                } else {
+                    Err(format!(
+                        "message sha256 {sha} differs from the approved {}; not sent",
+                        record.message_sha256
+                    ))
+                }
+            });
         let message = match checked {
             Ok(m) => m,
             Err(reason) => {
@@ -158,14 +162,29 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         f: Flight,
         record: Record,
-        result: std::result::Result<String, SendError>,
+        result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
         self.retries.scheduled.remove(&f.key);
         let channel = f.message.channel_id.clone();
         let (idx, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
         match self.outcome_of(&f.key, result) {
-            Delivery::Sent(external_id) => {
+            Delivery::Sent(external_id, report) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
+                // A declared action tells the agent how its run went.
+                if let Some(r) = report {
+                    let exit_code = r.exit_code.map(|c| c.to_string());
+                    let n = Notice {
+                        status: r.status,
+                        reason: &r.reason,
+                        approval_id: Some(&id),
+                        approver: Some(record.approver()),
+                        request_id: record.request_id.as_deref(),
+                        exit_code: exit_code.as_deref(),
+                        output: Some(&r.output),
+                        ..Notice::default()
+                    };
+                    self.notice(idx, &entry_id, Some(&f.entry), n).await?;
+                }
                 self.finish(idx, &entry_id, &record, Some("approved"))
                     .await?;
             }

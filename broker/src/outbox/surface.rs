@@ -163,14 +163,14 @@ impl<S: Sender> OutboxService<S> {
         f: Flight,
         record: Record,
         deliveries: u64,
-        result: std::result::Result<String, SendError>,
+        result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
         self.retries.scheduled.remove(&f.key);
         let channel = f.message.channel_id.clone();
         let key = f.key.clone();
         let (idx, id) = (f.source, record.id.clone());
         match self.outcome_of(&f.key, result) {
-            Delivery::Sent(external_id) => {
+            Delivery::Sent(external_id, _) => {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 // Recorded with the others shown in the last ACK_DELAY, so a card
                 // is answerable (its map entry written) soon after it appears.

@@ -173,7 +173,7 @@ async fn a_retry_is_uncertain_and_never_sent_twice() {
         retry,
         approval: None,
     };
-    let id = sender.send(out(false)).await.unwrap();
+    let id = sender.send(out(false)).await.unwrap().external_id;
     // SMTP cannot deduplicate: a retry is reported uncertain, naming the Message-ID.
     match sender.send(out(true)).await {
         Err(SendError::Uncertain(why)) => assert!(why.contains(&id), "{why}"),

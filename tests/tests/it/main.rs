@@ -7,6 +7,7 @@ mod binaries;
 mod consent;
 mod deploy;
 mod discord;
+mod effects;
 mod email;
 mod invalid;
 mod ping;

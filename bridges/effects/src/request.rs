@@ -1,0 +1,263 @@
+//! An agent's request to run a declared action, validated against the config
+//! and the repository, and turned into what an approval binds.
+//!
+//! Invariants:
+//! - An entry carries `action`, `sha`, optionally `params` (a JSON object of
+//!   strings) and `request_id`, nothing else. The sha is a full object id (40
+//!   or 64 hex digits) naming a commit in the action's repository; every
+//!   declared param is given and matches its pattern; no other param is.
+//! - What is bound ([`Request::content`]) is a canonical JSON of the action,
+//!   repository, commit, the exact argv after substitution and the params: the
+//!   approver decides on that, and the run re-derives it and must get the same.
+//! - What approvers are also shown ([`context`]) is read from git: the commit's
+//!   author, date and subject, and what it changes against the action's
+//!   target, each list capped with a note saying how many lines are hidden.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use broker::entry::Message;
+use broker::store::Entry;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{anchored, Action, EffectsSettings};
+
+/// Fields an agent may write on an effects bridge.
+pub const FIELDS: &[&str] = &["action", "sha", "params", "request_id"];
+
+/// Lines of `git log` and of `git diff --stat` shown to approvers.
+const LOG_LINES: usize = 30;
+const STAT_LINES: usize = 60;
+
+/// What an approval of an effects entry binds, in this order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bound {
+    pub action: String,
+    pub repository: String,
+    pub commit: String,
+    pub argv: Vec<String>,
+    pub params: BTreeMap<String, String>,
+}
+
+impl Bound {
+    /// The canonical text an approval binds (and the run reads back).
+    pub fn content(&self) -> String {
+        serde_json::to_string_pretty(self).expect("strings serialize")
+    }
+
+    pub fn parse(content: &str) -> Result<Bound, String> {
+        serde_json::from_str(content).map_err(|e| format!("not an effects request: {e}"))
+    }
+}
+
+fn text<'a>(entry: &'a Entry, name: &str) -> Result<Option<&'a str>, String> {
+    match entry.get(name) {
+        None => Ok(None),
+        Some(bytes) => std::str::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| format!("field `{name}` is not valid UTF-8")),
+    }
+}
+
+/// Whether `sha` is a full object id.
+fn full_sha(sha: &str) -> bool {
+    (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Validates an entry into what an approval binds, reading the repository.
+pub async fn parse(settings: &EffectsSettings, entry: &Entry) -> Result<Message, String> {
+    let mut seen = std::collections::HashSet::new();
+    for (name, _) in &entry.fields {
+        if !FIELDS.contains(&name.as_str()) {
+            return Err(format!(
+                "unknown field `{}` (an effects entry carries {})",
+                name.escape_debug(),
+                FIELDS.join(", ")
+            ));
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("field `{name}` appears twice"));
+        }
+    }
+    let name = text(entry, "action")?.ok_or("missing field `action`")?;
+    let action = settings
+        .actions
+        .get(name)
+        .ok_or_else(|| format!("unknown action `{}`", name.escape_debug()))?;
+    let sha = text(entry, "sha")?.ok_or("missing field `sha`")?;
+    if !full_sha(sha) {
+        return Err(format!(
+            "`{}` is not a full commit id (40 or 64 hex digits)",
+            sha.escape_debug()
+        ));
+    }
+    let sha = sha.to_ascii_lowercase();
+    let params = params(action, text(entry, "params")?)?;
+    commit_exists(&action.repo, &sha).await?;
+    let bound = Bound {
+        action: name.to_string(),
+        repository: action.repo.display().to_string(),
+        commit: sha.clone(),
+        argv: action.argv(&sha, &params),
+        params,
+    };
+    Ok(Message {
+        channel_id: bound.action.clone(),
+        content: bound.content(),
+        request_id: text(entry, "request_id")?.map(str::to_string),
+        context: Some(context(action, &sha).await),
+        ..Message::default()
+    })
+}
+
+/// The params an entry gives, checked against the action's declaration.
+fn params(action: &Action, raw: Option<&str>) -> Result<BTreeMap<String, String>, String> {
+    let given: BTreeMap<String, serde_json::Value> = match raw {
+        None | Some("") => BTreeMap::new(),
+        Some(raw) => {
+            serde_json::from_str(raw).map_err(|e| format!("`params` is not a JSON object: {e}"))?
+        }
+    };
+    let mut out = BTreeMap::new();
+    for (name, value) in given {
+        let Some(pattern) = action.params.get(&name) else {
+            return Err(format!("param `{}` is not declared", name.escape_debug()));
+        };
+        let Some(value) = value.as_str() else {
+            return Err(format!("param `{name}` is not a string"));
+        };
+        let re = anchored(pattern).map_err(|e| e.to_string())?;
+        if !re.is_match(value) {
+            return Err(format!(
+                "param `{name}` = `{}` does not match its pattern",
+                value.escape_debug()
+            ));
+        }
+        out.insert(name, value.to_string());
+    }
+    if let Some(missing) = action.params.keys().find(|p| !out.contains_key(*p)) {
+        return Err(format!("param `{missing}` is missing"));
+    }
+    Ok(out)
+}
+
+/// Runs git in `repo` with a fixed, minimal environment; stdout on success.
+pub async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
+    let out = tokio::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run git: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+    }
+}
+
+/// Whether `sha` names a commit in `repo` (not a tree, a blob or a tag).
+pub async fn commit_exists(repo: &Path, sha: &str) -> Result<(), String> {
+    let kind = git(repo, &["cat-file", "-t", sha])
+        .await
+        .map_err(|_| format!("`{sha}` is not an object in {}", repo.display()))?;
+    if kind.trim() != "commit" {
+        return Err(format!("`{sha}` is a {}, not a commit", kind.trim()));
+    }
+    Ok(())
+}
+
+/// At most `max` lines of `text`, then a note of how many were left out.
+fn capped(text: &str, max: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = lines[..lines.len().min(max)].join("\n");
+    if lines.len() > max {
+        out.push_str(&format!("\n({} more lines hidden)", lines.len() - max));
+    }
+    out
+}
+
+/// What approvers see about the commit, read from git.
+async fn context(action: &Action, sha: &str) -> String {
+    let repo = &action.repo;
+    let head = git(
+        repo,
+        &[
+            "show",
+            "-s",
+            "--format=author:  %an <%ae>%ndate:    %aI%nsubject: %s",
+            sha,
+        ],
+    )
+    .await
+    .unwrap_or_else(|e| format!("(commit details unavailable: {e})"));
+    let mut out = head.trim_end().to_string();
+    match &action.target {
+        Some(target) => {
+            let range = format!("{target}..{sha}");
+            let diff = format!("{target}...{sha}");
+            let log = git(repo, &["log", "--oneline", "--no-decorate", &range]).await;
+            let stat = git(repo, &["diff", "--stat", &diff]).await;
+            out.push_str(&format!("\n\ncommits not in {target}:\n"));
+            out.push_str(&match log {
+                Ok(l) if l.trim().is_empty() => "(none)".to_string(),
+                Ok(l) => capped(&l, LOG_LINES),
+                Err(e) => format!("(unavailable: {e})"),
+            });
+            out.push_str(&format!("\n\nchanges against {target}:\n"));
+            out.push_str(&match stat {
+                Ok(s) if s.trim().is_empty() => "(none)".to_string(),
+                Ok(s) => capped(&s, STAT_LINES),
+                Err(e) => format!("(unavailable: {e})"),
+            });
+        }
+        None => {
+            let stat = git(repo, &["show", "--stat", "--format=", sha]).await;
+            out.push_str("\n\nchanges in this commit:\n");
+            out.push_str(&match stat {
+                Ok(s) => capped(&s, STAT_LINES),
+                Err(e) => format!("(unavailable: {e})"),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_full_object_ids_pass() {
+        assert!(full_sha(&"a".repeat(40)));
+        assert!(full_sha(&"0".repeat(64)));
+        assert!(!full_sha("abc1234"));
+        assert!(!full_sha(&"g".repeat(40)));
+    }
+
+    #[test]
+    fn lists_say_how_much_is_hidden() {
+        let text = (1..=5)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(capped(&text, 3), "1\n2\n3\n(2 more lines hidden)");
+        assert_eq!(capped(&text, 5), text);
+    }
+
+    #[test]
+    fn the_bound_text_reads_back() {
+        let b = Bound {
+            action: "push".into(),
+            repository: "/srv/site".into(),
+            commit: "a".repeat(40),
+            argv: vec!["git".into(), "push".into()],
+            params: BTreeMap::new(),
+        };
+        assert_eq!(Bound::parse(&b.content()).unwrap(), b);
+    }
+}

@@ -1,0 +1,333 @@
+//! The effects bridge with real git and real processes: a declared action runs
+//! at the approved commit, after approval and only then, once.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use broker::keys;
+use harness::{stream, wait_until, Deployment, Process};
+
+use crate::SOON;
+
+/// `deploy` (effects) asks through the console bridge `desk`; `cli:op` decides.
+fn config(extra_actions: &str) -> String {
+    format!(
+        r#"
+[agents.ann]
+
+[bridges.deploy]
+type = "effects"
+approval = {{ notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }}
+
+[bridges.deploy.actions.publish-site]
+repo = "{{dir}}/work"
+command = ["git", "-C", "{{dir}}/work", "push", "origin", "{{sha}}:refs/heads/main"]
+target = "origin/main"
+env = {{ PATH = "/usr/bin:/bin" }}
+timeout = 60
+{extra_actions}
+
+[bridges.desk]
+type = "console"
+output = "{{dir}}/desk.out"
+input = "{{dir}}/desk.in"
+destinations = ["ops"]
+"#
+    )
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args([
+            "-c",
+            "user.name=Ann Agent",
+            "-c",
+            "user.email=ann@example.org",
+        ])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A bare `origin` with one commit on `main`, and a working clone of it.
+/// Returns the working clone.
+fn repos(d: &Deployment) -> std::path::PathBuf {
+    let origin = d.path("origin.git");
+    let work = d.path("work");
+    git(
+        d.dir.path(),
+        &[
+            "init",
+            "-q",
+            "--bare",
+            "-b",
+            "main",
+            origin.to_str().unwrap(),
+        ],
+    );
+    git(
+        d.dir.path(),
+        &[
+            "clone",
+            "-q",
+            origin.to_str().unwrap(),
+            work.to_str().unwrap(),
+        ],
+    );
+    commit(&work, "README", "hello\n", "first");
+    git(&work, &["push", "-q", "origin", "HEAD:refs/heads/main"]);
+    git(&work, &["fetch", "-q", "origin"]);
+    work
+}
+
+/// Commits `text` to `file` in `repo` and returns the commit's sha.
+fn commit(repo: &Path, file: &str, text: &str, subject: &str) -> String {
+    std::fs::write(repo.join(file), text).unwrap();
+    git(repo, &["add", file]);
+    git(repo, &["commit", "-q", "-m", subject]);
+    git(repo, &["rev-parse", "HEAD"])
+}
+
+fn origin_main(d: &Deployment) -> String {
+    git(&d.path("origin.git"), &["rev-parse", "refs/heads/main"])
+}
+
+async fn ask(d: &Deployment, action: &str, sha: &str, params: Option<&str>) {
+    let mut store = d.store().await;
+    let mut fields: Vec<(&str, &[u8])> =
+        vec![("action", action.as_bytes()), ("sha", sha.as_bytes())];
+    if let Some(p) = params {
+        fields.push(("params", p.as_bytes()));
+    }
+    fields.push(("request_id", b"req-1"));
+    store
+        .xadd(&keys::agent_outbox("ann", "deploy"), &fields)
+        .await
+        .unwrap();
+}
+
+async fn notices(d: &Deployment) -> Vec<HashMap<String, String>> {
+    let mut store = d.store().await;
+    stream(&mut store, &keys::agent_inbox("ann", "deploy"))
+        .await
+        .into_iter()
+        .filter(|e| e.get("kind").map(String::as_str) == Some("notice"))
+        .collect()
+}
+
+async fn notice(d: &Deployment, n: usize) -> HashMap<String, String> {
+    wait_until("a notice to the agent", SOON, || async {
+        notices(d).await.get(n).cloned()
+    })
+    .await
+}
+
+/// The n-th approval request shown on desk: (approval id, its text).
+async fn request(d: &Deployment, n: usize) -> (String, String) {
+    let line = wait_until("an approval request on desk", SOON, || async {
+        d.delivered("desk.out").get(n).cloned()
+    })
+    .await;
+    (
+        line.approval_id.expect("carries its approval id"),
+        line.content,
+    )
+}
+
+fn decide(d: &Deployment, verdict: &str, id: &str) {
+    let out = d.cowboy(&["approvals", verdict, id, "--as", "op"]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+fn outbox(d: &Deployment) -> Process {
+    d.process("cowboy-effects-outbox", "deploy")
+}
+
+/// Approval of sha A pushes exactly A, even though the agent committed B on
+/// top after asking; nothing is pushed before; the approver saw the commit,
+/// the exact argv and what it changes; the agent hears `done` with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_push_publishes_exactly_the_approved_commit() {
+    let d = Deployment::new(&config(""));
+    let work = repos(&d);
+    let before = origin_main(&d);
+    let a = commit(&work, "index.html", "<h1>A</h1>\n", "Publish the A page");
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = outbox(&d);
+    ask(&d, "publish-site", &a, None).await;
+    let (id, shown) = request(&d, 0).await;
+    for expected in [
+        "Publish the A page",
+        "Ann Agent <ann@example.org>",
+        &format!("{a}:refs/heads/main"),
+        "index.html | 1 +",
+        "commits not in origin/main:",
+    ] {
+        assert!(shown.contains(expected), "{expected:?} not shown:\n{shown}");
+    }
+    let b = commit(
+        &work,
+        "index.html",
+        "<h1>B</h1>\n",
+        "B, written after asking",
+    );
+    assert_eq!(origin_main(&d), before, "nothing pushed before approval");
+    decide(&d, "approve", &id);
+    let n = notice(&d, 0).await;
+    assert_eq!(n["status"], "done", "{n:?}");
+    assert_eq!(n["exit_code"], "0");
+    assert_eq!(n["request_id"], "req-1");
+    assert_eq!(origin_main(&d), a, "exactly the approved commit");
+    assert_ne!(origin_main(&d), b);
+}
+
+/// Requests that name no declared action, no full sha, no commit, or params
+/// that are not declared or do not match: dead letter and notice, nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_requests_run_nothing() {
+    let d = Deployment::new(&config(
+        r#"
+[bridges.deploy.actions.tag]
+repo = "{dir}/work"
+command = ["git", "-C", "{dir}/work", "tag", "{name}", "{sha}"]
+params = { name = "v[0-9]+" }
+env = { PATH = "/usr/bin:/bin" }
+"#,
+    ));
+    let work = repos(&d);
+    let before = origin_main(&d);
+    let head = git(&work, &["rev-parse", "HEAD"]);
+    let tree = git(&work, &["rev-parse", "HEAD^{tree}"]);
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = outbox(&d);
+    let cases: Vec<(&str, String, Option<&str>, &str)> = vec![
+        ("nope", head.clone(), None, "unknown action"),
+        (
+            "publish-site",
+            head[..12].to_string(),
+            None,
+            "not a full commit id",
+        ),
+        ("publish-site", "0".repeat(40), None, "not an object"),
+        ("publish-site", tree, None, "not a commit"),
+        (
+            "tag",
+            head.clone(),
+            Some(r#"{"name":"v1","force":"yes"}"#),
+            "not declared",
+        ),
+        (
+            "tag",
+            head.clone(),
+            Some(r#"{"name":"v1; rm -rf /"}"#),
+            "does not match",
+        ),
+        ("tag", head.clone(), None, "missing"),
+    ];
+    for (i, (action, sha, params, why)) in cases.iter().enumerate() {
+        ask(&d, action, sha, *params).await;
+        let n = notice(&d, i).await;
+        assert_eq!(n["status"], "invalid", "{n:?}");
+        assert!(n["reason"].contains(why), "{why:?} in {n:?}");
+    }
+    let mut store = d.store().await;
+    assert_eq!(stream(&mut store, "deploy:dead").await.len(), cases.len());
+    assert!(d.delivered("desk.out").is_empty(), "nobody was asked");
+    assert_eq!(origin_main(&d), before);
+    assert!(git(&work, &["tag"]).is_empty(), "no tag made");
+}
+
+/// A command that fails reports `failed` with its exit code and output tail;
+/// one that hangs is killed at its timeout and reports `timed_out`; a rejected
+/// one never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_timeouts_and_rejections_are_reported() {
+    let d = Deployment::new(&config(
+        r#"
+[bridges.deploy.actions.broken]
+repo = "{dir}/work"
+command = ["/bin/sh", "-c", "echo ran >> {dir}/broken.runs; echo it broke >&2; exit 7"]
+
+[bridges.deploy.actions.hang]
+repo = "{dir}/work"
+command = ["/bin/sh", "-c", "echo ran >> {dir}/hang.runs; sleep 60"]
+timeout = 1
+"#,
+    ));
+    let work = repos(&d);
+    let head = git(&work, &["rev-parse", "HEAD"]);
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = outbox(&d);
+
+    ask(&d, "broken", &head, None).await;
+    decide(&d, "approve", &request(&d, 0).await.0);
+    let n = notice(&d, 0).await;
+    assert_eq!(n["status"], "failed", "{n:?}");
+    assert_eq!(n["exit_code"], "7");
+    assert!(n["output"].contains("it broke"), "{n:?}");
+
+    ask(&d, "hang", &head, None).await;
+    decide(&d, "approve", &request(&d, 1).await.0);
+    let n = notice(&d, 1).await;
+    assert_eq!(n["status"], "timed_out", "{n:?}");
+    assert!(!n.contains_key("exit_code"));
+
+    ask(&d, "broken", &head, None).await;
+    decide(&d, "reject", &request(&d, 2).await.0);
+    let n = notice(&d, 2).await;
+    assert_eq!(n["status"], "rejected", "{n:?}");
+    let runs = std::fs::read_to_string(d.path("broken.runs")).unwrap();
+    assert_eq!(runs.lines().count(), 1, "the rejected one never ran");
+}
+
+/// The outbox is killed while an approved action runs: after the restart the
+/// agent hears `uncertain`, and the action is not run a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_off_by_a_crash_is_uncertain_and_not_run_again() {
+    let d = Deployment::new(&config(
+        r#"
+[bridges.deploy.actions.slow]
+repo = "{dir}/work"
+command = ["/bin/sh", "-c", "echo ran >> {dir}/slow.runs; sleep 2"]
+"#,
+    ));
+    let work = repos(&d);
+    let head = git(&work, &["rev-parse", "HEAD"]);
+    let _desk = d.spawn("outbox", "desk");
+    let first = outbox(&d);
+    ask(&d, "slow", &head, None).await;
+    decide(&d, "approve", &request(&d, 0).await.0);
+    let runs = d.path("slow.runs");
+    wait_until("the action running", SOON, || async {
+        std::fs::read_to_string(&runs)
+            .ok()
+            .filter(|r| !r.is_empty())
+    })
+    .await;
+    first.kill();
+    let _second = outbox(&d);
+    let n = notice(&d, 0).await;
+    assert_eq!(n["status"], "uncertain", "{n:?}");
+    assert!(n["reason"].contains("not run again"), "{n:?}");
+    assert_eq!(
+        std::fs::read_to_string(&runs).unwrap().lines().count(),
+        1,
+        "run once"
+    );
+}
+
+/// `approval.required = false` on an effects bridge fails the load, naming the key.
+#[test]
+fn an_effects_bridge_cannot_turn_approval_off() {
+    let text = "[redis]\nurl = \"redis://127.0.0.1:1\"\n".to_string()
+        + &config("").replace("approval = {", "approval = { required = false,");
+    let e = broker::Config::parse(&text).unwrap_err().to_string();
+    assert!(e.contains("bridges.deploy.approval.required"), "{e}");
+}
