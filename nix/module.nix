@@ -6,7 +6,7 @@
 
 let
   inherit (lib) mkOption mkEnableOption mkIf mkDefault types mapAttrs mapAttrs' nameValuePair
-    filterAttrs attrNames concatMap mapAttrsToList optional optionalAttrs optionalString literalExpression;
+    filterAttrs attrNames concatMap mapAttrsToList optional optionals optionalAttrs optionalString literalExpression;
 
   cfg = config.services.cowboy;
   render = import ./render.nix;
@@ -14,7 +14,7 @@ let
   enabledBridges = filterAttrs (_: b: b.enable) cfg.bridges;
 
   approvalOptions = {
-    required = mkOption { type = types.bool; default = false; description = "Hold outbound messages until a human approves them."; };
+    required = mkOption { type = types.nullOr types.bool; default = null; description = "Hold outbound messages until a human approves them. Null: true on an effects bridge (which cannot turn it off), false otherwise."; };
     notify = mkOption { type = types.nullOr types.str; default = null; description = "Bridge whose outbox carries the approval notifications (default: this bridge)."; };
     notify_channel = mkOption { type = types.str; default = ""; description = "Destination within the notify bridge (channel id, address)."; };
     timeout = mkOption { type = types.ints.unsigned; default = 3600; description = "Seconds before a pending approval expires; 0 = never."; };
@@ -31,7 +31,22 @@ let
   bridgeModule = { name, ... }: {
     options = {
       enable = mkEnableOption "the cowboy bridge ${name}" // { default = true; };
-      type = mkOption { type = types.enum [ "console" "discord" "email" ]; description = "Platform of this bridge."; };
+      type = mkOption { type = types.enum [ "console" "discord" "email" "effects" ]; description = "Platform of this bridge (effects: declared actions run after approval)."; };
+      actions = mkOption {
+        type = types.attrsOf (types.submodule {
+          options = {
+            repo = mkOption { type = types.str; description = "The git repository whose commit an approval binds (agents must not be able to write its config)."; };
+            command = mkOption { type = types.listOf types.str; description = "argv, run without a shell; `{sha}` and `{PARAM}` are replaced by the approved values."; };
+            params = mkOption { type = types.attrsOf types.str; default = { }; description = "Named params the agent gives, each with the pattern its whole value must match."; };
+            timeout = mkOption { type = types.ints.positive; default = 300; description = "Seconds before the command is killed (its whole process group)."; };
+            env = mkOption { type = types.attrsOf types.str; default = { }; description = "The command's whole environment (nothing is inherited)."; };
+            target = mkOption { type = types.nullOr types.str; default = null; description = "What approvers see the commit against (`git log TARGET..SHA`), e.g. origin/main."; };
+            idempotent = mkOption { type = types.bool; default = false; description = "Run again after a crash cut a run off (otherwise it is reported uncertain)."; };
+          };
+        });
+        default = { };
+        description = "Effects bridges: what agents may ask for, by name.";
+      };
       approval = approvalOptions;
       destinations = mkOption { type = types.listOf types.str; default = [ ]; description = "Allowed channel_id values (`*` globs). Empty: nothing may be sent."; };
       max_content_bytes = mkOption { type = types.ints.positive; default = 65536; description = "Largest accepted content."; };
@@ -72,7 +87,8 @@ let
   };
 
   bridgeInput = name: b: {
-    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds claim_idle_seconds max_deliveries retention_seconds dead_letter_retention_seconds ping settings redisPasswordFiles;
+    inherit (b) type approval destinations max_content_bytes batch max_in_flight max_attempts max_retry_seconds claim_idle_seconds max_deliveries retention_seconds dead_letter_retention_seconds ping redisPasswordFiles;
+    settings = b.settings // optionalAttrs (b.type == "effects") { actions = mapAttrs (_: a: filterAttrs (_: v: v != null) a) b.actions; };
     secrets = b.secrets // optionalAttrs (b.tokenFile != null) { token_file = b.tokenFile; };
   };
 
@@ -141,6 +157,8 @@ let
       RestartSteps = 6;
       RestartMaxDelaySec = 120;
       RestartPreventExitStatus = 78;
+      # An effects bridge works in its actions' repositories.
+      ReadWritePaths = optionals (b.type == "effects") (mapAttrsToList (_: a: a.repo) b.actions);
       # The console bridge shares files between its units, so it runs as one static user.
       DynamicUser = b.type != "console";
       User = mkIf (b.type == "console") "cowboy";
@@ -197,9 +215,15 @@ in
     services.cowboy.bridges = mapAttrs (_: s: { approval = filterAttrs (_: v: v != null) s.approval; }) cfg.pubsub.sources;
 
     assertions = concatMap (name:
-      let b = cfg.bridges.${name}; notify = if b.approval.notify == null then name else b.approval.notify; in [
-        { assertion = !b.approval.required || b.approval.notify_channel != ""; message = "services.cowboy.bridges.${name}.approval.required needs approval.notify_channel."; }
-        { assertion = !b.approval.required || b.approval.approvers != [ ]; message = "services.cowboy.bridges.${name}.approval.required needs at least one approver (type:id)."; }
+      let
+        b = cfg.bridges.${name};
+        notify = if b.approval.notify == null then name else b.approval.notify;
+        required = if b.approval.required == null then b.type == "effects" else b.approval.required;
+      in [
+        { assertion = !(b.type == "effects" && b.approval.required == false); message = "services.cowboy.bridges.${name}.approval.required cannot be false on an effects bridge: every action waits for approval (leave it unset)."; }
+        { assertion = b.type != "effects" || b.actions != { }; message = "services.cowboy.bridges.${name}.actions: an effects bridge needs at least one declared action."; }
+        { assertion = !required || b.approval.notify_channel != ""; message = "services.cowboy.bridges.${name}.approval.required needs approval.notify_channel."; }
+        { assertion = !required || b.approval.approvers != [ ]; message = "services.cowboy.bridges.${name}.approval.required needs at least one approver (type:id)."; }
         { assertion = enabledBridges ? ${notify}; message = "services.cowboy.bridges.${name}.approval.notify = \"${notify}\" names no enabled bridge."; }
         { assertion = inlineSecrets b.settings == [ ]; message = "services.cowboy.bridges.${name}.settings holds a secret inline (${toString (inlineSecrets b.settings)}); use tokenFile or secrets, which stay out of the Nix store."; }
         { assertion = !cfg.redis.acl || builtins.all (s: b.redisPasswordFiles ? ${s}) services; message = "services.cowboy.bridges.${name}.redisPasswordFiles needs ingest, outbox and ping when redis.acl is on."; }

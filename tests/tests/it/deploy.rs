@@ -89,6 +89,7 @@ fn rendered_examples_load() {
         "approval-via-another-bridge",
         "per-agent",
         "discord-approved-by-email",
+        "effects",
     ] {
         let text = render(example);
         let config = Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
@@ -104,6 +105,10 @@ fn rendered_examples_load() {
                     .map_err(|e| e.to_string()),
                 "discord" => discord::settings(&config, name)
                     .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                "effects" => bridge
+                    .settings::<effects::config::EffectsSettings>(name)
+                    .and_then(|s| s.validate(name))
                     .map_err(|e| e.to_string()),
                 other => panic!("unknown type {other}"),
             };
