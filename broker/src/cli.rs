@@ -75,7 +75,25 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         r.state(crate::now_secs_f64()).as_str()
     );
     let entry = store.entry(&r.stream, &r.entry_id).await?;
+    let gated = config
+        .bridges
+        .get(&r.source)
+        .is_some_and(|b| crate::config::GATED_TYPES.contains(&b.kind.as_str()));
     match entry {
+        // A declared action: the request as the agent wrote it. What the
+        // approval binds (the exact argv at that commit) is in the notification.
+        Some(entry) if gated => {
+            let request: String = entry
+                .fields
+                .iter()
+                .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v)))
+                .collect();
+            let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
+            out.push_str(&approval::render_notification(&r, &request, &how, None));
+            out.push_str(
+                "\n\nThe bridge derives the command from its config and the repository again before it runs, and runs nothing if that differs from what was approved.\n",
+            );
+        }
         Some(entry) => {
             let text = |k: &str| entry.text(k).filter(|v| !v.is_empty()).map(str::to_string);
             let message = Message {

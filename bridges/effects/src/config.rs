@@ -147,14 +147,30 @@ fn placeholders(arg: &str) -> Vec<&str> {
 impl Action {
     /// The argv after substitution: `{sha}` and each `{PARAM}` replaced. Values
     /// are whole arguments' parts, never split or shell-interpreted.
+    /// One pass over each argument: a value is never read for placeholders.
     pub fn argv(&self, sha: &str, params: &BTreeMap<String, String>) -> Vec<String> {
         self.command
             .iter()
             .map(|arg| {
-                let mut out = arg.replace("{sha}", sha);
-                for (name, value) in params {
-                    out = out.replace(&format!("{{{name}}}"), value);
+                let mut out = String::new();
+                let mut rest = arg.as_str();
+                while let Some(open) = rest.find('{') {
+                    out.push_str(&rest[..open]);
+                    let after = &rest[open + 1..];
+                    let Some(close) = after.find('}') else {
+                        out.push_str(&rest[open..]);
+                        rest = "";
+                        break;
+                    };
+                    let name = &after[..close];
+                    match (name, params.get(name)) {
+                        ("sha", _) => out.push_str(sha),
+                        (_, Some(value)) => out.push_str(value),
+                        _ => out.push_str(&rest[open..open + close + 2]),
+                    }
+                    rest = &after[close + 1..];
                 }
+                out.push_str(rest);
                 out
             })
             .collect()
@@ -204,6 +220,16 @@ mod tests {
         let re = anchored("[a-z]+").unwrap();
         assert!(re.is_match("main"));
         assert!(!re.is_match("main; rm -rf /"));
+    }
+
+    #[test]
+    fn a_value_is_never_substituted_again() {
+        let a = action(&["echo", "{a}-{b}"], &[("a", ".*"), ("b", ".*")]);
+        let params = BTreeMap::from([
+            ("a".to_string(), "{b}".to_string()),
+            ("b".to_string(), "{sha}".to_string()),
+        ]);
+        assert_eq!(a.argv("abc", &params), ["echo", "{b}-{sha}"]);
     }
 
     #[test]

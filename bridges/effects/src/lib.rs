@@ -10,6 +10,7 @@
 //! # Layout
 //!
 //! - [`config`]: the declared actions.
+//! - [`guard`]: refuses a repository anyone else could make git misbehave in.
 //! - [`request`]: an agent's entry, checked against the config and git.
 //! - [`run`]: the [`broker::Sender`] that runs an approved action.
 //!
@@ -18,6 +19,7 @@
 //! git repository and each program exists.
 
 pub mod config;
+pub mod guard;
 pub mod request;
 pub mod run;
 
@@ -80,6 +82,7 @@ impl Bridge for Effects {
 /// Each repository is a git repository and each program can be found.
 async fn check(settings: &EffectsSettings) -> std::result::Result<(), String> {
     for (name, action) in &settings.actions {
+        guard::check(&action.repo).map_err(|e| format!("action `{name}`: {e}"))?;
         request::git(&action.repo, &["rev-parse", "--git-dir"])
             .await
             .map_err(|e| {

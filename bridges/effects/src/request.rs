@@ -9,9 +9,13 @@
 //! - What is bound ([`Request::content`]) is a canonical JSON of the action,
 //!   repository, commit, the exact argv after substitution and the params: the
 //!   approver decides on that, and the run re-derives it and must get the same.
-//! - What approvers are also shown ([`context`]) is read from git: the commit's
-//!   author, date and subject, and what it changes against the action's
-//!   target, each list capped with a note saying how many lines are hidden.
+//! - The sha is resolved as an object id of the repository's own hash length,
+//!   never as a ref name (which could be moved after the approval).
+//! - Param values are printable ASCII and never start with `-`.
+//! - What approvers are also shown ([`context`]) is read from git, labelled as
+//!   not bound: the commit's author, date and subject, the remotes, and against
+//!   the action's target what it adds and what it would drop, each list capped
+//!   with a note saying how many lines are hidden.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -93,6 +97,7 @@ pub async fn parse(settings: &EffectsSettings, entry: &Entry) -> Result<Message,
     }
     let sha = sha.to_ascii_lowercase();
     let params = params(action, text(entry, "params")?)?;
+    crate::guard::check(&action.repo)?;
     commit_exists(&action.repo, &sha).await?;
     let bound = Bound {
         action: name.to_string(),
@@ -126,6 +131,15 @@ fn params(action: &Action, raw: Option<&str>) -> Result<BTreeMap<String, String>
         let Some(value) = value.as_str() else {
             return Err(format!("param `{name}` is not a string"));
         };
+        // Printable ASCII, and not an option: a value is one argument's text.
+        if value.bytes().any(|b| !(0x20..0x7f).contains(&b)) {
+            return Err(format!(
+                "param `{name}` holds characters other than printable ASCII"
+            ));
+        }
+        if value.starts_with('-') {
+            return Err(format!("param `{name}` may not start with `-`"));
+        }
         let re = anchored(pattern).map_err(|e| e.to_string())?;
         if !re.is_match(value) {
             return Err(format!(
@@ -141,17 +155,42 @@ fn params(action: &Action, raw: Option<&str>) -> Result<BTreeMap<String, String>
     Ok(out)
 }
 
-/// Runs git in `repo` with a fixed, minimal environment; stdout on success.
+/// Longest one git call made to inspect a request may take.
+const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs git in `repo` to inspect it: stdout on success. Nothing configured
+/// outside the repository applies, replace refs are ignored (so what is shown
+/// is the object that would be pushed), no signature program, external diff or
+/// text conversion runs, and the call is killed after [`GIT_TIMEOUT`]. The
+/// repository's own config is trusted only because [`crate::guard`] checked
+/// that nobody but this service can write it.
 pub async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
-    let out = tokio::process::Command::new("git")
-        .arg("-C")
+    let mut cmd = tokio::process::Command::new("git");
+    cmd.arg("-C")
         .arg(repo)
+        .args([
+            "-c",
+            "log.showSignature=false",
+            "-c",
+            "core.fsmonitor=false",
+        ])
         .args(args)
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_NO_REPLACE_OBJECTS", "1")
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_OPTIONAL_LOCKS", "0")
         .stdin(std::process::Stdio::null())
-        .output()
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(GIT_TIMEOUT, cmd.output())
         .await
+        .map_err(|_| {
+            format!(
+                "git {} took more than {} s",
+                args.join(" "),
+                GIT_TIMEOUT.as_secs()
+            )
+        })?
         .map_err(|e| format!("cannot run git: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -160,13 +199,46 @@ pub async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
-/// Whether `sha` names a commit in `repo` (not a tree, a blob or a tag).
+/// Whether `sha` is, exactly, the id of a commit object in `repo`: resolved as
+/// an object id of the repository's own hash length (a 64-hex string in a
+/// SHA-1 repository would otherwise be looked up as a ref name, which can move).
 pub async fn commit_exists(repo: &Path, sha: &str) -> Result<(), String> {
+    let format = git(repo, &["rev-parse", "--show-object-format"])
+        .await
+        .map_err(|e| format!("{} is not a git repository: {e}", repo.display()))?;
+    let len = match format.trim() {
+        "sha1" => 40,
+        "sha256" => 64,
+        other => return Err(format!("unknown object format `{other}`")),
+    };
+    if sha.len() != len {
+        return Err(format!(
+            "`{sha}` is not a {} commit id ({len} hex digits)",
+            format.trim()
+        ));
+    }
     let kind = git(repo, &["cat-file", "-t", sha])
         .await
         .map_err(|_| format!("`{sha}` is not an object in {}", repo.display()))?;
     if kind.trim() != "commit" {
         return Err(format!("`{sha}` is a {}, not a commit", kind.trim()));
+    }
+    // Resolved as an object id, never as a ref of that name.
+    let spec = format!("{sha}^{{commit}}");
+    let resolved = git(
+        repo,
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            "--end-of-options",
+            &spec,
+        ],
+    )
+    .await
+    .unwrap_or_default();
+    if resolved.trim() != sha {
+        return Err(format!("`{sha}` does not resolve to itself as a commit"));
     }
     Ok(())
 }
@@ -181,47 +253,98 @@ fn capped(text: &str, max: usize) -> String {
     out
 }
 
-/// What approvers see about the commit, read from git.
+/// One labelled section of git output for approvers.
+async fn section(out: &mut String, title: &str, repo: &Path, args: &[&str], max: usize) {
+    out.push_str(&format!("\n\n{title}:\n"));
+    out.push_str(&match git(repo, args).await {
+        Ok(text) if text.trim().is_empty() => "(none)".to_string(),
+        Ok(text) => capped(text.trim_end(), max),
+        Err(e) => format!("(unavailable: {e})"),
+    });
+}
+
+/// What approvers see about the commit, read from git (not bound: it is the
+/// bridge's reading, labelled as such).
 async fn context(action: &Action, sha: &str) -> String {
     let repo = &action.repo;
-    let head = git(
-        repo,
-        &[
-            "show",
-            "-s",
-            "--format=author:  %an <%ae>%ndate:    %aI%nsubject: %s",
-            sha,
-        ],
-    )
-    .await
-    .unwrap_or_else(|e| format!("(commit details unavailable: {e})"));
-    let mut out = head.trim_end().to_string();
+    let mut out =
+        String::from("Read from git by the bridge (shown, not part of what is approved):\n");
+    out.push_str(
+        git(
+            repo,
+            &[
+                "show",
+                "-s",
+                "--no-show-signature",
+                "--format=author:  %an <%ae>%ndate:    %aI%nsubject: %s",
+                sha,
+            ],
+        )
+        .await
+        .unwrap_or_else(|e| format!("(commit details unavailable: {e})"))
+        .trim_end(),
+    );
+    section(&mut out, "remotes", repo, &["remote", "-v"], 10).await;
     match &action.target {
         Some(target) => {
-            let range = format!("{target}..{sha}");
-            let diff = format!("{target}...{sha}");
-            let log = git(repo, &["log", "--oneline", "--no-decorate", &range]).await;
-            let stat = git(repo, &["diff", "--stat", &diff]).await;
-            out.push_str(&format!("\n\ncommits not in {target}:\n"));
-            out.push_str(&match log {
-                Ok(l) if l.trim().is_empty() => "(none)".to_string(),
-                Ok(l) => capped(&l, LOG_LINES),
-                Err(e) => format!("(unavailable: {e})"),
-            });
-            out.push_str(&format!("\n\nchanges against {target}:\n"));
-            out.push_str(&match stat {
-                Ok(s) if s.trim().is_empty() => "(none)".to_string(),
-                Ok(s) => capped(&s, STAT_LINES),
-                Err(e) => format!("(unavailable: {e})"),
-            });
+            let resolved = git(
+                repo,
+                &[
+                    "rev-parse",
+                    "--verify",
+                    "--quiet",
+                    "--end-of-options",
+                    target,
+                ],
+            )
+            .await
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|_| "(does not resolve)".into());
+            out.push_str(&format!("\n\n{target} is {resolved}"));
+            let ahead = format!("{target}..{sha}");
+            let behind = format!("{sha}..{target}");
+            let two_dot = format!("{target}..{sha}");
+            section(
+                &mut out,
+                &format!("commits this adds to {target}"),
+                repo,
+                &[
+                    "log",
+                    "--oneline",
+                    "--no-decorate",
+                    "--no-show-signature",
+                    &ahead,
+                ],
+                LOG_LINES,
+            )
+            .await;
+            section(&mut out, &format!("commits in {target} that this does not contain (put in its place, they would be dropped)"), repo, &["log", "--oneline", "--no-decorate", "--no-show-signature", &behind], LOG_LINES).await;
+            section(
+                &mut out,
+                &format!("files it changes against {target}"),
+                repo,
+                &["diff", "--stat", "--no-ext-diff", "--no-textconv", &two_dot],
+                STAT_LINES,
+            )
+            .await;
         }
         None => {
-            let stat = git(repo, &["show", "--stat", "--format=", sha]).await;
-            out.push_str("\n\nchanges in this commit:\n");
-            out.push_str(&match stat {
-                Ok(s) => capped(&s, STAT_LINES),
-                Err(e) => format!("(unavailable: {e})"),
-            });
+            section(
+                &mut out,
+                "files this commit changes",
+                repo,
+                &[
+                    "show",
+                    "--stat",
+                    "--format=",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    "--no-show-signature",
+                    sha,
+                ],
+                STAT_LINES,
+            )
+            .await;
         }
     }
     out

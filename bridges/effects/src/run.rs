@@ -54,6 +54,7 @@ impl Sender for Runner {
                 "the action's command or repository changed since it was approved; not run".into(),
             ));
         }
+        crate::guard::check(&action.repo).map_err(SendError::Permanent)?;
         request::commit_exists(&action.repo, &bound.commit)
             .await
             .map_err(SendError::Permanent)?;
@@ -133,23 +134,39 @@ pub async fn run(
         })
     })
     .collect();
-    let waited = tokio::time::timeout(timeout, child.wait()).await;
-    let status = match waited {
-        Ok(status) => Some(status.map_err(|e| format!("waiting for `{program}`: {e}"))?),
-        Err(_) => {
-            // The whole group: a command's own children go with it.
-            if let Some(pid) = child.id() {
-                // SAFETY: kill(2) with a negative pid signals that process group only.
-                unsafe {
-                    libc::kill(-(pid as i32), libc::SIGKILL);
-                }
+    let group = child.id();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let waited = tokio::time::timeout_at(deadline, child.wait()).await;
+    // The whole group, after every run: what the command left behind in it
+    // (its own children) goes with it, timed out or not.
+    let kill_group = || {
+        if let Some(pid) = group {
+            // SAFETY: kill(2) with a negative pid signals that process group
+            // only; a group already gone answers ESRCH, which is ignored.
+            unsafe {
+                libc::kill(-(pid as i32), libc::SIGKILL);
             }
+        }
+    };
+    let status = match waited {
+        Ok(status) => {
+            kill_group();
+            Some(status.map_err(|e| format!("waiting for `{program}`: {e}"))?)
+        }
+        Err(_) => {
+            kill_group();
             let _ = child.wait().await;
             None
         }
     };
+    // The output read so far, waiting briefly for what is still in the pipes;
+    // a pipe held open by a process that left the group is not waited for.
+    let drained = tokio::time::Instant::now() + Duration::from_secs(2);
     for r in readers {
-        let _ = r.await;
+        let abort = r.abort_handle();
+        if tokio::time::timeout_at(drained, r).await.is_err() {
+            abort.abort();
+        }
     }
     let output = String::from_utf8_lossy(&tail.lock().unwrap()).into_owned();
     Ok(match status {
@@ -232,6 +249,27 @@ mod tests {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the background child did not hold the pipes open"
+        );
+    }
+
+    /// A command that leaves a child behind in its group ends when it exits:
+    /// the child is killed and its open pipe does not hold the report up.
+    #[tokio::test]
+    async fn what_a_run_leaves_behind_goes_with_it() {
+        let started = std::time::Instant::now();
+        let r = run(
+            &sh("sleep 30 & echo started"),
+            &std::env::temp_dir(),
+            &BTreeMap::new(),
+            Duration::from_secs(20),
+        )
+        .await
+        .unwrap();
+        assert_eq!((r.status, r.output.as_str()), ("done", "started\n"));
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "waited for the child: {:?}",
+            started.elapsed()
         );
     }
 

