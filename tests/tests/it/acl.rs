@@ -19,6 +19,8 @@ struct Secrets {
     dir: tempfile::TempDir,
     /// The `desk` bridge's own lines (type and settings); console by default.
     desk: String,
+    /// The `mail` bridge's own lines (type and settings); console by default.
+    mail: String,
     /// Who may approve `mail`'s messages.
     approvers: String,
     /// More config (e.g. `[operators]` tables).
@@ -51,6 +53,8 @@ impl Secrets {
         Secrets {
             dir,
             desk: desk.to_string(),
+            mail: "type = \"console\"\noutput = \"{dir}/mail.out\"\ninput = \"{dir}/mail.in\""
+                .into(),
             approvers: format!("\"{approver}\""),
             extra: String::new(),
         }
@@ -85,9 +89,7 @@ password_file = "{ann}"
 password_file = "{bob}"
 
 [bridges.mail]
-type = "console"
-output = "{{dir}}/mail.out"
-input = "{{dir}}/mail.in"
+{mail_settings}
 destinations = ["*"]
 approval = {{ required = true, notify = "desk", notify_channel = "{channel}", timeout = 0, approvers = [{approvers}] }}
 {mail}
@@ -105,6 +107,7 @@ destinations = ["*"]
             mail = services("mail"),
             desk = services("desk"),
             desk_settings = self.desk,
+            mail_settings = self.mail,
             approvers = self.approvers,
             channel = if self.desk.contains("discord") {
                 "222222222222222222"
@@ -660,6 +663,88 @@ async fn cli_identity_is_proven_by_the_redis_user() {
     })
     .await;
     assert_eq!(sent.content, "decide me");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// An effects bridge's three services (the real binaries) work under exactly
+/// the rules `cowboy acl` renders: the agent asks for a push with its own user,
+/// a reaction approves it, the push happens, and the agent reads `done`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effects_services_run_under_their_acl_users() {
+    let mut secrets = Secrets::new();
+    secrets.mail = r#"type = "effects"
+actions = { publish-site = { repo = "{dir}/work", command = ["git", "-C", "{dir}/work", "push", "origin", "{sha}:refs/heads/main"], env = { PATH = "/usr/bin:/bin" } } }"#
+        .into();
+    let (d, _) = secrets.deployment();
+    let work = crate::effects::repos(&d);
+    let sha = crate::effects::commit(&work, "page", "new\n", "A new page");
+    let _outbox = d.process("cowboy-effects-outbox", "mail");
+    let _ingest = d.process("cowboy-effects-ingest", "mail");
+    let _ping = d.process("cowboy-effects-ping", "mail");
+    let services = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "action",
+            "publish-site",
+            "sha",
+            &sha,
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    let note = wait_until("the approval request", SOON, || async {
+        d.delivered("desk.out").first().cloned()
+    })
+    .await;
+    d.write_input(
+        "desk.in",
+        json!({"kind": "reaction", "message_id": note.external_id, "emoji": "✅", "user": "boss"}),
+    );
+    let notice: redis::Value = wait_until("a done notice readable by ann", SOON, || {
+        let mut ann = ann.clone();
+        async move {
+            let v: redis::Value = redis::cmd("XREADGROUP")
+                .arg(&[
+                    "GROUP",
+                    "ann",
+                    "ann-1",
+                    "COUNT",
+                    "10",
+                    "STREAMS",
+                    "ann:mail:inbox",
+                    ">",
+                ])
+                .query_async(&mut ann)
+                .await
+                .unwrap();
+            (v != redis::Value::Nil).then_some(v)
+        }
+    })
+    .await;
+    assert!(format!("{notice:?}").contains("done"), "{notice:?}");
+    assert_eq!(crate::effects::origin_main(&d), sha);
+    let mut admin = d.store().await;
+    wait_until("every effects service beating", SOON, || async {
+        let beats = harness::hash(&mut admin.clone(), &keys::heartbeat("mail")).await;
+        ["outbox", "ingest", "ping"]
+            .iter()
+            .all(|s| beats.contains_key(*s))
+            .then_some(())
+    })
+    .await;
+    let beats = harness::hash(&mut admin, &keys::heartbeat("mail")).await;
+    assert_eq!(
+        beats.get("platform").map(String::as_str),
+        Some("ok"),
+        "{beats:?}"
+    );
     for s in services {
         s.stop().await.unwrap();
     }

@@ -37,7 +37,7 @@ destinations = ["ops"]
     )
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
+pub(crate) fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
@@ -58,7 +58,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
 
 /// A bare `origin` with one commit on `main`, and a working clone of it.
 /// Returns the working clone.
-fn repos(d: &Deployment) -> std::path::PathBuf {
+pub(crate) fn repos(d: &Deployment) -> std::path::PathBuf {
     let origin = d.path("origin.git");
     let work = d.path("work");
     git(
@@ -88,14 +88,14 @@ fn repos(d: &Deployment) -> std::path::PathBuf {
 }
 
 /// Commits `text` to `file` in `repo` and returns the commit's sha.
-fn commit(repo: &Path, file: &str, text: &str, subject: &str) -> String {
+pub(crate) fn commit(repo: &Path, file: &str, text: &str, subject: &str) -> String {
     std::fs::write(repo.join(file), text).unwrap();
     git(repo, &["add", file]);
     git(repo, &["commit", "-q", "-m", subject]);
     git(repo, &["rev-parse", "HEAD"])
 }
 
-fn origin_main(d: &Deployment) -> String {
+pub(crate) fn origin_main(d: &Deployment) -> String {
     git(&d.path("origin.git"), &["rev-parse", "refs/heads/main"])
 }
 
