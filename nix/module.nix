@@ -14,7 +14,7 @@ let
   enabledBridges = filterAttrs (_: b: b.enable) cfg.bridges;
 
   approvalOptions = {
-    required = mkOption { type = types.nullOr types.bool; default = null; description = "Hold outbound messages until a human approves them. Null: true on an effects bridge (which cannot turn it off), false otherwise."; };
+    required = mkOption { type = types.nullOr types.bool; default = null; description = "Hold outbound messages until a human approves them. Null: true on an effects or rebuild bridge (which cannot turn it off), false otherwise."; };
     notify = mkOption { type = types.nullOr types.str; default = null; description = "Bridge whose outbox carries the approval notifications (default: this bridge)."; };
     notify_channel = mkOption { type = types.str; default = ""; description = "Destination within the notify bridge (channel id, address)."; };
     timeout = mkOption { type = types.ints.unsigned; default = 3600; description = "Seconds before a pending approval expires; 0 = never."; };
@@ -31,7 +31,7 @@ let
   bridgeModule = { name, ... }: {
     options = {
       enable = mkEnableOption "the cowboy bridge ${name}" // { default = true; };
-      type = mkOption { type = types.enum [ "console" "discord" "email" "effects" ]; description = "Platform of this bridge (effects: declared actions run after approval)."; };
+      type = mkOption { type = types.enum [ "console" "discord" "email" "effects" "rebuild" ]; description = "Platform of this bridge (effects: declared actions run after approval; rebuild: a system rebuild at an approved commit, its keys in settings)."; };
       actions = mkOption {
         type = types.attrsOf (types.submodule {
           options = {
@@ -147,7 +147,8 @@ let
       COWBOY_REDIS_USERNAME = "cowboy-${name}-${svc}";
       COWBOY_REDIS_PASSWORD_FILE = "%d/redis-password";
     };
-    serviceConfig = mapAttrs (_: mkDefault) hardening // {
+    # The rebuild outbox runs nixos-rebuild: root, without the sandbox.
+    serviceConfig = mapAttrs (_: mkDefault) (if b.type == "rebuild" && svc == "outbox" then { PrivateTmp = true; } else hardening) // {
       Type = "notify";
       NotifyAccess = "main";
       ExecStart = "${cfg.package}/bin/cowboy-${b.type}-${svc} --config ${serviceConfigFile} --bridge ${name}${optionalString (worker != null) " --worker ${worker}"}";
@@ -160,8 +161,8 @@ let
       # An effects bridge works in its actions' repositories.
       ReadWritePaths = optionals (b.type == "effects") (mapAttrsToList (_: a: a.repo) b.actions);
       # The console bridge shares files between its units, so it runs as one static user.
-      DynamicUser = b.type != "console";
-      User = mkIf (b.type == "console") "cowboy";
+      DynamicUser = b.type != "console" && !(b.type == "rebuild" && svc == "outbox");
+      User = mkIf (b.type == "console" || (b.type == "rebuild" && svc == "outbox")) (if b.type == "console" then "cowboy" else "root");
       StateDirectory = "cowboy";
       StateDirectoryMode = "0750";
       LoadCredential =
@@ -218,9 +219,10 @@ in
       let
         b = cfg.bridges.${name};
         notify = if b.approval.notify == null then name else b.approval.notify;
-        required = if b.approval.required == null then b.type == "effects" else b.approval.required;
+        gated = b.type == "effects" || b.type == "rebuild";
+        required = if b.approval.required == null then gated else b.approval.required;
       in [
-        { assertion = !(b.type == "effects" && b.approval.required == false); message = "services.cowboy.bridges.${name}.approval.required cannot be false on an effects bridge: every action waits for approval (leave it unset)."; }
+        { assertion = !(gated && b.approval.required == false); message = "services.cowboy.bridges.${name}.approval.required cannot be false on an ${b.type} bridge: every request waits for approval (leave it unset)."; }
         { assertion = b.type != "effects" || b.actions != { }; message = "services.cowboy.bridges.${name}.actions: an effects bridge needs at least one declared action."; }
         { assertion = !required || b.approval.notify_channel != ""; message = "services.cowboy.bridges.${name}.approval.required needs approval.notify_channel."; }
         { assertion = !required || b.approval.approvers != [ ]; message = "services.cowboy.bridges.${name}.approval.required needs at least one approver (type:id)."; }

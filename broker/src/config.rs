@@ -16,11 +16,11 @@ use serde::Deserialize;
 use crate::error::ConfigError;
 
 /// Bridge types this workspace ships. An unknown `type` fails the load.
-pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email", "effects"];
+pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email", "effects", "rebuild"];
 
 /// Bridge types whose every entry waits for approval: `approval.required` is
 /// implied, and setting it false fails the load.
-pub const GATED_TYPES: &[&str] = &["effects"];
+pub const GATED_TYPES: &[&str] = &["effects", "rebuild"];
 
 /// Surfaces an approver identity may come from: the bridge types plus the operator CLI.
 pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli"];

@@ -13,6 +13,8 @@
 //! - [`guard`]: refuses a repository anyone else could make git misbehave in.
 //! - [`request`]: an agent's entry, checked against the config and git.
 //! - [`run`]: the [`broker::Sender`] that runs an approved action.
+//! - [`rebuild`]: the `rebuild` bridge: a system rebuild at an approved commit,
+//!   built from a checkout the bridge owns.
 //!
 //! The ingest has no platform to read: it keeps its heartbeat, so `cowboy
 //! status` shows the bridge whole. The ping checks that each repository is a
@@ -20,6 +22,7 @@
 
 pub mod config;
 pub mod guard;
+pub mod rebuild;
 pub mod request;
 pub mod run;
 
@@ -53,21 +56,8 @@ impl Bridge for Effects {
         })
     }
 
-    async fn ingest(self, mut ingest: Ingest, shutdown: Shutdown) -> Result<()> {
-        broker::systemd::ready();
-        let mut watchdog = broker::systemd::Watchdog::from_env();
-        loop {
-            watchdog.tick();
-            ingest.heartbeat().await?;
-            let every = watchdog
-                .interval()
-                .map_or(broker::outbox::HEARTBEAT_EVERY, |w| {
-                    w.min(broker::outbox::HEARTBEAT_EVERY)
-                });
-            if !shutdown.sleep(every).await {
-                return Ok(());
-            }
-        }
+    async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+        heartbeat_only(ingest, shutdown).await
     }
 
     fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
@@ -79,22 +69,51 @@ impl Bridge for Effects {
     }
 }
 
+/// An ingest with no platform to read: it only keeps its heartbeat, so the
+/// bridge shows whole in `cowboy status`.
+pub(crate) async fn heartbeat_only(mut ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+    broker::systemd::ready();
+    let mut watchdog = broker::systemd::Watchdog::from_env();
+    loop {
+        watchdog.tick();
+        ingest.heartbeat().await?;
+        let every = watchdog
+            .interval()
+            .map_or(broker::outbox::HEARTBEAT_EVERY, |w| {
+                w.min(broker::outbox::HEARTBEAT_EVERY)
+            });
+        if !shutdown.sleep(every).await {
+            return Ok(());
+        }
+    }
+}
+
 /// Each repository is a git repository and each program can be found.
 async fn check(settings: &EffectsSettings) -> std::result::Result<(), String> {
     for (name, action) in &settings.actions {
-        guard::check(&action.repo).map_err(|e| format!("action `{name}`: {e}"))?;
-        request::git(&action.repo, &["rev-parse", "--git-dir"])
-            .await
-            .map_err(|e| {
-                format!(
-                    "action `{name}`: {} is not a git repository: {e}",
-                    action.repo.display()
-                )
-            })?;
-        let program = &action.command[0];
-        if !program_exists(program, action.env.get("PATH").map(String::as_str)) {
-            return Err(format!("action `{name}`: program `{program}` not found"));
-        }
+        check_action(name, action).await?;
+    }
+    Ok(())
+}
+
+/// One action's repository passes the guard and is a git repository, and its
+/// program can be found.
+pub(crate) async fn check_action(
+    name: &str,
+    action: &config::Action,
+) -> std::result::Result<(), String> {
+    guard::check(&action.repo).map_err(|e| format!("`{name}`: {e}"))?;
+    request::git(&action.repo, &["rev-parse", "--git-dir"])
+        .await
+        .map_err(|e| {
+            format!(
+                "`{name}`: {} is not a git repository: {e}",
+                action.repo.display()
+            )
+        })?;
+    let program = &action.command[0];
+    if !program_exists(program, action.env.get("PATH").map(String::as_str)) {
+        return Err(format!("`{name}`: program `{program}` not found"));
     }
     Ok(())
 }

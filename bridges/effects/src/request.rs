@@ -265,7 +265,7 @@ async fn section(out: &mut String, title: &str, repo: &Path, args: &[&str], max:
 
 /// What approvers see about the commit, read from git (not bound: it is the
 /// bridge's reading, labelled as such).
-async fn context(action: &Action, sha: &str) -> String {
+pub(crate) async fn context(action: &Action, sha: &str) -> String {
     let repo = &action.repo;
     let mut out =
         String::from("Read from git by the bridge (shown, not part of what is approved):\n");

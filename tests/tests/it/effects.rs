@@ -381,3 +381,110 @@ async fn approvers_see_the_real_commit_through_replace_refs() {
     assert!(shown.contains("deploy.sh"), "{shown}");
     assert!(!shown.contains("A harmless change"), "{shown}");
 }
+
+/// A rebuild runs once, from a checkout of exactly the approved commit: the
+/// stand-in for `nixos-rebuild` records its argv, its working directory and
+/// that directory's `HEAD`. An uncommitted edit in the repository is not in
+/// what it builds and is still there afterwards; asking again for the same
+/// commit is answered without building.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_builds_the_approved_commit_from_its_own_checkout() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.host]
+type = "rebuild"
+flake = "{dir}/flake"
+checkout = "{dir}/checkout"
+command = ["/bin/sh", "{dir}/rebuild.sh", "switch", "--flake", "{checkout}#myhost"]
+env = { PATH = "/usr/bin:/bin" }
+approval = { notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
+
+[bridges.desk]
+type = "console"
+output = "{dir}/desk.out"
+input = "{dir}/desk.in"
+destinations = ["ops"]
+"#,
+    );
+    let dir = d.dir.path().display().to_string();
+    std::fs::write(
+        d.path("rebuild.sh"),
+        format!(
+            "echo \"$@\" > {dir}/argv\npwd > {dir}/cwd\ngit rev-parse HEAD > {dir}/head\ncat edit.txt > {dir}/seen 2>/dev/null || echo absent > {dir}/seen\necho ran >> {dir}/runs\n"
+        ),
+    )
+    .unwrap();
+    let flake = d.path("flake");
+    git(
+        d.dir.path(),
+        &["init", "-q", "-b", "main", flake.to_str().unwrap()],
+    );
+    let approved = commit(&flake, "flake.nix", "{ }\n", "The approved system");
+    // Uncommitted, and a later commit: neither may be built.
+    std::fs::write(flake.join("edit.txt"), "local edit\n").unwrap();
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = d.process("cowboy-rebuild-outbox", "host");
+    let mut store = d.store().await;
+    for _ in 0..2 {
+        store
+            .xadd(
+                &keys::agent_outbox("ann", "host"),
+                &[("sha", approved.as_bytes()), ("request_id", b"r")],
+            )
+            .await
+            .unwrap();
+    }
+    let (first, shown) = request(&d, 0).await;
+    assert!(shown.contains("The approved system"), "{shown}");
+    assert!(shown.contains(&format!("{dir}/checkout#myhost")), "{shown}");
+    decide(&d, "approve", &first);
+    let inbox = keys::agent_inbox("ann", "host");
+    let done = wait_until("the rebuild's notice", SOON, || async {
+        stream(&mut store.clone(), &inbox).await.into_iter().next()
+    })
+    .await;
+    assert_eq!(done["status"], "done", "{done:?}");
+    let read = |f: &str| {
+        std::fs::read_to_string(d.path(f))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read("head"), approved, "built exactly the approved commit");
+    assert_eq!(read("cwd"), format!("{dir}/checkout"));
+    assert_eq!(
+        read("argv"),
+        format!("switch --flake {dir}/checkout#myhost")
+    );
+    assert_eq!(read("seen"), "absent", "the uncommitted edit was not built");
+    assert_eq!(
+        std::fs::read_to_string(flake.join("edit.txt")).unwrap(),
+        "local edit\n",
+        "and is still there"
+    );
+    let (second, _) = request(&d, 1).await;
+    decide(&d, "approve", &second);
+    let again = wait_until("the second notice", SOON, || async {
+        stream(&mut store.clone(), &inbox).await.get(1).cloned()
+    })
+    .await;
+    assert_eq!(again["status"], "done", "{again:?}");
+    assert!(again["reason"].contains("already"), "{again:?}");
+    assert_eq!(read("runs").lines().count(), 1, "built once");
+}
+
+/// A rebuild command that names the repository itself (where uncommitted edits
+/// sit) instead of the checkout fails the load, naming the key.
+#[test]
+fn a_rebuild_of_the_working_tree_is_a_config_error() {
+    let config: broker::Config = broker::Config::parse(
+        "[redis]\nurl = \"redis://127.0.0.1:1\"\n[bridges.host]\ntype = \"rebuild\"\nflake = \"/etc/nixos\"\ncheckout = \"/var/lib/cowboy/host\"\ncommand = [\"nixos-rebuild\", \"switch\", \"--flake\", \"/etc/nixos#host\"]\napproval = { notify_channel = \"ops\", approvers = [\"cli:op\"] }\n",
+    )
+    .unwrap();
+    let settings: effects::rebuild::RebuildSettings =
+        config.bridges["host"].settings("host").unwrap();
+    let e = settings.validate("host").unwrap_err().to_string();
+    assert!(e.contains("bridges.host.command"), "{e}");
+}

@@ -1,0 +1,291 @@
+//! `rebuild`: a system rebuild at a commit an agent names, once a human
+//! approved exactly that commit (the protocol's second gated effect).
+//!
+//! Invariants:
+//! - One rebuild is declared per bridge: `flake` (a git repository),
+//!   `checkout` (a directory the bridge owns) and `command`, where
+//!   `{checkout}` stands for that directory. A command naming the repository
+//!   itself (where uncommitted edits may sit) fails the start-up: what is
+//!   built is the approved commit, checked out detached in `checkout` (a git
+//!   worktree of `flake`), never the operator's working tree, whose edits are
+//!   neither built nor touched.
+//! - One rebuild at a time (every request has the one destination `rebuild`).
+//! - The commit last built successfully is remembered beside the checkout; a
+//!   request for it is answered `done` without building again.
+//! - Everything else is the effects bridge's: the approval binds the commit
+//!   and the exact argv, the repository guard applies, a rebuild cut off by a
+//!   crash is `uncertain` and not run again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use broker::bridge::Bridge;
+use broker::entry::Message;
+use broker::error::ConfigError;
+use broker::ingest::Ingest;
+use broker::outbox::{Outgoing, Report, SendError, Sender, Sent};
+use broker::store::Entry;
+use broker::{Config, Result, Shutdown};
+use serde::Deserialize;
+
+use crate::config::Action;
+use crate::request::{self, Bound};
+
+/// The one destination of every request: rebuilds never overlap.
+const DESTINATION: &str = "rebuild";
+
+/// The rebuild bridge's own keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebuildSettings {
+    /// The git repository (e.g. `/etc/nixos`) whose commit is built.
+    pub flake: PathBuf,
+    /// The directory the bridge checks the approved commit out into.
+    pub checkout: PathBuf,
+    /// argv, e.g. `["nixos-rebuild", "switch", "--flake", "{checkout}#host"]`.
+    pub command: Vec<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout: u64,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+fn default_timeout() -> u64 {
+    3600
+}
+
+impl RebuildSettings {
+    pub fn validate(&self, bridge: &str) -> std::result::Result<(), ConfigError> {
+        let at = format!("bridges.{bridge}");
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{at}.command"),
+                "must name a program",
+            ));
+        }
+        let flake = self.flake.display().to_string();
+        if let Some(arg) = self.command.iter().find(|a| a.contains(&flake)) {
+            return Err(ConfigError::invalid(
+                format!("{at}.command"),
+                format!("`{arg}` names the repository itself, where uncommitted edits may sit: build `{{checkout}}`"),
+            ));
+        }
+        if !self.command.iter().any(|a| a.contains("{checkout}")) {
+            return Err(ConfigError::invalid(
+                format!("{at}.command"),
+                "must build `{checkout}`, the approved commit's checkout",
+            ));
+        }
+        if self.checkout.starts_with(&self.flake) || self.flake.starts_with(&self.checkout) {
+            return Err(ConfigError::invalid(
+                format!("{at}.checkout"),
+                "must be a directory of its own, outside the repository",
+            ));
+        }
+        if self.timeout == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.timeout"),
+                "must be at least 1 second",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rebuild as an action: its argv with `{checkout}` in place.
+    fn action(&self) -> Action {
+        let checkout = self.checkout.display().to_string();
+        Action {
+            repo: self.flake.clone(),
+            command: self
+                .command
+                .iter()
+                .map(|a| a.replace("{checkout}", &checkout))
+                .collect(),
+            params: BTreeMap::new(),
+            timeout: self.timeout,
+            env: self.env.clone(),
+            target: self.target.clone(),
+            idempotent: false,
+        }
+    }
+
+    /// Where the commit last built is remembered.
+    fn built_marker(&self) -> PathBuf {
+        let mut name = self.checkout.file_name().unwrap_or_default().to_os_string();
+        name.push(".built");
+        self.checkout.with_file_name(name)
+    }
+}
+
+/// A rebuild bridge.
+pub struct Rebuild {
+    settings: RebuildSettings,
+}
+
+impl Bridge for Rebuild {
+    const TYPE: &'static str = "rebuild";
+    type Sender = Rebuilder;
+
+    fn load(config: &Config, name: &str) -> Result<Self> {
+        let settings: RebuildSettings = config.bridge(name)?.settings(name)?;
+        settings.validate(name)?;
+        Ok(Rebuild { settings })
+    }
+
+    fn sender(&self, _name: &str) -> Result<Rebuilder> {
+        Ok(Rebuilder {
+            settings: self.settings.clone(),
+        })
+    }
+
+    async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+        crate::heartbeat_only(ingest, shutdown).await
+    }
+
+    fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
+        let action = self.settings.action();
+        Ok(Some(Box::new(move || {
+            let action = action.clone();
+            Box::pin(async move { crate::check_action("rebuild", &action).await })
+        })))
+    }
+}
+
+/// Runs approved rebuilds.
+pub struct Rebuilder {
+    settings: RebuildSettings,
+}
+
+/// Fields an agent may write on a rebuild bridge.
+const FIELDS: &[&str] = &["sha", "request_id"];
+
+impl Sender for Rebuilder {
+    const DEDUPLICATES: bool = false;
+
+    async fn request(
+        &self,
+        entry: &Entry,
+        _bridge: &broker::config::BridgeConfig,
+    ) -> std::result::Result<Message, String> {
+        for (name, _) in &entry.fields {
+            if !FIELDS.contains(&name.as_str()) {
+                return Err(format!(
+                    "unknown field `{}` (a rebuild entry carries {})",
+                    name.escape_debug(),
+                    FIELDS.join(", ")
+                ));
+            }
+        }
+        let text = |n: &str| entry.text(n).map(str::to_string);
+        let sha = text("sha")
+            .ok_or("missing field `sha`")?
+            .to_ascii_lowercase();
+        let action = self.settings.action();
+        crate::guard::check(&action.repo)?;
+        request::commit_exists(&action.repo, &sha).await?;
+        let bound = Bound {
+            action: DESTINATION.into(),
+            repository: action.repo.display().to_string(),
+            commit: sha.clone(),
+            argv: action.argv(&sha, &BTreeMap::new()),
+            params: BTreeMap::new(),
+        };
+        Ok(Message {
+            channel_id: DESTINATION.into(),
+            content: bound.content(),
+            request_id: text("request_id"),
+            context: Some(request::context(&action, &sha).await),
+            ..Message::default()
+        })
+    }
+
+    async fn send(&self, out: Outgoing<'_>) -> std::result::Result<Sent, SendError> {
+        let bound = Bound::parse(&out.message.content).map_err(SendError::Permanent)?;
+        let action = self.settings.action();
+        if action.argv(&bound.commit, &BTreeMap::new()) != bound.argv
+            || action.repo.display().to_string() != bound.repository
+        {
+            return Err(SendError::Permanent(
+                "the rebuild's command or repository changed since it was approved; not run".into(),
+            ));
+        }
+        crate::guard::check(&action.repo).map_err(SendError::Permanent)?;
+        request::commit_exists(&action.repo, &bound.commit)
+            .await
+            .map_err(SendError::Permanent)?;
+        if out.retry {
+            return Err(SendError::Uncertain(
+                "the rebuild may have run before the service stopped; it is not run again".into(),
+            ));
+        }
+        let done = |reason: String, output: String| Sent {
+            external_id: format!("rebuild:{}", out.delivery_key),
+            report: Some(Report {
+                status: "done",
+                exit_code: Some(0),
+                output,
+                reason,
+            }),
+        };
+        let marker = self.settings.built_marker();
+        if std::fs::read_to_string(&marker).is_ok_and(|s| s.trim() == bound.commit) {
+            return Ok(done(
+                format!(
+                    "{} is already the system's commit: nothing to do",
+                    bound.commit
+                ),
+                String::new(),
+            ));
+        }
+        check_out(&action.repo, &self.settings.checkout, &bound.commit)
+            .await
+            .map_err(SendError::Permanent)?;
+        tracing::info!(commit = %bound.commit, argv = ?bound.argv, "rebuilding at an approved commit");
+        let report = crate::run::run(
+            &bound.argv,
+            &self.settings.checkout,
+            &action.env,
+            std::time::Duration::from_secs(action.timeout),
+        )
+        .await
+        .map_err(SendError::Permanent)?;
+        match report.status {
+            "done" => {
+                let _ = std::fs::write(&marker, format!("{}\n", bound.commit));
+                Ok(done(report.reason, report.output))
+            }
+            _ => Err(SendError::Ran(report)),
+        }
+    }
+}
+
+/// Checks `sha` out, detached, in `checkout`: a worktree of `repo` the bridge
+/// owns, made afresh each time. The repository's own working tree is not touched.
+async fn check_out(repo: &Path, checkout: &Path, sha: &str) -> std::result::Result<(), String> {
+    let path = checkout.display().to_string();
+    if checkout.exists() && !checkout.join(".git").is_file() {
+        let empty = std::fs::read_dir(checkout)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !empty {
+            return Err(format!(
+                "{path} is not a checkout this bridge made: refused to replace it"
+            ));
+        }
+    }
+    // An earlier checkout goes, whatever state it was left in.
+    let _ = request::git(repo, &["worktree", "remove", "--force", &path]).await;
+    if checkout.exists() {
+        std::fs::remove_dir_all(checkout).map_err(|e| format!("cannot clear {path}: {e}"))?;
+    }
+    let _ = request::git(repo, &["worktree", "prune"]).await;
+    request::git(
+        repo,
+        &["worktree", "add", "--detach", "--force", &path, sha],
+    )
+    .await
+    .map_err(|e| format!("cannot check {sha} out in {path}: {e}"))?;
+    Ok(())
+}
