@@ -163,8 +163,10 @@ let
       # The console bridge shares files between its units, so it runs as one static user.
       DynamicUser = b.type != "console" && !(b.type == "rebuild" && svc == "outbox");
       User = mkIf (b.type == "console" || (b.type == "rebuild" && svc == "outbox")) (if b.type == "console" then "cowboy" else "root");
-      StateDirectory = "cowboy";
-      StateDirectoryMode = "0750";
+      # A rebuild outbox (root) keeps its checkout in a directory of its own,
+      # which no sandboxed unit's user can be given.
+      StateDirectory = if b.type == "rebuild" && svc == "outbox" then "cowboy-rebuild-${name}" else "cowboy";
+      StateDirectoryMode = if b.type == "rebuild" && svc == "outbox" then "0700" else "0750";
       LoadCredential =
         optional (b.redisPasswordFiles ? ${svc}) "redis-password:${b.redisPasswordFiles.${svc}}"
         ++ mapAttrsToList (k: path: "${k}:${path}") (bridgeInput name b).secrets;

@@ -65,8 +65,19 @@ impl RebuildSettings {
                 "must name a program",
             ));
         }
-        let flake = self.flake.display().to_string();
-        if let Some(arg) = self.command.iter().find(|a| a.contains(&flake)) {
+        // Compared with repeated and trailing slashes folded away.
+        let fold = |s: &str| {
+            let mut out = String::new();
+            for c in s.chars() {
+                if !(c == '/' && out.ends_with('/')) {
+                    out.push(c);
+                }
+            }
+            out
+        };
+        let flake = fold(&self.flake.display().to_string());
+        let flake = flake.trim_end_matches('/').to_string();
+        if let Some(arg) = self.command.iter().find(|a| fold(a).contains(&flake)) {
             return Err(ConfigError::invalid(
                 format!("{at}.command"),
                 format!("`{arg}` names the repository itself, where uncommitted edits may sit: build `{{checkout}}`"),
@@ -182,9 +193,35 @@ impl Sender for Rebuilder {
         let sha = text("sha")
             .ok_or("missing field `sha`")?
             .to_ascii_lowercase();
-        let action = self.settings.action();
+        let mut action = self.settings.action();
         crate::guard::check(&action.repo)?;
         request::commit_exists(&action.repo, &sha).await?;
+        // Without a target, the approver sees the change from what was built
+        // last (not only the tip commit's own files).
+        if action.target.is_none() {
+            action.target = built(&self.settings.built_marker()).map(|(sha, _)| sha);
+        }
+        let mut context = request::context(&action, &sha).await;
+        if let Some(base) = action.target.as_deref() {
+            let range = format!("{base}..{sha}");
+            let lock = request::git(
+                &action.repo,
+                &[
+                    "diff",
+                    "--no-ext-diff",
+                    "--no-textconv",
+                    &range,
+                    "--",
+                    "flake.lock",
+                ],
+            )
+            .await
+            .unwrap_or_else(|e| format!("(unavailable: {e})"));
+            if !lock.trim().is_empty() {
+                context.push_str(&format!("\n\nflake.lock against {base}:\n"));
+                context.push_str(&request::capped(lock.trim_end(), 400));
+            }
+        }
         let bound = Bound {
             action: DESTINATION.into(),
             repository: action.repo.display().to_string(),
@@ -196,13 +233,20 @@ impl Sender for Rebuilder {
             channel_id: DESTINATION.into(),
             content: bound.content(),
             request_id: text("request_id"),
-            context: Some(request::context(&action, &sha).await),
+            context: Some(context),
             ..Message::default()
         })
     }
 
     async fn send(&self, out: Outgoing<'_>) -> std::result::Result<Sent, SendError> {
         let bound = Bound::parse(&out.message.content).map_err(SendError::Permanent)?;
+        // First: a rebuild that may have run is never run again, whatever else
+        // changed since.
+        if out.retry {
+            return Err(SendError::Uncertain(
+                "the rebuild may have run before the service stopped; it is not run again".into(),
+            ));
+        }
         let action = self.settings.action();
         if action.argv(&bound.commit, &BTreeMap::new()) != bound.argv
             || action.repo.display().to_string() != bound.repository
@@ -215,11 +259,6 @@ impl Sender for Rebuilder {
         request::commit_exists(&action.repo, &bound.commit)
             .await
             .map_err(SendError::Permanent)?;
-        if out.retry {
-            return Err(SendError::Uncertain(
-                "the rebuild may have run before the service stopped; it is not run again".into(),
-            ));
-        }
         let done = |reason: String, output: String| Sent {
             external_id: format!("rebuild:{}", out.delivery_key),
             report: Some(Report {
@@ -230,15 +269,18 @@ impl Sender for Rebuilder {
             }),
         };
         let marker = self.settings.built_marker();
-        if std::fs::read_to_string(&marker).is_ok_and(|s| s.trim() == bound.commit) {
+        let argv = serde_json::to_string(&bound.argv).expect("strings serialize");
+        if built(&marker).is_some_and(|(sha, by)| sha == bound.commit && by == argv) {
             return Ok(done(
                 format!(
-                    "{} is already the system's commit: nothing to do",
+                    "{} was built last, by this same command: nothing to do",
                     bound.commit
                 ),
                 String::new(),
             ));
         }
+        // Whatever happens next, the last build is no longer known to be current.
+        forget(&marker).map_err(SendError::Permanent)?;
         check_out(&action.repo, &self.settings.checkout, &bound.commit)
             .await
             .map_err(SendError::Permanent)?;
@@ -253,7 +295,9 @@ impl Sender for Rebuilder {
         .map_err(SendError::Permanent)?;
         match report.status {
             "done" => {
-                let _ = std::fs::write(&marker, format!("{}\n", bound.commit));
+                if let Err(e) = remember(&marker, &bound.commit, &argv) {
+                    tracing::warn!(error = %e, "the built commit could not be remembered");
+                }
                 Ok(done(report.reason, report.output))
             }
             _ => Err(SendError::Ran(report)),
@@ -261,31 +305,97 @@ impl Sender for Rebuilder {
     }
 }
 
+/// The commit last built and the argv (JSON) that built it.
+fn built(marker: &Path) -> Option<(String, String)> {
+    if !std::fs::symlink_metadata(marker).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let text = std::fs::read_to_string(marker).ok()?;
+    let (sha, argv) = text.trim_end().split_once('\n')?;
+    Some((sha.to_string(), argv.to_string()))
+}
+
+/// Forgets the last build (a link in its place is refused, never followed).
+fn forget(marker: &Path) -> std::result::Result<(), String> {
+    match std::fs::symlink_metadata(marker) {
+        Ok(m) if !m.is_file() => Err(format!("{} is not a plain file: refused", marker.display())),
+        Ok(_) => std::fs::remove_file(marker).map_err(|e| format!("{}: {e}", marker.display())),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Remembers a build: written beside, then renamed over it (so a link put in
+/// its place is replaced, never followed).
+fn remember(marker: &Path, sha: &str, argv: &str) -> std::io::Result<()> {
+    let tmp = marker.with_extension("built.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::write(&tmp, format!("{sha}\n{argv}\n"))?;
+    std::fs::rename(&tmp, marker)
+}
+
 /// Checks `sha` out, detached, in `checkout`: a worktree of `repo` the bridge
-/// owns, made afresh each time. The repository's own working tree is not touched.
+/// owns, made afresh each time. The repository's own working tree is not
+/// touched, and nothing at `checkout` is removed unless it is empty or this
+/// repository's own worktree (a link there is refused, never followed).
 async fn check_out(repo: &Path, checkout: &Path, sha: &str) -> std::result::Result<(), String> {
+    const CHECKOUT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
     let path = checkout.display().to_string();
-    if checkout.exists() && !checkout.join(".git").is_file() {
-        let empty = std::fs::read_dir(checkout)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !empty {
+    match std::fs::symlink_metadata(checkout) {
+        Err(_) => {}
+        Ok(m) if !m.is_dir() => {
             return Err(format!(
-                "{path} is not a checkout this bridge made: refused to replace it"
+                "{path} is not a directory (a link or a file): refused"
             ));
         }
+        Ok(_) => {
+            let empty = std::fs::read_dir(checkout)
+                .map(|mut d| d.next().is_none())
+                .unwrap_or(false);
+            if !empty && !ours(repo, checkout).await {
+                return Err(format!(
+                    "{path} is not a checkout this bridge made: refused to replace it"
+                ));
+            }
+        }
     }
-    // An earlier checkout goes, whatever state it was left in.
-    let _ = request::git(repo, &["worktree", "remove", "--force", &path]).await;
-    if checkout.exists() {
+    // An earlier checkout goes, whatever state (even locked) it was left in.
+    let _ = request::git(repo, &["worktree", "unlock", &path]).await;
+    let _ = request::git(repo, &["worktree", "remove", "--force", "--force", &path]).await;
+    if std::fs::symlink_metadata(checkout).is_ok_and(|m| m.is_dir()) {
         std::fs::remove_dir_all(checkout).map_err(|e| format!("cannot clear {path}: {e}"))?;
     }
     let _ = request::git(repo, &["worktree", "prune"]).await;
-    request::git(
+    request::git_within(
         repo,
-        &["worktree", "add", "--detach", "--force", &path, sha],
+        &[
+            "worktree", "add", "--detach", "--force", "--force", &path, sha,
+        ],
+        CHECKOUT_TIMEOUT,
     )
     .await
     .map_err(|e| format!("cannot check {sha} out in {path}: {e}"))?;
     Ok(())
+}
+
+/// Whether `checkout` is a worktree of `repo`: its `.git` is a file naming
+/// one of `repo`'s worktrees.
+async fn ours(repo: &Path, checkout: &Path) -> bool {
+    let dot = checkout.join(".git");
+    if !std::fs::symlink_metadata(&dot).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
+    let Ok(common) = request::git(
+        repo,
+        &["rev-parse", "--path-format=absolute", "--git-common-dir"],
+    )
+    .await
+    else {
+        return false;
+    };
+    let worktrees = Path::new(common.trim()).join("worktrees");
+    std::fs::read_to_string(&dot).is_ok_and(|text| {
+        text.trim()
+            .strip_prefix("gitdir: ")
+            .is_some_and(|dir| Path::new(dir).parent() == Some(worktrees.as_path()))
+    })
 }

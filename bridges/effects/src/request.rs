@@ -165,6 +165,15 @@ const GIT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// repository's own config is trusted only because [`crate::guard`] checked
 /// that nobody but this service can write it.
 pub async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
+    git_within(repo, args, GIT_TIMEOUT).await
+}
+
+/// [`git`] with its own time limit (a checkout of a large tree takes longer).
+pub async fn git_within(
+    repo: &Path,
+    args: &[&str],
+    limit: std::time::Duration,
+) -> Result<String, String> {
     let mut cmd = tokio::process::Command::new("git");
     cmd.arg("-C")
         .arg(repo)
@@ -182,13 +191,13 @@ pub async fn git(repo: &Path, args: &[&str]) -> Result<String, String> {
         .env("GIT_OPTIONAL_LOCKS", "0")
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true);
-    let out = tokio::time::timeout(GIT_TIMEOUT, cmd.output())
+    let out = tokio::time::timeout(limit, cmd.output())
         .await
         .map_err(|_| {
             format!(
                 "git {} took more than {} s",
                 args.join(" "),
-                GIT_TIMEOUT.as_secs()
+                limit.as_secs()
             )
         })?
         .map_err(|e| format!("cannot run git: {e}"))?;
@@ -244,7 +253,7 @@ pub async fn commit_exists(repo: &Path, sha: &str) -> Result<(), String> {
 }
 
 /// At most `max` lines of `text`, then a note of how many were left out.
-fn capped(text: &str, max: usize) -> String {
+pub(crate) fn capped(text: &str, max: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     let mut out = lines[..lines.len().min(max)].join("\n");
     if lines.len() > max {

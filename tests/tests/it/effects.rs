@@ -471,7 +471,7 @@ destinations = ["ops"]
     })
     .await;
     assert_eq!(again["status"], "done", "{again:?}");
-    assert!(again["reason"].contains("already"), "{again:?}");
+    assert!(again["reason"].contains("nothing to do"), "{again:?}");
     assert_eq!(read("runs").lines().count(), 1, "built once");
 }
 
@@ -487,4 +487,113 @@ fn a_rebuild_of_the_working_tree_is_a_config_error() {
         config.bridges["host"].settings("host").unwrap();
     let e = settings.validate("host").unwrap_err().to_string();
     assert!(e.contains("bridges.host.command"), "{e}");
+}
+
+/// A rebuild deployment: `host` builds `{dir}/flake` through `rebuild.sh`,
+/// which fails when the checked-out tree holds a file `fail`.
+fn rebuild_deployment(checkout: &str) -> Deployment {
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.host]
+type = "rebuild"
+flake = "{{dir}}/flake"
+checkout = "{checkout}"
+command = ["/bin/sh", "{{dir}}/rebuild.sh", "{{checkout}}"]
+env = {{ PATH = "/usr/bin:/bin" }}
+approval = {{ notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }}
+
+[bridges.desk]
+type = "console"
+output = "{{dir}}/desk.out"
+input = "{{dir}}/desk.in"
+destinations = ["ops"]
+"#
+    ));
+    let dir = d.dir.path().display().to_string();
+    std::fs::write(
+        d.path("rebuild.sh"),
+        format!("echo ran >> {dir}/runs\nif [ -e fail ]; then exit 1; fi\n"),
+    )
+    .unwrap();
+    git(
+        d.dir.path(),
+        &[
+            "init",
+            "-q",
+            "-b",
+            "main",
+            d.path("flake").to_str().unwrap(),
+        ],
+    );
+    d
+}
+
+async fn rebuild(d: &Deployment, n: usize, sha: &str) -> HashMap<String, String> {
+    let mut store = d.store().await;
+    store
+        .xadd(
+            &keys::agent_outbox("ann", "host"),
+            &[("sha", sha.as_bytes())],
+        )
+        .await
+        .unwrap();
+    decide(d, "approve", &request(d, n).await.0);
+    let inbox = keys::agent_inbox("ann", "host");
+    wait_until("the rebuild's notice", SOON, || async {
+        stream(&mut store.clone(), &inbox).await.get(n).cloned()
+    })
+    .await
+}
+
+/// A failed rebuild makes the last good one no longer current: asking for the
+/// good commit again builds it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failed_rebuild_the_good_commit_is_built_again() {
+    let d = rebuild_deployment("{dir}/checkout");
+    let flake = d.path("flake");
+    let good = commit(&flake, "flake.nix", "{ }\n", "Good");
+    let bad = commit(&flake, "fail", "x\n", "Bad");
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = d.process("cowboy-rebuild-outbox", "host");
+    assert_eq!(rebuild(&d, 0, &good).await["status"], "done");
+    assert_eq!(rebuild(&d, 1, &bad).await["status"], "failed");
+    let again = rebuild(&d, 2, &good).await;
+    assert_eq!(again["status"], "done", "{again:?}");
+    assert!(!again["reason"].contains("nothing to do"), "{again:?}");
+    let runs = std::fs::read_to_string(d.path("runs")).unwrap();
+    assert_eq!(runs.lines().count(), 3, "built each time");
+}
+
+/// A checkout path that is a link, or a directory this bridge did not make,
+/// is refused and left as it is (the bridge never deletes what is not its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkout_path_that_is_not_the_bridges_is_left_alone() {
+    let d = rebuild_deployment("{dir}/checkout");
+    let flake = d.path("flake");
+    let sha = commit(&flake, "flake.nix", "{ }\n", "Good");
+    let precious = d.path("precious");
+    std::fs::create_dir_all(&precious).unwrap();
+    std::fs::write(precious.join("keep"), "mine\n").unwrap();
+    std::os::unix::fs::symlink(&precious, d.path("checkout")).unwrap();
+    let _desk = d.spawn("outbox", "desk");
+    let _outbox = d.process("cowboy-rebuild-outbox", "host");
+    let n = rebuild(&d, 0, &sha).await;
+    assert_eq!(n["status"], "failed", "{n:?}");
+    assert!(n["reason"].contains("refused"), "{n:?}");
+    assert_eq!(
+        std::fs::read_to_string(precious.join("keep")).unwrap(),
+        "mine\n"
+    );
+    std::fs::remove_file(d.path("checkout")).unwrap();
+    std::fs::create_dir_all(d.path("checkout")).unwrap();
+    std::fs::write(d.path("checkout/other"), "not yours\n").unwrap();
+    let n = rebuild(&d, 1, &sha).await;
+    assert!(
+        n["reason"].contains("not a checkout this bridge made"),
+        "{n:?}"
+    );
+    assert!(d.path("checkout/other").exists());
+    assert!(!d.path("runs").exists(), "nothing was built");
 }
