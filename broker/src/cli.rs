@@ -67,7 +67,8 @@ pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Re
 /// the approval binds, then every record field.
 pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
-    let r = approval::load(store, &id)
+    let r = Approvals::on(store)
+        .load(&id)
         .await?
         .ok_or_else(|| Error::Request(format!("approval {id} was settled meanwhile")))?;
     let mut out = format!(

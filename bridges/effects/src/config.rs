@@ -79,18 +79,7 @@ impl EffectsSettings {
                     "action names are 1 to 64 letters, digits, `-` or `_`",
                 ));
             }
-            if action.command.is_empty() || action.command[0].is_empty() {
-                return Err(ConfigError::invalid(
-                    format!("{at}.command"),
-                    "must name a program",
-                ));
-            }
-            if action.timeout == 0 {
-                return Err(ConfigError::invalid(
-                    format!("{at}.timeout"),
-                    "must be at least 1 second",
-                ));
-            }
+            check_run(&at, &action.command, action.timeout)?;
             for (param, pattern) in &action.params {
                 if !valid_name(param) || param == "sha" {
                     return Err(ConfigError::invalid(
@@ -120,6 +109,24 @@ impl EffectsSettings {
         }
         Ok(())
     }
+}
+
+/// What every run needs: a program, and a timeout of at least a second. `at`
+/// is the table the keys are in.
+pub fn check_run(at: &str, command: &[String], timeout: u64) -> Result<(), ConfigError> {
+    if command.first().is_none_or(|p| p.is_empty()) {
+        return Err(ConfigError::invalid(
+            format!("{at}.command"),
+            "must name a program",
+        ));
+    }
+    if timeout == 0 {
+        return Err(ConfigError::invalid(
+            format!("{at}.timeout"),
+            "must be at least 1 second",
+        ));
+    }
+    Ok(())
 }
 
 /// A pattern that must match a whole value.

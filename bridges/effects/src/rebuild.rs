@@ -59,12 +59,7 @@ fn default_timeout() -> u64 {
 impl RebuildSettings {
     pub fn validate(&self, bridge: &str) -> std::result::Result<(), ConfigError> {
         let at = format!("bridges.{bridge}");
-        if self.command.is_empty() || self.command[0].is_empty() {
-            return Err(ConfigError::invalid(
-                format!("{at}.command"),
-                "must name a program",
-            ));
-        }
+        crate::config::check_run(&at, &self.command, self.timeout)?;
         // Compared with repeated and trailing slashes folded away.
         let fold = |s: &str| {
             let mut out = String::new();
@@ -93,12 +88,6 @@ impl RebuildSettings {
             return Err(ConfigError::invalid(
                 format!("{at}.checkout"),
                 "must be a directory of its own, outside the repository",
-            ));
-        }
-        if self.timeout == 0 {
-            return Err(ConfigError::invalid(
-                format!("{at}.timeout"),
-                "must be at least 1 second",
             ));
         }
         Ok(())
@@ -180,19 +169,9 @@ impl Sender for Rebuilder {
         entry: &Entry,
         _bridge: &broker::config::BridgeConfig,
     ) -> std::result::Result<Message, String> {
-        for (name, _) in &entry.fields {
-            if !FIELDS.contains(&name.as_str()) {
-                return Err(format!(
-                    "unknown field `{}` (a rebuild entry carries {})",
-                    name.escape_debug(),
-                    FIELDS.join(", ")
-                ));
-            }
-        }
-        let text = |n: &str| entry.text(n).map(str::to_string);
-        let sha = text("sha")
-            .ok_or("missing field `sha`")?
-            .to_ascii_lowercase();
+        request::check_fields(entry, FIELDS, "a rebuild")?;
+        let sha = request::sha_field(entry)?;
+        let request_id = entry.text("request_id").map(str::to_string);
         let mut action = self.settings.action();
         crate::guard::check(&action.repo)?;
         request::commit_exists(&action.repo, &sha).await?;
@@ -232,7 +211,7 @@ impl Sender for Rebuilder {
         Ok(Message {
             channel_id: DESTINATION.into(),
             content: bound.content(),
-            request_id: text("request_id"),
+            request_id,
             context: Some(context),
             ..Message::default()
         })
@@ -240,25 +219,8 @@ impl Sender for Rebuilder {
 
     async fn send(&self, out: Outgoing<'_>) -> std::result::Result<Sent, SendError> {
         let bound = Bound::parse(&out.message.content).map_err(SendError::Permanent)?;
-        // First: a rebuild that may have run is never run again, whatever else
-        // changed since.
-        if out.retry {
-            return Err(SendError::Uncertain(
-                "the rebuild may have run before the service stopped; it is not run again".into(),
-            ));
-        }
         let action = self.settings.action();
-        if action.argv(&bound.commit, &BTreeMap::new()) != bound.argv
-            || action.repo.display().to_string() != bound.repository
-        {
-            return Err(SendError::Permanent(
-                "the rebuild's command or repository changed since it was approved; not run".into(),
-            ));
-        }
-        crate::guard::check(&action.repo).map_err(SendError::Permanent)?;
-        request::commit_exists(&action.repo, &bound.commit)
-            .await
-            .map_err(SendError::Permanent)?;
+        crate::run::verify(&bound, &action, out.retry).await?;
         let done = |reason: String, output: String| Sent {
             external_id: format!("rebuild:{}", out.delivery_key),
             report: Some(Report {

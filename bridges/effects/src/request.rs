@@ -63,31 +63,28 @@ fn text<'a>(entry: &'a Entry, name: &str) -> Result<Option<&'a str>, String> {
     }
 }
 
-/// Whether `sha` is a full object id.
-fn full_sha(sha: &str) -> bool {
-    (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Validates an entry into what an approval binds, reading the repository.
-pub async fn parse(settings: &EffectsSettings, entry: &Entry) -> Result<Message, String> {
+/// Refuses any field but `allowed`, and any field given twice. `kind` names
+/// the entry in the reason (`an effects`, `a rebuild`).
+pub(crate) fn check_fields(entry: &Entry, allowed: &[&str], kind: &str) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     for (name, _) in &entry.fields {
-        if !FIELDS.contains(&name.as_str()) {
+        if !allowed.contains(&name.as_str()) {
             return Err(format!(
-                "unknown field `{}` (an effects entry carries {})",
+                "unknown field `{}` ({kind} entry carries {})",
                 name.escape_debug(),
-                FIELDS.join(", ")
+                allowed.join(", ")
             ));
         }
         if !seen.insert(name.as_str()) {
             return Err(format!("field `{name}` appears twice"));
         }
     }
-    let name = text(entry, "action")?.ok_or("missing field `action`")?;
-    let action = settings
-        .actions
-        .get(name)
-        .ok_or_else(|| format!("unknown action `{}`", name.escape_debug()))?;
+    Ok(())
+}
+
+/// The entry's `sha`: a full object id, lower-cased (whether it is a commit of
+/// the repository is [`commit_exists`]'s to say).
+pub(crate) fn sha_field(entry: &Entry) -> Result<String, String> {
     let sha = text(entry, "sha")?.ok_or("missing field `sha`")?;
     if !full_sha(sha) {
         return Err(format!(
@@ -95,7 +92,34 @@ pub async fn parse(settings: &EffectsSettings, entry: &Entry) -> Result<Message,
             sha.escape_debug()
         ));
     }
-    let sha = sha.to_ascii_lowercase();
+    Ok(sha.to_ascii_lowercase())
+}
+
+/// What `spec` resolves to as one object (`rev-parse --verify`), if anything.
+async fn resolve(repo: &Path, spec: &str) -> Option<String> {
+    git(
+        repo,
+        &["rev-parse", "--verify", "--quiet", "--end-of-options", spec],
+    )
+    .await
+    .ok()
+    .map(|s| s.trim().to_string())
+}
+
+/// Whether `sha` is a full object id.
+fn full_sha(sha: &str) -> bool {
+    (sha.len() == 40 || sha.len() == 64) && sha.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Validates an entry into what an approval binds, reading the repository.
+pub async fn parse(settings: &EffectsSettings, entry: &Entry) -> Result<Message, String> {
+    check_fields(entry, FIELDS, "an effects")?;
+    let name = text(entry, "action")?.ok_or("missing field `action`")?;
+    let action = settings
+        .actions
+        .get(name)
+        .ok_or_else(|| format!("unknown action `{}`", name.escape_debug()))?;
+    let sha = sha_field(entry)?;
     let params = params(action, text(entry, "params")?)?;
     crate::guard::check(&action.repo)?;
     commit_exists(&action.repo, &sha).await?;
@@ -234,19 +258,7 @@ pub async fn commit_exists(repo: &Path, sha: &str) -> Result<(), String> {
     }
     // Resolved as an object id, never as a ref of that name.
     let spec = format!("{sha}^{{commit}}");
-    let resolved = git(
-        repo,
-        &[
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            "--end-of-options",
-            &spec,
-        ],
-    )
-    .await
-    .unwrap_or_default();
-    if resolved.trim() != sha {
+    if resolve(repo, &spec).await.as_deref() != Some(sha) {
         return Err(format!("`{sha}` does not resolve to itself as a commit"));
     }
     Ok(())
@@ -296,23 +308,12 @@ pub(crate) async fn context(action: &Action, sha: &str) -> String {
     section(&mut out, "remotes", repo, &["remote", "-v"], 10).await;
     match &action.target {
         Some(target) => {
-            let resolved = git(
-                repo,
-                &[
-                    "rev-parse",
-                    "--verify",
-                    "--quiet",
-                    "--end-of-options",
-                    target,
-                ],
-            )
-            .await
-            .map(|s| s.trim().to_string())
-            .unwrap_or_else(|_| "(does not resolve)".into());
+            let resolved = resolve(repo, target)
+                .await
+                .unwrap_or_else(|| "(does not resolve)".into());
             out.push_str(&format!("\n\n{target} is {resolved}"));
             let ahead = format!("{target}..{sha}");
             let behind = format!("{sha}..{target}");
-            let two_dot = format!("{target}..{sha}");
             section(
                 &mut out,
                 &format!("commits this adds to {target}"),
@@ -332,7 +333,7 @@ pub(crate) async fn context(action: &Action, sha: &str) -> String {
                 &mut out,
                 &format!("files it changes against {target}"),
                 repo,
-                &["diff", "--stat", "--no-ext-diff", "--no-textconv", &two_dot],
+                &["diff", "--stat", "--no-ext-diff", "--no-textconv", &ahead],
                 STAT_LINES,
             )
             .await;

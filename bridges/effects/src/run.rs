@@ -17,7 +17,7 @@ use std::time::Duration;
 use broker::outbox::{Outgoing, Report, SendError, Sender, Sent};
 use tokio::io::AsyncReadExt;
 
-use crate::config::EffectsSettings;
+use crate::config::{Action, EffectsSettings};
 use crate::request::{self, Bound};
 
 /// Output kept from a run (stdout and stderr as they came).
@@ -46,27 +46,11 @@ impl Sender for Runner {
         let action = self.settings.actions.get(&bound.action).ok_or_else(|| {
             SendError::Permanent(format!("action `{}` is no longer declared", bound.action))
         })?;
-        // What was approved is what runs: the same argv from today's config,
-        // and the commit still in the repository.
-        let argv = action.argv(&bound.commit, &bound.params);
-        if argv != bound.argv || action.repo.display().to_string() != bound.repository {
-            return Err(SendError::Permanent(
-                "the action's command or repository changed since it was approved; not run".into(),
-            ));
-        }
-        crate::guard::check(&action.repo).map_err(SendError::Permanent)?;
-        request::commit_exists(&action.repo, &bound.commit)
-            .await
-            .map_err(SendError::Permanent)?;
-        if out.retry && !action.idempotent {
-            return Err(SendError::Uncertain(format!(
-                "`{}` may have run before the service stopped; it is not idempotent, so it is not run again",
-                bound.action
-            )));
-        }
+        verify(&bound, action, out.retry && !action.idempotent).await?;
+        let argv = &bound.argv;
         tracing::info!(action = %bound.action, commit = %bound.commit, ?argv, "running an approved action");
         let report = run(
-            &argv,
+            argv,
             &action.repo,
             &action.env,
             Duration::from_secs(action.timeout),
@@ -82,6 +66,31 @@ impl Sender for Runner {
             _ => Err(SendError::Ran(report)),
         }
     }
+}
+
+/// What was approved is what runs: refuses a run that may have happened
+/// already (`retried`, first, whatever else changed since), then one whose argv
+/// today's config no longer derives or whose repository changed, one in a
+/// repository the guard refuses, and one whose commit is gone.
+pub(crate) async fn verify(bound: &Bound, action: &Action, retried: bool) -> Result<(), SendError> {
+    if retried {
+        return Err(SendError::Uncertain(format!(
+            "`{}` may have run before the service stopped; it is not run again",
+            bound.action
+        )));
+    }
+    if action.argv(&bound.commit, &bound.params) != bound.argv
+        || action.repo.display().to_string() != bound.repository
+    {
+        return Err(SendError::Permanent(format!(
+            "the command or repository of `{}` changed since it was approved; not run",
+            bound.action
+        )));
+    }
+    crate::guard::check(&action.repo).map_err(SendError::Permanent)?;
+    request::commit_exists(&action.repo, &bound.commit)
+        .await
+        .map_err(SendError::Permanent)
 }
 
 /// Runs `argv` and reports how it went. `Err` only when it could not start.

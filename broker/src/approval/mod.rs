@@ -40,11 +40,6 @@ use crate::store::Store;
 /// About how many wake-ups a `{bridge}:decisions` stream keeps.
 const DECISIONS_KEPT: u64 = 10_000;
 
-/// Reads a record; `None` when it does not exist.
-pub async fn load(store: &mut Store, id: &str) -> Result<Option<Record>> {
-    Approvals::on(store).load(id).await
-}
-
 /// What became of an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

@@ -99,7 +99,7 @@ impl<S: Sender> OutboxService<S> {
                 return self.poison(idx, entry, deliveries, None).await;
             }
             None => {
-                let record = self.new_record(&id, &source, entry, message);
+                let (record, _) = self.new_record(&id, &source, entry, message);
                 // Created and indexed in one round trip.
                 let created = Approvals::on(&mut self.store)
                     .create_many(std::slice::from_ref(&record))
@@ -150,15 +150,17 @@ impl<S: Sender> OutboxService<S> {
         if batch.is_empty() {
             return Ok(());
         }
-        let records: Vec<Record> = batch
+        let (records, notes): (Vec<Record>, Vec<_>) = batch
             .iter()
             .map(|p| self.new_record(&p.id, &self.sources[p.source], &p.entry, &p.message))
-            .collect();
+            .unzip();
         let created = Approvals::on(&mut self.store).create_many(&records).await?;
         let mut fresh = Vec::with_capacity(batch.len());
-        for ((p, record), created) in batch.into_iter().zip(records).zip(created) {
+        for (((p, record), fields), created) in
+            batch.into_iter().zip(records).zip(notes).zip(created)
+        {
             if created {
-                fresh.push((p, record));
+                fresh.push((p, record, fields));
             } else {
                 // Its record exists already: the careful path.
                 self.park(p.source, &p.entry, &p.message, p.id, 2).await?;
@@ -168,11 +170,10 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let mut pipe = redis::pipe();
-        for (p, record) in &fresh {
-            let fields = notification_fields(record, &p.message.for_approvers());
+        for (_, record, fields) in &fresh {
             let mut cmd = redis::cmd("XADD");
             cmd.arg(keys::outbox(&record.notify)).arg("*");
-            for (k, v) in &fields {
+            for (k, v) in fields {
                 cmd.arg(*k).arg(v.as_slice());
             }
             pipe.add_command(cmd);
@@ -181,7 +182,7 @@ impl<S: Sender> OutboxService<S> {
             Ok(ids) => ids,
             Err(e) if refused_by_stream(&e) => {
                 // Some may be written: the careful path searches before writing.
-                for (p, _) in fresh {
+                for (p, _, _) in fresh {
                     self.park(p.source, &p.entry, &p.message, p.id, 2).await?;
                 }
                 return Ok(());
@@ -191,12 +192,12 @@ impl<S: Sender> OutboxService<S> {
         let marks: Vec<(&str, &str)> = fresh
             .iter()
             .zip(&notified)
-            .map(|((_, record), entry_id)| (record.id.as_str(), entry_id.as_str()))
+            .map(|((_, record, _), entry_id)| (record.id.as_str(), entry_id.as_str()))
             .collect();
         Approvals::on(&mut self.store)
             .mark_notified_many(&marks)
             .await?;
-        for (p, record) in fresh {
+        for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
             self.track(p.id, p.source, p.entry.id, record.expires_at);
         }
@@ -245,7 +246,7 @@ impl<S: Sender> OutboxService<S> {
         source: &Source,
         entry: &Entry,
         message: &Message,
-    ) -> Record {
+    ) -> (Record, Vec<(&'static str, Vec<u8>)>) {
         let now = self.clock.now_secs();
         let timeout = self.bridge.approval.timeout;
         let mut record = Record {
@@ -276,9 +277,11 @@ impl<S: Sender> OutboxService<S> {
         };
         // Written with the record, before the notification exists: the notify side
         // shows only the entry with exactly this digest.
-        record.notify_sha256 =
-            notification_digest(&notification_fields(&record, &message.for_approvers()));
-        record
+        // The notification is rendered once: its digest goes in the record, and
+        // the fields are written as they are.
+        let fields = notification_fields(&record, &message.for_approvers());
+        record.notify_sha256 = notification_digest(&fields);
+        (record, fields)
     }
 
     /// Writes the notification for `record` once. When a previous attempt may have

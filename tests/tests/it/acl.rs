@@ -146,6 +146,32 @@ destinations = ["*"]
     }
 }
 
+/// Waits for what agent `ann` reads of `ann:mail:inbox` through its own group
+/// (`ann`) with its own connection.
+async fn notice_for_ann(ann: &redis::aio::MultiplexedConnection, what: &str) -> redis::Value {
+    wait_until(what, SOON, || {
+        let mut ann = ann.clone();
+        async move {
+            let v: redis::Value = redis::cmd("XREADGROUP")
+                .arg(&[
+                    "GROUP",
+                    "ann",
+                    "ann-1",
+                    "COUNT",
+                    "10",
+                    "STREAMS",
+                    "ann:mail:inbox",
+                    ">",
+                ])
+                .query_async(&mut ann)
+                .await
+                .unwrap();
+            (v != redis::Value::Nil).then_some(v)
+        }
+    })
+    .await
+}
+
 /// Every key and its serialized value, for "state unchanged" assertions.
 async fn snapshot(admin: &mut Store, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Vec<u8>> {
     let keys: Vec<String> = redis::cmd("KEYS")
@@ -410,27 +436,7 @@ async fn the_approval_flow_runs_under_least_privilege() {
     .await;
     assert_eq!(sent.content, "approve me");
     // The agent reads its notice through its own group with its own user.
-    let notice: redis::Value = wait_until("a notice readable by ann", SOON, || {
-        let mut ann = ann.clone();
-        async move {
-            let v: redis::Value = redis::cmd("XREADGROUP")
-                .arg(&[
-                    "GROUP",
-                    "ann",
-                    "ann-1",
-                    "COUNT",
-                    "10",
-                    "STREAMS",
-                    "ann:mail:inbox",
-                    ">",
-                ])
-                .query_async(&mut ann)
-                .await
-                .unwrap();
-            (v != redis::Value::Nil).then_some(v)
-        }
-    })
-    .await;
+    let notice = notice_for_ann(&ann, "a notice readable by ann").await;
     assert!(format!("{notice:?}").contains("rejected"), "{notice:?}");
     // A forged approval id, written by the agent, is refused.
     let _: String = redis::cmd("XADD")
@@ -707,27 +713,7 @@ actions = { publish-site = { repo = "{dir}/work", command = ["git", "-C", "{dir}
         "desk.in",
         json!({"kind": "reaction", "message_id": note.external_id, "emoji": "✅", "user": "boss"}),
     );
-    let notice: redis::Value = wait_until("a done notice readable by ann", SOON, || {
-        let mut ann = ann.clone();
-        async move {
-            let v: redis::Value = redis::cmd("XREADGROUP")
-                .arg(&[
-                    "GROUP",
-                    "ann",
-                    "ann-1",
-                    "COUNT",
-                    "10",
-                    "STREAMS",
-                    "ann:mail:inbox",
-                    ">",
-                ])
-                .query_async(&mut ann)
-                .await
-                .unwrap();
-            (v != redis::Value::Nil).then_some(v)
-        }
-    })
-    .await;
+    let notice = notice_for_ann(&ann, "a done notice readable by ann").await;
     assert!(format!("{notice:?}").contains("done"), "{notice:?}");
     assert_eq!(crate::effects::origin_main(&d), sha);
     let mut admin = d.store().await;

@@ -317,7 +317,10 @@ async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
 /// the deadline is read before the status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_after_the_deadline_do_not_count() {
-    let d = Deployment::new(&approval_config(1));
+    // 3 s: long enough that a loaded machine still finds the record unsettled
+    // when the requesting service is stopped; the answer's own clock then
+    // stands past the deadline, so nothing waits for it.
+    let d = Deployment::new(&approval_config(3));
     let desk = d.spawn("outbox", "desk");
     // No requesting service runs after parking, so nothing settles the record.
     let outbox = d.spawn("outbox", "mail");
