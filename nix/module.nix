@@ -23,6 +23,7 @@ let
       example = [ "discord:80351110224678912" "email:ann@example.org" ];
       description = "Who may decide, as `type:id`. Empty: nobody can approve.";
     };
+    quorum = mkOption { type = types.ints.positive; default = 1; description = "Distinct approvers who must approve; one rejection rejects."; };
   };
 
   # The alias keeps the protocol's second spelling; null means "not set here".
@@ -97,6 +98,7 @@ let
     redis = { url = cfg.redis.url; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
+    audit = { inherit (cfg.audit) retentionDays; };
     bridges = mapAttrs bridgeInput enabledBridges;
     credentialsDirectory = dir;
   });
@@ -189,6 +191,10 @@ in
       operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };
     };
 
+    audit.retentionDays = mkOption {
+      type = types.ints.positive; default = 90;
+      description = "Days the audit trail (`<bridge>:audit`: every step of every approval) keeps an entry.";
+    };
     operators = mkOption {
       type = types.attrsOf (types.submodule {
         options.passwordFile = mkOption { type = types.path; description = "The operator's Redis password file."; };

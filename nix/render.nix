@@ -12,7 +12,7 @@
 # unit receives through LoadCredential (the loader expands the variable). With
 # `credentialsDirectory = null` the source paths are rendered instead, for tools
 # run by root (the operator CLI, `cowboy acl`).
-{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
+{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, audit ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
 let
   inherit (builtins) attrNames concatStringsSep filter isAttrs isBool isFloat isInt isList isPath isString map match replaceStrings typeOf;
 
@@ -56,6 +56,7 @@ let
         notify_channel = approval.notify_channel or null;
         timeout = approval.timeout or null;
         approvers = approval.approvers or null;
+        quorum = approval.quorum or null;
       };
       ping = nonNull {
         command = ping.command or null;
@@ -85,6 +86,7 @@ table "redis" {
   username = redis.username or null;
   password_file = redis.passwordFile or null;
 }
++ (if audit ? retentionDays then table "audit" { retention_days = audit.retentionDays; } else "")
 + concatStringsSep "" (map (a: table "agents.${key a}" { password_file = agents.${a}.passwordFile or null; }) (attrNames agents))
 + concatStringsSep "" (map (o: table "operators.${key o}" { password_file = operators.${o}.passwordFile or null; }) (attrNames operators))
 + concatStringsSep "" (map (n: bridgeTable n bridges.${n}) enabled)

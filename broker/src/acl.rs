@@ -101,6 +101,12 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 &[format!("~{}", keys::in_flight(name))],
                 "+hset +hdel +hexists",
             ));
+            // Its own audit trail and uncertain deliveries: append and add only.
+            sels.push(audit_selector(&[name]));
+            sels.push(selector(
+                &[format!("%W~{}", keys::uncertain(name))],
+                "+hset",
+            ));
             // Worker leases: its own renewed, the others' looked at before a takeover.
             sels.push(selector(
                 &[format!("~{}", keys::worker_lease_pattern(name))],
@@ -157,8 +163,9 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     )
 }
 
-/// `XADD` to the `decisions` streams of the bridges that ask through `name`
-/// (its ingest decides for them; its outbox rejects a card the platform refused).
+/// `XADD` to the `decisions` streams and audit trails of the bridges that ask
+/// through `name` (its ingest decides for them; its outbox rejects a card the
+/// platform refused and records the cards it showed).
 fn wake_selector(config: &Config, name: &str) -> Option<String> {
     let wake: Vec<String> = config
         .requesters_of(name)
@@ -169,7 +176,26 @@ fn wake_selector(config: &Config, name: &str) -> Option<String> {
             ]
         })
         .collect();
-    (!wake.is_empty()).then(|| selector(&wake, "+xadd"))
+    (!wake.is_empty()).then(|| {
+        let requesters: Vec<&str> = config.requesters_of(name).collect();
+        format!(
+            "{} {}",
+            selector(&wake, "+xadd"),
+            audit_selector(&requesters)
+        )
+    })
+}
+
+/// Appending to the audit trails of `bridges`, through the trail's script
+/// ([`crate::audit`]). `EVAL` needs read and write rights on the keys it names,
+/// so the key rights are whole; the commands are what keeps it append-only:
+/// `XADD` (the only one a script may run for this user), no reads, no trims.
+fn audit_selector(bridges: &[&str]) -> String {
+    let trails: Vec<String> = bridges
+        .iter()
+        .map(|b| format!("~{}", keys::audit(b)))
+        .collect();
+    selector(&trails, "+xadd +evalsha +eval +script|load")
 }
 
 /// Every user of the deployment. Fails naming the key of a missing password file.
@@ -443,6 +469,32 @@ pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
         false,
         &["GET", &keys::id_key(bridge)],
     ));
+    // The audit trail: an agent can neither read who approved nor write history.
+    let audit = keys::audit(bridge);
+    p.push(probe(agent, Refused, false, &["XRANGE", &audit, "-", "+"]));
+    p.push(probe(
+        agent,
+        Refused,
+        true,
+        &[
+            "XADD", &audit, "*", "event", "decided", "verdict", "approved",
+        ],
+    ));
+    p.push(probe(
+        agent,
+        Refused,
+        true,
+        &["XTRIM", &audit, "MAXLEN", "0"],
+    ));
+    // Uncertain deliveries: a forged one could be "reconciled" into a fresh send.
+    let uncertain = keys::uncertain(bridge);
+    p.push(probe(
+        agent,
+        Refused,
+        true,
+        &["HSET", &uncertain, "x", "{}"],
+    ));
+    p.push(probe(agent, Refused, false, &["HGETALL", &uncertain]));
     p
 }
 
@@ -487,6 +539,17 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 true,
                 &["XADD", &keys::dead(name), "*", "acl_check", "1"],
             ));
+            // The audit trail is append-only, even for the service that writes it.
+            let audit = keys::audit(name);
+            p.push(probe(
+                u,
+                Allowed,
+                true,
+                &["XADD", &audit, "*", "acl_check", "1"],
+            ));
+            p.push(probe(u, Refused, false, &["XRANGE", &audit, "-", "+"]));
+            p.push(probe(u, Refused, true, &["XTRIM", &audit, "MAXLEN", "0"]));
+            p.push(probe(u, Refused, true, &["XDEL", &audit, "0-1"]));
             p.push(probe(
                 u,
                 when(parks || surface),
@@ -552,6 +615,17 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 &["XRANGE", &keys::outbox(name), "-", "+"],
             ));
             p.push(probe(u, Refused, false, &["GET", &keys::id_key(name)]));
+            // Answers are audited on the trail of the bridge that asked.
+            for r in config.requesters_of(name) {
+                let audit = keys::audit(r);
+                p.push(probe(
+                    u,
+                    Allowed,
+                    true,
+                    &["XADD", &audit, "*", "acl_check", "1"],
+                ));
+                p.push(probe(u, Refused, false, &["XRANGE", &audit, "-", "+"]));
+            }
             p.push(probe(
                 u,
                 Refused,

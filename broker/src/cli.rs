@@ -11,8 +11,10 @@ use std::fmt::Write as _;
 use redis::AsyncCommands;
 
 use crate::approval::{self, field, Answer, Approvals, Outcome, State, Verdict};
+use crate::audit;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::deliveries;
 use crate::entry::Message;
 use crate::error::{Error, Result};
 use crate::keys;
@@ -67,14 +69,29 @@ pub async fn approvals_list(store: &mut Store, config: &Config, all: bool) -> Re
 /// the approval binds, then every record field.
 pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
-    let r = Approvals::on(store)
-        .load(&id)
-        .await?
-        .ok_or_else(|| Error::Request(format!("approval {id} was settled meanwhile")))?;
+    let Some(r) = Approvals::on(store).load(&id).await? else {
+        // Settled and gone: its history is all that is left.
+        let filter = audit::Filter {
+            approval: Some(id.clone()),
+            ..audit::Filter::default()
+        };
+        let history = audit::query(store, config, &filter).await?;
+        if history.is_empty() {
+            return Err(Error::Request(format!("no approval {id}")));
+        }
+        return Ok(format!(
+            "approval {id}\nstate: settled (the record is gone)\n\nhistory:\n{}",
+            audit::render(&history, false)
+        ));
+    };
     let mut out = format!(
-        "approval {id}\nstate: {}\n\n",
+        "approval {id}\nstate: {}\n",
         r.state(crate::now_secs_f64()).as_str()
     );
+    if let Some(progress) = r.progress() {
+        let _ = writeln!(out, "approvals: {progress}");
+    }
+    out.push('\n');
     let entry = store.entry(&r.stream, &r.entry_id).await?;
     let gated = config
         .bridges
@@ -131,7 +148,76 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
             let _ = writeln!(out, "  {k}: {}", approval::display_safe(&v));
         }
     }
+    let history = audit::history(store, r.source(), &id).await?;
+    let _ = write!(out, "\nhistory:\n{}", audit::render(&history, false));
     Ok(out)
+}
+
+/// `cowboy audit`: the trail, filtered.
+pub async fn audit(
+    store: &mut Store,
+    config: &Config,
+    filter: &audit::Filter,
+    json: bool,
+) -> Result<String> {
+    let entries = audit::query(store, config, filter).await?;
+    Ok(audit::render(&entries, json))
+}
+
+/// `--since`: unix seconds, or how long ago (`90s`, `15m`, `2h`, `7d`).
+pub fn parse_since(text: &str, now: f64) -> Result<f64> {
+    let bad = || {
+        Error::Request(format!(
+            "--since `{text}`: give unix seconds or an age like 2h or 7d"
+        ))
+    };
+    if let Ok(t) = text.parse::<f64>() {
+        return Ok(t);
+    }
+    let split = text.len().checked_sub(1).ok_or_else(bad)?;
+    if !text.is_char_boundary(split) {
+        return Err(bad());
+    }
+    let (n, unit) = text.split_at(split);
+    let n: f64 = n.parse().map_err(|_| bad())?;
+    let scale = match unit {
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "d" => 86_400.0,
+        _ => return Err(bad()),
+    };
+    Ok(now - n * scale)
+}
+
+/// `cowboy deliveries list`.
+pub async fn deliveries_list(store: &mut Store, config: &Config) -> Result<String> {
+    let all = deliveries::list(store, config).await?;
+    Ok(deliveries::render(&all))
+}
+
+/// `cowboy deliveries reconcile ID --outcome … --evidence …`.
+pub async fn deliveries_reconcile(
+    store: &mut Store,
+    config: &Config,
+    id: &str,
+    outcome: &str,
+    evidence: &str,
+    operator: &str,
+) -> Result<String> {
+    let finding = deliveries::Finding::parse(outcome).ok_or_else(|| {
+        Error::Request(format!(
+            "--outcome `{outcome}`: give delivered or not-delivered"
+        ))
+    })?;
+    let by = format!("cli:{operator}");
+    let clock = Clock::system();
+    match deliveries::reconcile(store, config, &clock, id, finding, evidence, &by).await? {
+        None => Ok(format!("{id} reconciled as delivered by {by}; nothing sent\n")),
+        Some(entry) => Ok(format!(
+            "{id} reconciled as not delivered by {by}; the message is back on its stream as {entry}, to be decided (or delivered) afresh\n"
+        )),
+    }
 }
 
 /// The connection a CLI decision is made on. Without `[operators]`, `cli:NAME`
@@ -180,12 +266,131 @@ pub async fn approvals_decide(
     let answer = Answer::new(&Clock::system(), verdict, &approver, reason);
     match approval::decide(store, config, &id, answer).await? {
         Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
+        Outcome::Counted {
+            have,
+            need,
+            again: false,
+        } => Ok(format!(
+            "{id}: approval by {approver} counted, {have} of {need}; not sent until {need} approvers approve\n"
+        )),
+        Outcome::Counted { have, need, .. } => Err(Error::Request(format!(
+            "{approver} has approved {id} already ({have} of {need}): each approver counts once"
+        ))),
         Outcome::NotAllowed => Err(Error::Request(format!(
             "{approver} is not on the approvers list of the requesting bridge"
         ))),
         Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
         Outcome::Unknown => Err(Error::Request(format!("no approval {id}"))),
     }
+}
+
+/// Which approvals `cowboy approvals review` walks.
+#[derive(Debug, Clone, Default)]
+pub struct ReviewFilter {
+    pub bridge: Option<String>,
+    pub agent: Option<String>,
+}
+
+/// `cowboy approvals review`: the pending approvals one at a time, oldest
+/// first, each shown in full, each asked about: approve, reject (with a
+/// reason), skip or quit. Only a line that says so decides: the end of the
+/// input, or anything unrecognised, decides nothing. There is no "all".
+pub async fn approvals_review(
+    store: &mut Store,
+    config: &Config,
+    filter: &ReviewFilter,
+    operator: &str,
+    input: &mut dyn std::io::BufRead,
+    output: &mut dyn std::io::Write,
+) -> Result<String> {
+    let io = |e: std::io::Error| Error::Request(format!("terminal: {e}"));
+    let ids = approval::pending_ids(store, config).await?;
+    let records = Approvals::on(store).load_many(&ids).await?;
+    let now = crate::now_secs_f64();
+    let mut queue: Vec<approval::Record> = records
+        .into_iter()
+        .flatten()
+        .filter(|r| !r.is_settled() && r.state(now) == State::Pending)
+        .filter(|r| filter.bridge.as_ref().is_none_or(|b| b == r.source()))
+        .filter(|r| {
+            filter
+                .agent
+                .as_ref()
+                .is_none_or(|a| Some(a.as_str()) == r.agent())
+        })
+        .collect();
+    // Within a second, in the order the agents wrote them.
+    let order = |r: &approval::Record| {
+        let (ms, seq) = r.entry_id.split_once('-').unwrap_or((&r.entry_id, "0"));
+        let n = |t: &str| t.parse::<u64>().unwrap_or(u64::MAX);
+        (r.created_at, n(ms), n(seq))
+    };
+    queue.sort_by_key(order);
+    let total = queue.len();
+    let (mut approved, mut rejected, mut skipped) = (0, 0, 0);
+    let mut read_line = |output: &mut dyn std::io::Write, prompt: &str| -> Result<Option<String>> {
+        write!(output, "{prompt}").map_err(io)?;
+        output.flush().map_err(io)?;
+        let mut line = String::new();
+        match input.read_line(&mut line).map_err(io)? {
+            0 => Ok(None),
+            _ => Ok(Some(line.trim().to_string())),
+        }
+    };
+    let mut stopped = "all reviewed";
+    'queue: for (n, r) in queue.iter().enumerate() {
+        let shown = match approvals_show(store, config, &r.id).await {
+            Ok(text) => text,
+            Err(e) => {
+                writeln!(output, "{}: {e}; skipped", r.id).map_err(io)?;
+                continue;
+            }
+        };
+        writeln!(output, "\n=== {} of {total} ===\n{shown}", n + 1).map_err(io)?;
+        loop {
+            let Some(answer) = read_line(output, "[a]pprove, [r]eject, [s]kip, [q]uit? ")? else {
+                stopped = "end of input: nothing more decided";
+                break 'queue;
+            };
+            let (verdict, reason) = match answer.to_lowercase().as_str() {
+                "a" | "approve" => (Verdict::Approved, String::new()),
+                "r" | "reject" => match read_line(output, "reason (the agent sees it): ")? {
+                    Some(reason) => (Verdict::Rejected, reason),
+                    None => {
+                        stopped = "end of input: nothing more decided";
+                        break 'queue;
+                    }
+                },
+                "s" | "skip" => {
+                    skipped += 1;
+                    continue 'queue;
+                }
+                "q" | "quit" => {
+                    stopped = "quit";
+                    break 'queue;
+                }
+                _ => {
+                    writeln!(output, "answer a, r, s or q").map_err(io)?;
+                    continue;
+                }
+            };
+            match approvals_decide(store, config, &r.id, verdict, operator, &reason).await {
+                Ok(text) => {
+                    write!(output, "{text}").map_err(io)?;
+                    match verdict {
+                        Verdict::Approved => approved += 1,
+                        Verdict::Rejected => rejected += 1,
+                    }
+                }
+                // Decided elsewhere meanwhile, or not this operator's to decide.
+                Err(e) => writeln!(output, "not decided: {e}").map_err(io)?,
+            }
+            continue 'queue;
+        }
+    }
+    Ok(format!(
+        "{stopped}. {total} pending: {approved} approved, {rejected} rejected, {skipped} skipped\n"
+    ))
 }
 
 /// What `cowboy send` writes.

@@ -50,9 +50,38 @@ impl Clock {
     }
 }
 
+/// Unix seconds as `YYYY-MM-DDTHH:MM:SSZ` (UTC), for the audit trail and lists.
+pub fn utc(unix_secs: f64) -> String {
+    let secs = unix_secs.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date (proleptic Gregorian), by eras of 400 years.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utc_dates_are_civil() {
+        assert_eq!(utc(0.0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400.0), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_796_151_028.9), "2026-12-01T18:50:28Z");
+    }
     use std::time::Duration;
 
     #[tokio::test(start_paused = true)]

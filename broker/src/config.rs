@@ -36,6 +36,29 @@ pub struct Config {
     pub bridges: BTreeMap<String, BridgeConfig>,
     /// Operators who decide through the CLI as `cli:NAME`, each its own Redis user.
     pub operators: BTreeMap<String, OperatorConfig>,
+    /// `[audit]`: how long the audit trail keeps its entries.
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`: the audit trail (`{bridge}:audit`, see [`crate::audit`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// Days an audit entry is kept; older ones are trimmed by the appends.
+    #[serde(default = "default_retention_days")]
+    pub retention_days: u64,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            retention_days: default_retention_days(),
+        }
+    }
+}
+
+fn default_retention_days() -> u64 {
+    90
 }
 
 /// The file as written; bridges are split into common keys and settings afterwards.
@@ -54,6 +77,9 @@ pub struct RawConfig {
     /// `[operators.NAME]`.
     #[serde(default)]
     pub operators: BTreeMap<String, OperatorConfig>,
+    /// `[audit]`.
+    #[serde(default)]
+    pub audit: AuditConfig,
 }
 
 /// `[operators.NAME]`: a person who decides with the CLI. With any operator
@@ -324,6 +350,13 @@ pub struct ApprovalConfig {
     /// `console:ann`, `cli:ann`). Empty: nobody can approve.
     #[serde(default)]
     pub approvers: Vec<String>,
+    /// How many distinct approvers must approve; one rejection rejects.
+    #[serde(default = "default_quorum")]
+    pub quorum: u32,
+}
+
+fn default_quorum() -> u32 {
+    1
 }
 
 impl Default for ApprovalConfig {
@@ -334,6 +367,7 @@ impl Default for ApprovalConfig {
             notify_channel: String::new(),
             timeout: default_timeout(),
             approvers: Vec::new(),
+            quorum: default_quorum(),
         }
     }
 }
@@ -399,12 +433,19 @@ impl Config {
             agents: raw.agents,
             bridges,
             operators: raw.operators,
+            audit: raw.audit,
         };
         config.validate()?;
         Ok(config)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if self.audit.retention_days == 0 {
+            return Err(ConfigError::invalid(
+                "audit.retention_days",
+                "must be at least 1 (the trail is the only record of who approved what)",
+            ));
+        }
         for name in self.agents.keys() {
             check_name(&format!("agents.{name}"), name)?;
         }
@@ -491,9 +532,12 @@ impl Config {
                 ));
             }
             for (i, who) in approval.approvers.iter().enumerate() {
-                let ok = who
-                    .split_once(':')
-                    .is_some_and(|(kind, id)| APPROVER_KINDS.contains(&kind) && !id.is_empty());
+                // No control characters: a quorum keeps identities one per line.
+                let ok = who.split_once(':').is_some_and(|(kind, id)| {
+                    APPROVER_KINDS.contains(&kind)
+                        && !id.is_empty()
+                        && !id.chars().any(char::is_control)
+                });
                 let unproven = who.strip_prefix("cli:").is_some_and(|op| {
                     !self.operators.is_empty() && !self.operators.contains_key(op)
                 });
@@ -526,6 +570,15 @@ impl Config {
                         "required = true needs at least one approver",
                     ));
                 }
+            }
+            if approval.quorum == 0 || approval.quorum as usize > approval.approvers.len().max(1) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.quorum"),
+                    format!(
+                        "must be between 1 and the number of approvers ({})",
+                        approval.approvers.len()
+                    ),
+                ));
             }
             if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
                 return Err(ConfigError::invalid(

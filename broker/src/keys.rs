@@ -5,7 +5,7 @@
 //!
 //! Names chosen by the broker beyond that contract (`{bridge}:decisions`,
 //! `{bridge}:heartbeat`, `{bridge}:ingest:cursor`, `{bridge}:id-key`,
-//! `{bridge}:in-flight`) all start with the bridge
+//! `{bridge}:in-flight`, `{bridge}:audit`, `{bridge}:uncertain`) all start with the bridge
 //! name, so an agent's ACL patterns (`{agent}:*`) never reach them as long as
 //! agent and bridge names differ, which the config loader enforces.
 
@@ -83,6 +83,20 @@ pub fn in_flight(bridge: &str) -> String {
 /// instead of scanning the keyspace.
 pub fn pending(bridge: &str) -> String {
     format!("{bridge}:pending")
+}
+
+/// The audit trail of a requesting bridge: every step of its approvals and gated
+/// deliveries, appended by the services and the CLI, never read by an agent
+/// (see [`crate::audit`]).
+pub fn audit(bridge: &str) -> String {
+    format!("{bridge}:audit")
+}
+
+/// Deliveries of a bridge whose outcome is unknown (sent, maybe, and no answer),
+/// by delivery id, until an operator reconciles them
+/// (see [`crate::deliveries`]).
+pub fn uncertain(bridge: &str) -> String {
+    format!("{bridge}:uncertain")
 }
 
 /// The prefix every approval key starts with.

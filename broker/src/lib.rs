@@ -28,10 +28,12 @@
 
 pub mod acl;
 pub mod approval;
+pub mod audit;
 pub mod bridge;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod deliveries;
 pub mod entry;
 pub mod error;
 pub mod ingest;

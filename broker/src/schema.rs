@@ -48,6 +48,7 @@ pub fn key_paths() -> Vec<String> {
     add("redis.", field_names::<RedisConfig>());
     add("agents.*.", field_names::<AgentConfig>());
     add("operators.*.", field_names::<OperatorConfig>());
+    add("audit.", field_names::<AuditConfig>());
     for f in field_names::<BridgeCommon>() {
         match *f {
             "approval" => add("bridges.*.approval.", field_names::<ApprovalConfig>()),

@@ -4,6 +4,7 @@
   redis = { url = "redis://127.0.0.1:6390"; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
   agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
   operators.root.passwordFile = "/etc/cowboy/secrets/root";
+  audit.retentionDays = 30;
   bridges.all = {
     type = "console";
     destinations = [ "*" ];
@@ -18,7 +19,7 @@
     dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
-    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; };
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
     redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
     secrets = { "token_file" = "/etc/cowboy/secrets/token"; };

@@ -306,6 +306,24 @@ impl Deployment {
             .output()
             .expect("run cowboy")
     }
+
+    /// Runs the `cowboy` CLI with `input` on its standard input (then its end).
+    pub fn cowboy_with_input(&self, args: &[&str], input: &str) -> std::process::Output {
+        use std::io::Write;
+        let mut child = Command::new(binary("cowboy"))
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run cowboy");
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(input.as_bytes()).expect("write stdin");
+        drop(stdin);
+        child.wait_with_output().expect("wait for cowboy")
+    }
 }
 
 /// A bridge binary running as a child process; SIGTERM and wait on drop.

@@ -16,4 +16,9 @@ pub struct ConsoleSettings {
     /// platform's round trip (benchmarks and tests of deliveries side by side).
     #[serde(default)]
     pub latency_ms: u64,
+    /// The first this many deliveries of each outbox process are not written
+    /// and end as if the platform's reply had been lost (`uncertain`): a stand-in
+    /// for a timed-out platform, for tests and for trying `cowboy deliveries`.
+    #[serde(default)]
+    pub lose_replies: u64,
 }

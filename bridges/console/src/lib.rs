@@ -38,10 +38,10 @@ impl Bridge for Console {
 
     fn sender(&self, _name: &str) -> Result<ConsoleSender> {
         let latency = std::time::Duration::from_millis(self.settings.latency_ms);
-        Ok(ConsoleSender::with_latency(
-            self.settings.output.clone(),
-            latency,
-        ))
+        Ok(
+            ConsoleSender::with_latency(self.settings.output.clone(), latency)
+                .losing_replies(self.settings.lose_replies),
+        )
     }
 
     async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {

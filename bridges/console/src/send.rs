@@ -33,6 +33,8 @@ pub struct ConsoleSender {
     /// The open output file, opened on the first delivery.
     file: tokio::sync::Mutex<Option<std::fs::File>>,
     latency: std::time::Duration,
+    /// Deliveries still to lose (see `lose_replies` in the settings).
+    lose: std::sync::atomic::AtomicU64,
 }
 
 impl ConsoleSender {
@@ -47,7 +49,14 @@ impl ConsoleSender {
             output,
             file: tokio::sync::Mutex::new(None),
             latency,
+            lose: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// The first `n` deliveries are not written and end uncertain.
+    pub fn losing_replies(self, n: u64) -> Self {
+        self.lose.store(n, std::sync::atomic::Ordering::SeqCst);
+        self
     }
 }
 
@@ -84,6 +93,19 @@ impl ConsoleSender {
     async fn deliver(&self, out: Outgoing<'_>) -> Result<String, SendError> {
         if !self.latency.is_zero() {
             tokio::time::sleep(self.latency).await;
+        }
+        let lose = self
+            .lose
+            .fetch_update(
+                std::sync::atomic::Ordering::SeqCst,
+                std::sync::atomic::Ordering::SeqCst,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if lose {
+            return Err(SendError::Uncertain(
+                "no reply from the platform (console lose_replies)".into(),
+            ));
         }
         let mut file = self.file.lock().await;
         let id = external_id(out.delivery_key);

@@ -84,6 +84,10 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
             record.message_sha256
         ),
         format!("Deadline:  {deadline}"),
+        match record.quorum() {
+            1 => "Approvals: one approver decides".to_string(),
+            q => format!("Approvals: {q} different approvers must approve; one rejection rejects"),
+        },
         format!(
             "To decide: {how_to_answer}, or run `cowboy approvals approve|reject {}`",
             &record.id[..8.min(record.id.len())]

@@ -17,6 +17,11 @@
 //! - `resolve_approval` drops the map entry whether the answer counted or was
 //!   late, but not when the answerer is not an approver: a stranger's reaction
 //!   must not disarm the card for the real approvers.
+//! - With `quorum` above one, an approval is counted once per identity and the
+//!   record is approved by the quorum-th distinct approver; one rejection
+//!   rejects. The card stays armed while approvals are counted.
+//! - Every answer to an existing record is appended to its requesting
+//!   bridge's audit trail: counted (`answered`) or ignored, with why.
 //! - A decision is followed by an entry on the deciding worker's wake-up stream
 //!   (`{bridge}:decisions`, or `{bridge}:decisions:{worker}`), named by the
 //!   record and read in the decision's own step.
@@ -31,6 +36,7 @@ pub use id::*;
 pub use record::{field, Record, State, Status, Verdict};
 pub use repo::Approvals;
 
+use crate::audit;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -45,6 +51,13 @@ const DECISIONS_KEPT: u64 = 10_000;
 pub enum Outcome {
     /// The record was pending and in its window: it is now decided.
     Decided,
+    /// An approval towards a quorum above one: counted (or, `again`, counted
+    /// already for this approver), `have` of `need`; nothing is decided yet.
+    Counted {
+        have: usize,
+        need: usize,
+        again: bool,
+    },
     /// No map entry for that external id: not an answer to a notification.
     Unknown,
     /// The answerer is not on the requesting bridge's approvers list.
@@ -75,6 +88,14 @@ impl<'a> Answer<'a> {
             at: clock.now_secs_f64(),
         }
     }
+
+    /// The audit event of this answer on `record`'s trail.
+    fn event(&self, record: &Record, kind: audit::Kind) -> audit::Event {
+        audit::Event::new(record.source(), kind, &record.id, self.at)
+            .with(audit::field::BY, self.approver)
+            .with(audit::field::VERDICT, self.verdict.as_str())
+            .with(audit::field::REASON, self.reason)
+    }
 }
 
 /// The protocol's `resolve_approval`: an answer arrived on the notify bridge `source`
@@ -90,13 +111,17 @@ pub async fn resolve_approval(
         return Ok(Outcome::Unknown);
     };
     let outcome = decide(store, config, &id, answer).await?;
-    if outcome != Outcome::NotAllowed {
+    // A counted approval keeps the card armed for the rest of the quorum.
+    let disarm = !matches!(outcome, Outcome::NotAllowed | Outcome::Counted { .. });
+    if disarm {
         Approvals::on(store).map_delete(source, external_id).await?;
     }
     Ok(outcome)
 }
 
 /// Decides approval `id` directly (the operator CLI), under the same rules.
+/// Every answer to a record that exists is in its bridge's audit trail,
+/// counted or ignored and why.
 pub async fn decide(
     store: &mut Store,
     config: &Config,
@@ -106,10 +131,15 @@ pub async fn decide(
     let Some(record) = Approvals::on(store).load(id).await? else {
         return Ok(Outcome::Late("missing".into()));
     };
-    let requester = record.source().to_string();
+    // Email addresses compare without case: one person is one identity.
+    let approver = canonical_identity(answer.approver);
+    let answer = Answer {
+        approver: &approver,
+        ..answer
+    };
     let allowed = config
         .bridges
-        .get(&requester)
+        .get(record.source())
         .is_some_and(|b| b.approval.allows(answer.approver));
     if !allowed {
         tracing::warn!(
@@ -117,9 +147,21 @@ pub async fn decide(
             approver = answer.approver,
             "answer from someone not on approval.approvers ignored"
         );
+        let event = answer
+            .event(&record, audit::Kind::Ignored)
+            .with(audit::field::WHY, "not an approver");
+        audit::append(store, config, &[event]).await?;
         return Ok(Outcome::NotAllowed);
     }
-    apply(store, id, &requester, answer).await
+    apply(store, config, &record, answer).await
+}
+
+/// `email:Ann@Example.org` and `email:ann@example.org` are one identity.
+fn canonical_identity(identity: &str) -> String {
+    match identity.split_once(':') {
+        Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
+        _ => identity.to_string(),
+    }
 }
 
 /// Rejects a pending approval whose request could not be shown to anyone (the
@@ -128,6 +170,7 @@ pub async fn decide(
 /// `broker:{notify bridge}`, which no config can name.
 pub async fn reject_unshown(
     store: &mut Store,
+    config: &Config,
     clock: &Clock,
     record: &Record,
     notify: &str,
@@ -136,63 +179,128 @@ pub async fn reject_unshown(
     let reason = format!("the approval request could not be shown to approvers: {reason}");
     let approver = format!("broker:{notify}");
     let answer = Answer::new(clock, Verdict::Rejected, &approver, &reason);
-    apply(store, &record.id, record.source(), answer).await
+    apply(store, config, record, answer).await
 }
 
-/// Writes a decision (pending and in time only) and wakes the requester.
-async fn apply(store: &mut Store, id: &str, requester: &str, given: Answer<'_>) -> Result<Outcome> {
+/// Writes a decision (pending and in time only), records the answer in the
+/// audit trail, and wakes the requester when the status changed.
+async fn apply(
+    store: &mut Store,
+    config: &Config,
+    record: &Record,
+    given: Answer<'_>,
+) -> Result<Outcome> {
+    let id = record.id.as_str();
     let Answer {
         verdict,
         approver,
         reason,
         at,
     } = given;
-    let (answer, worker) = Approvals::on(store)
+    let d = Approvals::on(store)
         .decide(id, verdict, approver, reason, at)
         .await?;
-    let late = answer != "decided";
-    if late && answer != "approved" && answer != "rejected" {
-        tracing::info!(approval = id, state = %answer, "late answer ignored");
-        return Ok(Outcome::Late(answer));
-    }
-    if !late {
-        tracing::info!(
-            approval = id,
-            approver,
-            verdict = verdict.as_str(),
-            "approval decided"
-        );
-    }
-    // Wake the requesting worker (the one the record names, read in the same step
-    // as the decision). If this is lost (the decider died in between, or the cap
-    // trimmed it unread), answering again through the CLI wakes it again, a
-    // restart re-reads every record, and the sweep's round robin reaches it.
-    let stream = keys::decisions_for(requester, &worker);
-    let _: String = redis::cmd("XADD")
-        .arg(&stream)
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(DECISIONS_KEPT)
-        .arg("*")
-        .arg("approval_id")
-        .arg(id)
-        .arg("status")
-        // The record's status: a late answer re-wakes with what was decided.
-        .arg(if late {
-            answer.as_str()
-        } else {
-            verdict.as_str()
-        })
-        .query_async(&mut store.conn)
-        .await
-        .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
-    if late {
+    let need = record.quorum() as usize;
+    let count = format!("{}/{need}", d.approvals.len());
+    let ignored = |why: &str| {
+        given
+            .event(record, audit::Kind::Ignored)
+            .with(audit::field::WHY, why)
+    };
+    let (events, outcome, wake) = match d.answer.as_str() {
+        "decided" => {
+            tracing::info!(
+                approval = id,
+                approver,
+                verdict = verdict.as_str(),
+                "approval decided"
+            );
+            let answered = given.event(record, audit::Kind::Answered).with(
+                audit::field::COUNT,
+                if verdict == Verdict::Approved {
+                    count
+                } else {
+                    String::new()
+                },
+            );
+            let by = match verdict {
+                Verdict::Approved if need > 1 => d.approvals.join(", "),
+                _ => approver.to_string(),
+            };
+            let decided = audit::Event::new(record.source(), audit::Kind::Decided, id, at)
+                .with(audit::field::VERDICT, verdict.as_str())
+                .with(audit::field::BY, by)
+                .with(audit::field::REASON, reason)
+                .with(audit::field::DIGEST, &record.message_sha256);
+            (
+                vec![answered, decided],
+                Outcome::Decided,
+                Some(verdict.as_str()),
+            )
+        }
+        "counted" | "counted-again" => {
+            let again = d.answer == "counted-again";
+            tracing::info!(
+                approval = id,
+                approver,
+                have = d.approvals.len(),
+                need,
+                again,
+                "approval counted"
+            );
+            let event = match again {
+                true => ignored("already counted for this approver"),
+                false => given
+                    .event(record, audit::Kind::Answered)
+                    .with(audit::field::COUNT, count),
+            };
+            let outcome = Outcome::Counted {
+                have: d.approvals.len(),
+                need,
+                again,
+            };
+            (vec![event], outcome, None)
+        }
         // Decided but not yet settled: the requester is woken again, in case the
         // first wake-up was lost (a decider that died between its two steps).
-        tracing::info!(approval = id, state = %answer, "late answer ignored; requester woken again");
-        return Ok(Outcome::Late(answer));
+        state @ ("approved" | "rejected") => {
+            tracing::info!(
+                approval = id,
+                state,
+                "late answer ignored; requester woken again"
+            );
+            let event = ignored(&format!("late: already {state}"));
+            (vec![event], Outcome::Late(state.to_string()), Some(state))
+        }
+        state => {
+            tracing::info!(approval = id, state, "late answer ignored");
+            let event = ignored(&format!("late: {state}"));
+            (vec![event], Outcome::Late(state.to_string()), None)
+        }
+    };
+    audit::append(store, config, &events).await?;
+    if let Some(status) = wake {
+        // Wake the requesting worker (the one the record names, read in the same
+        // step as the decision). If this is lost (the decider died in between, or
+        // the cap trimmed it unread), answering again through the CLI wakes it
+        // again, a restart re-reads every record, and the sweep's round robin
+        // reaches it.
+        let stream = keys::decisions_for(record.source(), &d.worker);
+        let _: String = redis::cmd("XADD")
+            .arg(&stream)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(DECISIONS_KEPT)
+            .arg("*")
+            .arg("approval_id")
+            .arg(id)
+            .arg("status")
+            .arg(status)
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
     }
-    Ok(Outcome::Decided)
+    Ok(outcome)
 }
 
 /// Ids of every approval record, by `SCAN` (operator use only).

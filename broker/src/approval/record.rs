@@ -44,6 +44,8 @@ pub mod field {
     pub const SETTLED_AT: &str = "settled_at";
     pub const OUTCOME: &str = "outcome";
     pub const OUTCOME_SENT: &str = "outcome_sent";
+    pub const QUORUM: &str = "quorum";
+    pub const APPROVALS: &str = "approvals";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -77,6 +79,8 @@ pub mod field {
         SETTLED_AT,
         OUTCOME,
         OUTCOME_SENT,
+        QUORUM,
+        APPROVALS,
     ];
 }
 
@@ -205,6 +209,10 @@ pub struct Record {
     pub outcome: Option<String>,
     /// The outcome entry was written to the notify bridge's outbox.
     pub outcome_sent: bool,
+    /// Distinct approvers needed (`approval.quorum` when parked; absent reads as 1).
+    pub quorum: u32,
+    /// Who approved so far, in order (one line each in the hash).
+    pub approvals: Vec<String>,
 }
 
 impl Record {
@@ -245,6 +253,10 @@ impl Record {
             settled_at: number(text(SETTLED_AT)),
             outcome: text(OUTCOME),
             outcome_sent: text(OUTCOME_SENT).is_some(),
+            quorum: number(text(QUORUM)).map_or(1, |q| q.clamp(1, u32::MAX as u64) as u32),
+            approvals: text(APPROVALS)
+                .map(|a| a.lines().map(str::to_string).collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -285,6 +297,8 @@ impl Record {
             num(SETTLED_AT, self.settled_at),
             some(OUTCOME, &self.outcome),
             self.outcome_sent.then(|| (OUTCOME_SENT, "1".to_string())),
+            (self.quorum > 1).then(|| (QUORUM, self.quorum.to_string())),
+            text(APPROVALS, &self.approvals.join("\n")),
         ]
         .into_iter()
         .flatten()
@@ -327,6 +341,23 @@ impl Record {
         self.reason.as_deref().unwrap_or("")
     }
 
+    /// The quorum, at least 1.
+    pub fn quorum(&self) -> u32 {
+        self.quorum.max(1)
+    }
+
+    /// "1 of 2 approvals" while a quorum above one is being gathered.
+    pub fn progress(&self) -> Option<String> {
+        (self.quorum() > 1).then(|| {
+            let have = self.approvals.len();
+            let who = match have {
+                0 => String::new(),
+                _ => format!(" ({})", self.approvals.join(", ")),
+            };
+            format!("{have} of {} approvals{who}", self.quorum())
+        })
+    }
+
     pub fn request_id(&self) -> &str {
         self.request_id.as_deref().unwrap_or("")
     }
@@ -358,6 +389,8 @@ mod tests {
             notified: Some("1-0".into()),
             decided_at: Some(6),
             outcome_sent: true,
+            quorum: 2,
+            approvals: vec!["console:a".into(), "console:b".into()],
             ..Record::default()
         };
         let map: HashMap<String, String> = r

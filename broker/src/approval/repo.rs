@@ -32,19 +32,41 @@ redis.call('HSET', KEYS[1], unpack(ARGV))
 return 1
 "#;
 
-/// Decides a pending record inside its window. ARGV: status, approver, reason,
-/// now (fractional seconds), now (whole seconds). Returns `decided` or why
-/// nothing changed (`missing`, `expired`, `settled`, the decided status), and
-/// the record's worker.
+/// Decides a pending record inside its window. ARGV: verdict, approver, reason,
+/// now (fractional seconds), now (whole seconds), the approver list's separator.
+/// Returns `decided`, `counted` (an approval short of the record's quorum, kept
+/// in `approvals`), `counted-again` (this approver's approval is counted
+/// already), or why nothing changed (`missing`, `expired`, `settled`, the
+/// decided status); the record's worker; and the approvals so far. One
+/// rejection rejects whatever was counted.
 const DECIDE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker')
-if not f[1] then return {'missing', ''} end
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals')
+if not f[1] then return {'missing', '', ''} end
+local worker = f[3] or ''
+local have = f[6] or ''
 local expires = tonumber(f[2]) or 0
-if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', ''} end
-if redis.call('HEXISTS', KEYS[1], 'settled_at') == 1 then return {'settled', ''} end
-if f[1] ~= 'pending' then return {f[1], f[3] or ''} end
+if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', '', have} end
+-- HMGET, not HEXISTS: the notify outbox's Redis user has no HEXISTS.
+if f[4] then return {'settled', '', have} end
+if f[1] ~= 'pending' then return {f[1], worker, have} end
+local quorum = tonumber(f[5]) or 1
+if ARGV[1] == 'approved' and quorum > 1 then
+  local n = 0
+  for who in string.gmatch(have, '[^' .. ARGV[6] .. ']+') do
+    n = n + 1
+    if who == ARGV[2] then return {'counted-again', worker, have} end
+  end
+  if have ~= '' then have = have .. ARGV[6] end
+  have = have .. ARGV[2]
+  if n + 1 < quorum then
+    redis.call('HSET', KEYS[1], 'approvals', have)
+    return {'counted', worker, have}
+  end
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approver', have, 'reason', ARGV[3], 'decided_at', ARGV[5])
+  return {'decided', worker, have}
+end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
-return {'decided', f[3] or ''}
+return {'decided', worker, have}
 "#;
 
 /// Sets fields only on a record that still exists. Returns whether it existed.
@@ -103,6 +125,21 @@ pub struct SweepState {
     pub status: Option<Status>,
     pub notified: bool,
     pub claimed: bool,
+}
+
+/// Separates the identities in a record's `approvals` (none contains a newline:
+/// the config and the surfaces refuse them).
+const APPROVALS_SEPARATOR: &str = "\n";
+
+/// What [`DECIDE`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// `decided`, `counted`, `counted-again`, or why nothing changed.
+    pub answer: String,
+    /// The worker to wake (empty when the record is gone or settled).
+    pub worker: String,
+    /// Who approved so far.
+    pub approvals: Vec<String>,
 }
 
 /// The notify side's claim of a record for one notification entry.
@@ -361,7 +398,7 @@ impl<'a> Approvals<'a> {
         self.set(id, &[(field::OUTCOME_SENT, "1")]).await
     }
 
-    /// Decides a record (see [`DECIDE`]). Returns the answer and the worker.
+    /// Decides a record (see [`DECIDE`]).
     pub async fn decide(
         &mut self,
         id: &str,
@@ -369,18 +406,28 @@ impl<'a> Approvals<'a> {
         approver: &str,
         reason: &str,
         now: f64,
-    ) -> Result<(String, String)> {
+    ) -> Result<Decision> {
         let key = keys::approval(id);
-        DECIDE_SCRIPT
+        let (answer, worker, approvals): (String, String, String) = DECIDE_SCRIPT
             .key(&key)
             .arg(verdict.as_str())
             .arg(approver)
             .arg(reason)
             .arg(now)
             .arg(now as u64)
+            .arg(APPROVALS_SEPARATOR)
             .invoke_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))
+            .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
+        Ok(Decision {
+            answer,
+            worker,
+            approvals: approvals
+                .split(APPROVALS_SEPARATOR)
+                .filter(|a| !a.is_empty())
+                .map(str::to_string)
+                .collect(),
+        })
     }
 
     /// Marks a record settled with its outcome, with [`SETTLED_TTL_SECS`] (see
@@ -599,10 +646,27 @@ mod tests {
             for quoted in script.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());
                 let is_answer = [
-                    "missing", "expired", "settled", "decided", "ok", "not-ours", "digest",
-                    "claimed", "pending",
+                    "missing",
+                    "expired",
+                    "settled",
+                    "decided",
+                    "ok",
+                    "not-ours",
+                    "digest",
+                    "claimed",
+                    "pending",
+                    "approved",
+                    "counted",
+                    "counted-again",
                 ]
                 .contains(&quoted);
+                // A pattern piece such as `[^`, not a name.
+                let is_pattern = !quoted
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+                if is_pattern && !is_answer {
+                    continue;
+                }
                 assert!(
                     is_command || is_answer || field::ALL.contains(&quoted),
                     "`{quoted}` in a script is not a record field"

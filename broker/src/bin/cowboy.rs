@@ -53,6 +53,29 @@ enum Command {
     },
     /// Streams, pending and parked counts, dead letters and liveness per bridge.
     Status,
+    /// The audit trail: every step of every approval, kept after the records.
+    Audit {
+        /// One approval's history (an id, or the start of one).
+        #[arg(long)]
+        approval: Option<String>,
+        /// Every approval this agent asked for.
+        #[arg(long)]
+        agent: Option<String>,
+        /// One requesting bridge's trail.
+        #[arg(long)]
+        bridge: Option<String>,
+        /// Unix seconds, or an age such as 2h or 7d.
+        #[arg(long)]
+        since: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliveries whose outcome is unknown, until an operator settles them.
+    Deliveries {
+        #[command(subcommand)]
+        command: Deliveries,
+    },
     /// Run one service of a bridge (exec's `cowboy-{type}-{service}`), for unit templates.
     Service {
         /// ingest, outbox or ping.
@@ -85,6 +108,26 @@ enum AclCommand {
 }
 
 #[derive(Subcommand)]
+enum Deliveries {
+    /// Every uncertain delivery, oldest first.
+    List,
+    /// Settle an uncertain delivery: `delivered` closes it and sends nothing;
+    /// `not-delivered` puts the agent's entry back on its stream, to be
+    /// approved (or delivered, without approval) afresh.
+    Reconcile {
+        id: String,
+        /// delivered or not-delivered.
+        #[arg(long)]
+        outcome: String,
+        /// How you know (kept in the audit trail).
+        #[arg(long)]
+        evidence: String,
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Approvals {
     /// One line per pending approval, id first.
     List {
@@ -99,6 +142,16 @@ enum Approvals {
         id: String,
         /// Who decides; must be on the approvers list as `cli:NAME`. With
         /// `[operators]` declared, NAME is proven by connecting as that Redis user.
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+    /// Walk the pending approvals one at a time, oldest first: approve,
+    /// reject with a reason, skip or quit. End of input decides nothing.
+    Review {
+        #[arg(long)]
+        bridge: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
@@ -174,6 +227,27 @@ async fn main() -> ExitCode {
             Command::Approvals { command } => match command {
                 Approvals::List { all } => cli::approvals_list(&mut store, &config, all).await,
                 Approvals::Show { id } => cli::approvals_show(&mut store, &config, &id).await,
+                Approvals::Review {
+                    bridge,
+                    agent,
+                    operator: who,
+                } => {
+                    let who = operator(who);
+                    let mut store = cli::decision_store(&config, &who, store).await?;
+                    let filter = cli::ReviewFilter { bridge, agent };
+                    let stdin = std::io::stdin();
+                    let mut input = stdin.lock();
+                    let mut output = std::io::stdout();
+                    cli::approvals_review(
+                        &mut store,
+                        &config,
+                        &filter,
+                        &who,
+                        &mut input,
+                        &mut output,
+                    )
+                    .await
+                }
                 Approvals::Approve { id, operator: who } => {
                     let who = operator(who);
                     let mut store = cli::decision_store(&config, &who, store).await?;
@@ -219,6 +293,38 @@ async fn main() -> ExitCode {
                 cli::send(&mut store, &config, &a).await
             }
             Command::Status => cli::status(&mut store, &config).await,
+            Command::Audit {
+                approval,
+                agent,
+                bridge,
+                since,
+                json,
+            } => {
+                let since = since
+                    .map(|s| cli::parse_since(&s, broker::now_secs_f64()))
+                    .transpose()?;
+                let filter = broker::audit::Filter {
+                    approval,
+                    agent,
+                    bridge,
+                    since,
+                };
+                cli::audit(&mut store, &config, &filter, json).await
+            }
+            Command::Deliveries { command } => match command {
+                Deliveries::List => cli::deliveries_list(&mut store, &config).await,
+                Deliveries::Reconcile {
+                    id,
+                    outcome,
+                    evidence,
+                    operator: who,
+                } => {
+                    let who = operator(who);
+                    let mut store = cli::decision_store(&config, &who, store).await?;
+                    cli::deliveries_reconcile(&mut store, &config, &id, &outcome, &evidence, &who)
+                        .await
+                }
+            },
             Command::Acl { command: None, .. } | Command::Service { .. } => {
                 unreachable!("handled above")
             }

@@ -292,6 +292,11 @@ impl<S: Sender> OutboxService<S> {
                 self.acks_since.get_or_insert_with(Instant::now);
             }
             Delivery::Failed(n) => {
+                if n.as_notice().status == "uncertain" {
+                    let reason = n.reason.clone();
+                    self.record_uncertain(f.source, &f.entry, &f.message, None, &reason)
+                        .await?;
+                }
                 self.dead_letter(f.source, &f.entry, n).await?;
                 // Only once the outcome is recorded: a mark cleared before a
                 // failed ack would let a restart send the message again.

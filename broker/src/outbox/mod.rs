@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 
 use crate::approval::{self, repo::Claim, Approvals, IdKey, Record, State, Status};
+use crate::audit;
 use crate::clock::Clock;
 use crate::config::{BridgeConfig, Config};
 use crate::entry::{Message, Notice};
@@ -364,6 +365,58 @@ impl<S: Sender> OutboxService<S> {
             self.id_key = Some(IdKey::load(&mut self.store, &self.name).await?);
         }
         Ok(())
+    }
+
+    /// An event of approval `id` for this bridge's audit trail, now.
+    fn event(&self, kind: audit::Kind, id: &str) -> audit::Event {
+        audit::Event::new(&self.name, kind, id, self.clock.now_secs_f64())
+    }
+
+    /// Appends events to the audit trail.
+    async fn audit(&mut self, events: &[audit::Event]) -> Result<()> {
+        audit::append(&mut self.store, &self.config, events).await
+    }
+
+    /// The `parked` event of a new record: who asked, for what, bound by which digest.
+    fn parked_event(&self, r: &Record) -> audit::Event {
+        self.event(audit::Kind::Parked, &r.id)
+            .with_opt(audit::field::AGENT, r.agent())
+            .with(audit::field::STREAM, &r.stream)
+            .with(audit::field::ENTRY_ID, &r.entry_id)
+            .with(audit::field::DESTINATION, &r.channel_id)
+            .with(audit::field::DIGEST, &r.message_sha256)
+            .with(audit::field::NOTIFY, &r.notify)
+    }
+
+    /// A send that may have gone out: kept for an operator to reconcile (never
+    /// retried), and audited.
+    async fn record_uncertain(
+        &mut self,
+        idx: usize,
+        entry: &Entry,
+        message: &Message,
+        approval_id: Option<&str>,
+        reason: &str,
+    ) -> Result<()> {
+        let source = &self.sources[idx];
+        let u = crate::deliveries::Uncertain {
+            id: delivery_key(&source.key, &entry.id),
+            bridge: self.name.clone(),
+            stream: source.key.clone(),
+            entry_id: entry.id.clone(),
+            agent: source.agent.clone(),
+            approval_id: approval_id.map(str::to_string),
+            destination: message.channel_id.clone(),
+            digest: message.sha256(),
+            reason: reason.to_string(),
+            at: self.clock.now_secs_f64(),
+            fields: entry
+                .fields
+                .iter()
+                .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect(),
+        };
+        crate::deliveries::record(&mut self.store, &self.config, &u).await
     }
 }
 

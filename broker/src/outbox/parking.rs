@@ -104,6 +104,9 @@ impl<S: Sender> OutboxService<S> {
                 let created = Approvals::on(&mut self.store)
                     .create_many(std::slice::from_ref(&record))
                     .await?;
+                if created[0] {
+                    self.audit(&[self.parked_event(&record)]).await?;
+                }
                 tracing::info!(approval = %id, stream = %source.key, entry = %entry.id, "entry parked for approval");
                 (record, !created[0] || retry, created[0])
             }
@@ -130,6 +133,10 @@ impl<S: Sender> OutboxService<S> {
                 };
                 tracing::warn!(approval = %id, reason, "approval cannot be asked");
                 self.notice(idx, &entry.id, Some(entry), n).await?;
+                let failed = self
+                    .event(audit::Kind::Failed, &id)
+                    .with(audit::field::REASON, &reason);
+                self.audit(&[failed]).await?;
                 return self.finish(idx, &entry.id, &record, Some("failed")).await;
             }
         }
@@ -169,6 +176,9 @@ impl<S: Sender> OutboxService<S> {
         if fresh.is_empty() {
             return Ok(());
         }
+        let parked: Vec<audit::Event> =
+            fresh.iter().map(|(_, r, _)| self.parked_event(r)).collect();
+        self.audit(&parked).await?;
         let mut pipe = redis::pipe();
         for (_, record, fields) in &fresh {
             let mut cmd = redis::cmd("XADD");
@@ -268,6 +278,7 @@ impl<S: Sender> OutboxService<S> {
             entry_id: entry.id.clone(),
             notify: self.config.notify_bridge(&self.name).to_string(),
             notify_channel: self.bridge.approval.notify_channel.clone(),
+            quorum: self.bridge.approval.quorum,
             // Whose wake-up stream a decision goes to (changed when another worker takes over).
             worker: self.worker.clone(),
             // Unguessable and single-use: notify bridges build reply tokens from it

@@ -35,7 +35,12 @@ impl<S: Sender> OutboxService<S> {
                 approval_id: Some(&id),
                 ..Notice::default()
             };
+            let reason = n.reason;
             self.notice(idx, &parked.entry_id, None, n).await?;
+            let failed = self
+                .event(audit::Kind::Failed, &id)
+                .with(audit::field::REASON, reason);
+            self.audit(&[failed]).await?;
             self.ack(&self.sources[idx].key.clone(), &parked.entry_id)
                 .await?;
             Approvals::on(&mut self.store)
@@ -74,6 +79,12 @@ impl<S: Sender> OutboxService<S> {
                     ..Notice::default()
                 };
                 self.notice(idx, &parked.entry_id, None, n).await?;
+                if state == State::Expired {
+                    let expired = self
+                        .event(audit::Kind::Expired, &id)
+                        .with(audit::field::REASON, reason);
+                    self.audit(&[expired]).await?;
+                }
                 tracing::info!(approval = %id, state = state.as_str(), "parked entry dropped");
                 self.finish(idx, &parked.entry_id, &record, Some(state.as_str()))
                     .await
@@ -96,7 +107,12 @@ impl<S: Sender> OutboxService<S> {
                 approval_id: Some(&id),
                 ..Notice::default()
             };
+            let reason = n.reason;
             self.notice(idx, entry_id, None, n).await?;
+            let failed = self
+                .event(audit::Kind::Failed, &id)
+                .with(audit::field::REASON, reason);
+            self.audit(&[failed]).await?;
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
         let checked = self
@@ -125,6 +141,10 @@ impl<S: Sender> OutboxService<S> {
                 };
                 self.dead_letter_only(idx, &entry, &n).await?;
                 self.notice(idx, entry_id, Some(&entry), n).await?;
+                let failed = self
+                    .event(audit::Kind::Failed, &id)
+                    .with(audit::field::REASON, &reason);
+                self.audit(&[failed]).await?;
                 return self.finish(idx, entry_id, &record, Some("failed")).await;
             }
         };
@@ -170,6 +190,13 @@ impl<S: Sender> OutboxService<S> {
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id, report) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
+                let delivered = self
+                    .event(audit::Kind::Delivered, &id)
+                    .with(audit::field::EXTERNAL_ID, &external_id)
+                    .with(audit::field::DESTINATION, &f.message.channel_id)
+                    .with(audit::field::DIGEST, f.message.sha256())
+                    .with_opt(audit::field::OUTCOME, report.as_ref().map(|r| r.status));
+                self.audit(&[delivered]).await?;
                 // A declared action tells the agent how its run went.
                 if let Some(r) = report {
                     let exit_code = r.exit_code.map(|c| c.to_string());
@@ -192,6 +219,16 @@ impl<S: Sender> OutboxService<S> {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
                 self.dead_letter_only(idx, &f.entry, &n).await?;
+                if n.status == "uncertain" {
+                    self.record_uncertain(idx, &f.entry, &f.message, Some(&id), n.reason)
+                        .await?;
+                } else {
+                    let failed = self
+                        .event(audit::Kind::Failed, &id)
+                        .with(audit::field::REASON, n.reason)
+                        .with_opt(audit::field::OUTCOME, Some(n.status));
+                    self.audit(&[failed]).await?;
+                }
                 self.notice(idx, &entry_id, Some(&f.entry), n.clone())
                     .await?;
                 // `uncertain` is shown as such: the message may have gone out.

@@ -20,6 +20,8 @@ pub(super) struct Shown {
     entry_id: String,
     approval_id: String,
     external_id: String,
+    /// The requesting bridge, whose audit trail records the card.
+    requester: String,
 }
 
 impl<S: Sender> OutboxService<S> {
@@ -91,10 +93,24 @@ impl<S: Sender> OutboxService<S> {
             by_stream.entry(&s.stream).or_default().push(&s.entry_id);
         }
         let group = &self.group;
+        let at = self.clock.now_secs_f64();
+        let events: Vec<audit::Event> = shown
+            .iter()
+            .map(|s| {
+                audit::Event::new(&s.requester, audit::Kind::Notified, &s.approval_id, at)
+                    .with(audit::field::NOTIFY, &self.name)
+                    .with(audit::field::EXTERNAL_ID, &s.external_id)
+            })
+            .collect();
+        let retention = self.config.audit.retention_days;
         Approvals::on(&mut self.store)
             .record_shown(&self.name, &cards, |pipe| {
                 for (stream, ids) in &by_stream {
                     pipe.xack(*stream, group, ids).ignore();
+                }
+                audit::prepare(pipe);
+                for e in &events {
+                    e.add_to(pipe, retention);
                 }
             })
             .await
@@ -136,8 +152,15 @@ impl<S: Sender> OutboxService<S> {
                 "the notification was handed to a worker {deliveries} times without being shown (max_deliveries = {})",
                 self.bridge.max_deliveries
             );
-            approval::reject_unshown(&mut self.store, &self.clock, &record, &self.name, &reason)
-                .await?;
+            approval::reject_unshown(
+                &mut self.store,
+                &self.config,
+                &self.clock,
+                &record,
+                &self.name,
+                &reason,
+            )
+            .await?;
             let n = FailedNotice::new("failed", reason).with_approval(&id);
             return self.dead_letter(idx, entry, n).await;
         }
@@ -179,6 +202,7 @@ impl<S: Sender> OutboxService<S> {
                     entry_id: f.entry.id.clone(),
                     approval_id: id,
                     external_id,
+                    requester: record.source().to_string(),
                 });
                 let first = *self.shown_since.get_or_insert_with(Instant::now);
                 if first.elapsed() >= ACK_DELAY {
@@ -188,6 +212,7 @@ impl<S: Sender> OutboxService<S> {
             Delivery::Failed(n) => {
                 approval::reject_unshown(
                     &mut self.store,
+                    &self.config,
                     &self.clock,
                     &record,
                     &self.name,
@@ -288,8 +313,15 @@ impl<S: Sender> OutboxService<S> {
             let reason = format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
             );
-            approval::reject_unshown(&mut self.store, &self.clock, &record, &self.name, &reason)
-                .await?;
+            approval::reject_unshown(
+                &mut self.store,
+                &self.config,
+                &self.clock,
+                &record,
+                &self.name,
+                &reason,
+            )
+            .await?;
             return Ok(Err(reason));
         }
         let text = |name: &str| entry.text(name).map(str::to_string);

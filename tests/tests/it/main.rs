@@ -10,6 +10,7 @@ mod discord;
 mod effects;
 mod email;
 mod invalid;
+mod ledger;
 mod ping;
 mod retention;
 mod supervisor;

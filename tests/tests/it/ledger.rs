@@ -1,0 +1,466 @@
+//! The approval ledger: the audit trail, quorum, review and reconciling
+//! uncertain deliveries, on a real Redis with console bridges.
+
+use broker::audit::{self, Entry, Filter};
+use broker::{approval, keys};
+use harness::{hash, wait_until, Deployment};
+
+use crate::approval::{agent_sends, inbox_notices, notification, react};
+use crate::{approval_config, SOON};
+
+/// The trail of one approval, oldest first.
+async fn history(d: &Deployment, id: &str) -> Vec<Entry> {
+    let mut store = d.store().await;
+    let filter = Filter {
+        approval: Some(id.to_string()),
+        ..Filter::default()
+    };
+    audit::query(&mut store, &d.config, &filter).await.unwrap()
+}
+
+fn events(h: &[Entry]) -> Vec<&str> {
+    h.iter().map(|e| e.event.as_str()).collect()
+}
+
+/// Waits until approval `id`'s trail holds `n` entries.
+async fn history_of_len(d: &Deployment, id: &str, n: usize) -> Vec<Entry> {
+    wait_until(&format!("{n} audit entries for {id}"), SOON, || async {
+        let h = history(d, id).await;
+        (h.len() >= n).then_some(h)
+    })
+    .await
+}
+
+async fn record_gone(d: &Deployment, id: &str) {
+    let store = d.store().await;
+    wait_until("the record is deleted", SOON, || {
+        let mut store = store.clone();
+        async move {
+            hash(&mut store, &keys::approval(id))
+                .await
+                .is_empty()
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+/// An approved and a rejected approval leave their whole history, in order,
+/// with who and the digest, after their records are gone; a stranger's answer
+/// is in it as ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_of_approved_and_rejected_approvals_outlives_the_records() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let first = agent_sends(&d, "ship it", "r1").await;
+    let (yes, yes_card) = notification(&d, 0).await;
+    agent_sends(&d, "drop it", "r2").await;
+    let (no, no_card) = notification(&d, 1).await;
+    let parked_digest =
+        hash(&mut d.store().await, &keys::approval(&yes)).await["message_sha256"].clone();
+
+    react(&d, &yes_card, "✅", "eve", "");
+    history_of_len(&d, &yes, 3).await;
+    react(&d, &yes_card, "✅", "boss", "");
+    react(&d, &no_card, "❌", "boss", "not today");
+    wait_until("the approved message is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    record_gone(&d, &yes).await;
+    record_gone(&d, &no).await;
+
+    let h = history_of_len(&d, &yes, 6).await;
+    assert_eq!(
+        events(&h),
+        [
+            "parked",
+            "notified",
+            "ignored",
+            "answered",
+            "decided",
+            "delivered"
+        ],
+        "{h:#?}"
+    );
+    assert_eq!(h[0].get("agent"), Some("ann"));
+    assert_eq!(h[0].get("entry_id"), Some(first.as_str()));
+    assert_eq!(h[0].get("destination"), Some("bob@example.org"));
+    assert_eq!(h[0].get("digest"), Some(parked_digest.as_str()));
+    assert_eq!(h[1].get("notify"), Some("desk"));
+    assert_eq!(h[1].get("external_id"), Some(yes_card.as_str()));
+    assert_eq!(h[2].get("by"), Some("console:eve"));
+    assert_eq!(h[2].get("why"), Some("not an approver"));
+    assert_eq!(h[3].get("by"), Some("console:boss"));
+    assert_eq!(h[4].get("verdict"), Some("approved"));
+    assert_eq!(h[4].get("digest"), Some(parked_digest.as_str()));
+    assert_eq!(
+        h[5].get("digest"),
+        Some(parked_digest.as_str()),
+        "what went out is what was approved"
+    );
+    assert_eq!(
+        h[5].get("external_id"),
+        Some(d.delivered("mail.out")[0].external_id.as_str())
+    );
+
+    let h = history_of_len(&d, &no, 4).await;
+    assert_eq!(
+        events(&h),
+        ["parked", "notified", "answered", "decided"],
+        "{h:#?}"
+    );
+    assert_eq!(h[3].get("verdict"), Some("rejected"));
+    assert_eq!(h[3].get("reason"), Some("not today"));
+
+    // The CLI shows the same history, as text and as JSON lines.
+    let out = d.cowboy(&["approvals", "show", &yes]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("the record is gone") && text.contains("delivered"),
+        "{text}"
+    );
+    let out = d.cowboy(&["audit", "--approval", &no[..8], "--json"]);
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[3]["fields"]["reason"], "not today");
+    let out = d.cowboy(&["audit", "--agent", "ann"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().count(), 10, "both approvals of ann:\n{text}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// An expired approval's trail says so, and an answer after the deadline is
+/// in it as ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_of_an_expired_approval_shows_the_late_answer() {
+    let d = Deployment::new(&approval_config(3));
+    let desk = d.spawn("outbox", "desk");
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "too slow", "r").await;
+    let (id, card) = notification(&d, 0).await;
+    history_of_len(&d, &id, 2).await;
+    outbox.crash();
+    let mut store = d.store().await;
+    let expires: f64 = hash(&mut store, &keys::approval(&id)).await["expires_at"]
+        .parse()
+        .unwrap();
+    // Stamped well past the deadline (its own clock), so after the expiry too.
+    let after = broker::Clock::starting_at(expires + 30.0);
+    let answer = approval::Answer::new(&after, approval::Verdict::Approved, "console:boss", "");
+    let outcome = approval::resolve_approval(&mut store, &d.config, "desk", &card, answer)
+        .await
+        .unwrap();
+    assert_eq!(outcome, approval::Outcome::Late("expired".into()));
+    let outbox = d.spawn("outbox", "mail");
+    record_gone(&d, &id).await;
+    let h = history_of_len(&d, &id, 4).await;
+    assert_eq!(
+        events(&h),
+        ["parked", "notified", "expired", "ignored"],
+        "{h:#?}"
+    );
+    assert_eq!(h[3].get("why"), Some("late: expired"));
+    assert_eq!(h[3].get("by"), Some("console:boss"));
+    outbox.stop().await.unwrap();
+    desk.stop().await.unwrap();
+}
+
+/// Appends trim what is older than `audit.retention_days` behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_trims_old_audit_entries() {
+    let d = Deployment::new(&format!(
+        "[audit]\nretention_days = 90\n{}",
+        approval_config(3600)
+    ));
+    let mut store = d.store().await;
+    let now = broker::now_secs_f64();
+    let event = |at: f64| audit::Event::new("mail", audit::Kind::Parked, "a", at);
+    audit::append(&mut store, &d.config, &[event(now), event(now)])
+        .await
+        .unwrap();
+    // 89 days on, both are kept.
+    audit::append(&mut store, &d.config, &[event(now + 89.0 * 86_400.0)])
+        .await
+        .unwrap();
+    let trail = keys::audit("mail");
+    assert_eq!(harness::stream(&mut store, &trail).await.len(), 3);
+    // 91 days on, the first two are more than 90 days old; the third is not.
+    audit::append(&mut store, &d.config, &[event(now + 91.0 * 86_400.0)])
+        .await
+        .unwrap();
+    let kept = harness::stream(&mut store, &trail).await;
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept[0]["at"].parse::<f64>().unwrap() > now + 88.0 * 86_400.0);
+}
+
+/// Quorum 2: one approval sends nothing, the same approver twice counts once,
+/// a second approver sends once; one rejection rejects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_needs_distinct_approvers_and_one_rejection_rejects() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "console:amy", "cli:op"], quorum = 2 }"#,
+    );
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "two keys", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    assert!(
+        d.delivered("desk.out")[0]
+            .content
+            .contains("2 different approvers must approve"),
+        "the card says a quorum is needed"
+    );
+    react(&d, &card, "✅", "boss", "");
+    react(&d, &card, "✅", "boss", "");
+    let h = history_of_len(&d, &id, 4).await;
+    assert_eq!(
+        events(&h),
+        ["parked", "notified", "answered", "ignored"],
+        "{h:#?}"
+    );
+    assert_eq!(h[2].get("count"), Some("1/2"));
+    assert_eq!(h[3].get("why"), Some("already counted for this approver"));
+    let mut store = d.store().await;
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["status"], "pending");
+    assert_eq!(record["approvals"], "console:boss");
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "one approval sends nothing"
+    );
+    let out = d.cowboy(&["approvals", "show", &id]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 of 2 approvals (console:boss)"),
+        "{out:?}"
+    );
+
+    react(&d, &card, "✅", "amy", "");
+    wait_until("the message is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    record_gone(&d, &id).await;
+    let h = history_of_len(&d, &id, 7).await;
+    assert_eq!(h[5].get("by"), Some("console:boss, console:amy"), "{h:#?}");
+
+    agent_sends(&d, "one says no", "r2").await;
+    let (second, card) = notification(&d, 1).await;
+    react(&d, &card, "✅", "boss", "");
+    history_of_len(&d, &second, 3).await;
+    react(&d, &card, "❌", "amy", "no");
+    let notice = wait_until("a rejection notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "rejected");
+    assert_eq!(notice["approver"], "console:amy");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(
+        d.delivered("mail.out").len(),
+        1,
+        "sent once, and only the first"
+    );
+}
+
+/// Review on standard input: approve, reject with a reason, skip; the end of
+/// the input and an unknown answer decide nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_decides_only_what_the_operator_answers() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let mut ids = Vec::new();
+    for (i, text) in ["first", "second", "third", "fourth"].iter().enumerate() {
+        agent_sends(&d, text, &format!("r{i}")).await;
+        ids.push(notification(&d, i).await.0);
+    }
+    let out = d.cowboy_with_input(
+        &["approvals", "review", "--as", "op"],
+        "s\nmaybe\na\nr\nnot this one\n",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.contains("| first") && text.contains("| fourth"),
+        "each shown in full:\n{text}"
+    );
+    assert!(text.contains("answer a, r, s or q"), "{text}");
+    assert!(text.contains("end of input"), "{text}");
+    let sent = wait_until("the approved one is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(
+        sent.content, "second",
+        "skip, then an unknown answer asks again, then approve"
+    );
+    let notice = wait_until("the rejection notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "rejected");
+    assert_eq!(notice["reason"], "not this one");
+    let mut store = d.store().await;
+    for id in [&ids[0], &ids[3]] {
+        assert_eq!(
+            hash(&mut store, &keys::approval(id)).await["status"],
+            "pending",
+            "skipped and unanswered stay pending"
+        );
+    }
+    // Input that ends while a reason is asked for decides nothing either.
+    let out = d.cowboy_with_input(&["approvals", "review", "--as", "op"], "r\n");
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        hash(&mut store, &keys::approval(&ids[0])).await["status"],
+        "pending"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// A delivery whose reply was lost is listed until reconciled: `delivered`
+/// closes it and sends nothing; `not-delivered` asks again, and the message is
+/// sent once after the new approval. Nothing is retried blindly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncertain_deliveries_wait_for_an_operator() {
+    let config = approval_config(3600).replace(
+        "input = \"{dir}/mail.in\"\n",
+        "input = \"{dir}/mail.in\"\nlose_replies = 2\n",
+    );
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let list = || {
+        let out = d.cowboy(&["deliveries", "list"]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let uncertain_notices = || async {
+        inbox_notices(&d, "ann:mail:inbox")
+            .await
+            .into_iter()
+            .filter(|n| n["status"] == "uncertain")
+            .count()
+    };
+
+    let first_entry = agent_sends(&d, "did it arrive?", "r1").await;
+    let (first, card) = notification(&d, 0).await;
+    react(&d, &card, "✅", "boss", "");
+    wait_until("an uncertain notice", SOON, || async {
+        (uncertain_notices().await == 1).then_some(())
+    })
+    .await;
+    let listed = list();
+    let delivery = format!("ann:mail:outbox/{first_entry}");
+    assert!(
+        listed.contains(&delivery) && listed.contains(&first),
+        "{listed}"
+    );
+    let out = d.cowboy(&[
+        "deliveries",
+        "reconcile",
+        &delivery,
+        "--outcome",
+        "delivered",
+        "--evidence",
+        "",
+        "--as",
+        "op",
+    ]);
+    assert!(!out.status.success(), "evidence is required");
+    let out = d.cowboy(&[
+        "deliveries",
+        "reconcile",
+        &delivery,
+        "--outcome",
+        "delivered",
+        "--evidence",
+        "bob confirmed by phone",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!list().contains(&delivery), "closed");
+    let out = d.cowboy(&[
+        "deliveries",
+        "reconcile",
+        &delivery,
+        "--outcome",
+        "delivered",
+        "--evidence",
+        "again",
+        "--as",
+        "op",
+    ]);
+    assert!(!out.status.success(), "reconciled once");
+    let h = history(&d, &first).await;
+    let last = h.last().unwrap();
+    assert_eq!(last.event, "reconciled", "{h:#?}");
+    assert_eq!(last.get("outcome"), Some("delivered"));
+    assert_eq!(last.get("evidence"), Some("bob confirmed by phone"));
+    assert_eq!(last.get("by"), Some("cli:op"));
+    assert!(events(&h).contains(&"uncertain"));
+
+    let second_entry = agent_sends(&d, "try me again", "r2").await;
+    let (_, card) = notification(&d, 1).await;
+    react(&d, &card, "✅", "boss", "");
+    wait_until("a second uncertain notice", SOON, || async {
+        (uncertain_notices().await == 2).then_some(())
+    })
+    .await;
+    let delivery = format!("ann:mail:outbox/{second_entry}");
+    let out = d.cowboy(&[
+        "deliveries",
+        "reconcile",
+        &second_entry,
+        "--outcome",
+        "not-delivered",
+        "--evidence",
+        "bounced",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!list().contains(&delivery));
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "reconciling sends nothing by itself"
+    );
+    let (again, card) = notification(&d, 2).await;
+    let record = hash(&mut d.store().await, &keys::approval(&again)).await;
+    assert_eq!(record["status"], "pending", "asked afresh");
+    react(&d, &card, "✅", "boss", "");
+    let sent = wait_until("the message is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "try me again");
+    record_gone(&d, &again).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
+}
