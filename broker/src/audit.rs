@@ -55,6 +55,8 @@ pub mod field {
     pub const COUNT: &str = "count";
     /// An uncertain delivery's id (see [`crate::deliveries`]).
     pub const DELIVERY: &str = "delivery";
+    /// The approval a reconciled delivery was put back as.
+    pub const NEXT_APPROVAL: &str = "next_approval";
 }
 
 /// What happened.
@@ -166,15 +168,19 @@ impl Event {
 /// order and `--since` is a range), trimming by `MINID` (exact, not `~`, so
 /// what is kept is what the retention says). An event stamped before the
 /// stream's last entry (another host's clock ahead of this one) gets the
-/// server's time instead. ARGV: the trim's cutoff (ms), the event's time (ms),
-/// then the fields.
+/// server's time instead; a stream that takes neither loses the line (returns
+/// 0) rather than failing the step it records. ARGV: the trim's cutoff (ms),
+/// the event's time (ms), then the fields.
 const APPEND: &str = r#"
 local fields = {}
 for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
 local ok = redis.pcall('XADD', KEYS[1], 'MINID', ARGV[1], ARGV[2] .. '-*', unpack(fields))
 if type(ok) == 'table' and ok.err then
-  return redis.call('XADD', KEYS[1], 'MINID', ARGV[1], '*', unpack(fields))
+  ok = redis.pcall('XADD', KEYS[1], 'MINID', ARGV[1], '*', unpack(fields))
 end
+-- A stream that takes no entry (someone gave it the largest id) loses this
+-- line rather than stopping the step it records.
+if type(ok) == 'table' and ok.err then return 0 end
 return ok
 "#;
 
@@ -255,10 +261,14 @@ pub async fn query(store: &mut Store, config: &Config, filter: &Filter) -> Resul
     if let Some(agent) = &filter.agent {
         let theirs: std::collections::HashSet<String> = all
             .iter()
-            .filter(|e| e.get(field::AGENT) == Some(agent.as_str()))
+            .filter(|e| e.get(field::AGENT) == Some(agent.as_str()) && !e.approval_id.is_empty())
             .map(|e| e.approval_id.clone())
             .collect();
-        all.retain(|e| theirs.contains(&e.approval_id));
+        // Events of deliveries without approval name their agent themselves.
+        all.retain(|e| match e.approval_id.is_empty() {
+            true => e.get(field::AGENT) == Some(agent.as_str()),
+            false => theirs.contains(&e.approval_id),
+        });
     }
     all.retain(|e| filter.keeps(e));
     all.sort_by(|a, b| a.at.total_cmp(&b.at).then_with(|| a.id.cmp(&b.id)));

@@ -144,8 +144,13 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
     }
     out.push_str("\nrecord:\n");
     for (k, v) in r.to_pairs() {
-        if k != field::CONTENT_PREVIEW {
-            let _ = writeln!(out, "  {k}: {}", approval::display_safe(&v));
+        if k != field::CONTENT_PREVIEW && k != field::EDITED_MESSAGE {
+            // One line per field whatever the value holds (a record written by
+            // an older version may hold line breaks), so no value poses as a field.
+            let shown = approval::display_safe(&v)
+                .replace('\n', "\\n")
+                .replace('\t', "\\t");
+            let _ = writeln!(out, "  {k}: {shown}");
         }
     }
     let history = audit::history(store, r.source(), &id).await?;
@@ -260,10 +265,14 @@ pub async fn approvals_decide(
     verdict: Verdict,
     operator: &str,
     reason: &str,
+    seen: Option<&str>,
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let approver = format!("cli:{operator}");
-    let answer = Answer::new(&Clock::system(), verdict, &approver, reason);
+    let mut answer = Answer::new(&Clock::system(), verdict, &approver, reason);
+    if let Some(digest) = seen {
+        answer = answer.seeing(digest);
+    }
     match approval::decide(store, config, &id, answer).await? {
         Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
         Outcome::Counted {
@@ -279,9 +288,72 @@ pub async fn approvals_decide(
         Outcome::NotAllowed => Err(Error::Request(format!(
             "{approver} is not on the approvers list of the requesting bridge"
         ))),
+        Outcome::Late(state) if state == "superseded" => Err(Error::Request(format!(
+            "{id} was edited since it was shown: nothing decided; look at it again"
+        ))),
         Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
         Outcome::Unknown => Err(Error::Request(format!("no approval {id}"))),
     }
+}
+
+/// `cowboy approvals edit`: replaces the message of a pending (or approved,
+/// not yet sent) approval as approver `cli:{operator}`; it is asked again.
+pub async fn approvals_edit(
+    store: &mut Store,
+    config: &Config,
+    prefix: &str,
+    change: &approval::edit::Change,
+    operator: &str,
+) -> Result<String> {
+    let id = approval::find_by_prefix(store, config, prefix).await?;
+    let editor = format!("cli:{operator}");
+    let e = approval::edit::edit(store, config, &Clock::system(), &id, change, &editor).await?;
+    Ok(format!(
+        "{id} edited by {editor} (edit {}): sha256 {} -> {}; any decision is revoked and approvers are asked again\n",
+        e.revision, e.old_digest, e.new_digest
+    ))
+}
+
+/// The content an approval would send now (the agent's, or the last edit's),
+/// for an editor to start from.
+pub async fn approval_content(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
+    let id = approval::find_by_prefix(store, config, prefix).await?;
+    let r = Approvals::on(store)
+        .load(&id)
+        .await?
+        .ok_or_else(|| Error::Request(format!("no approval {id}")))?;
+    let entry = store
+        .entry(&r.stream, &r.entry_id)
+        .await?
+        .ok_or_else(|| Error::Request(format!("{id}: the entry is gone from its stream")))?;
+    let m = Message::from_entry(&entry, config.bridge(r.source())?)
+        .and_then(|m| approval::edit::apply(m, &r))
+        .map_err(Error::Request)?;
+    Ok(m.content)
+}
+
+fn terminal(e: std::io::Error) -> Error {
+    Error::Request(format!("terminal: {e}"))
+}
+
+/// One line of input with its end, or `None` at the end of the input.
+fn raw_line(input: &mut dyn std::io::BufRead) -> Result<Option<String>> {
+    let mut line = String::new();
+    match input.read_line(&mut line).map_err(terminal)? {
+        0 => Ok(None),
+        _ => Ok(Some(line)),
+    }
+}
+
+/// Prompts and reads one answer, trimmed.
+fn ask(
+    input: &mut dyn std::io::BufRead,
+    output: &mut dyn std::io::Write,
+    prompt: &str,
+) -> Result<Option<String>> {
+    write!(output, "{prompt}").map_err(terminal)?;
+    output.flush().map_err(terminal)?;
+    Ok(raw_line(input)?.map(|l| l.trim().to_string()))
 }
 
 /// Which approvals `cowboy approvals review` walks.
@@ -303,7 +375,7 @@ pub async fn approvals_review(
     input: &mut dyn std::io::BufRead,
     output: &mut dyn std::io::Write,
 ) -> Result<String> {
-    let io = |e: std::io::Error| Error::Request(format!("terminal: {e}"));
+    let io = terminal;
     let ids = approval::pending_ids(store, config).await?;
     let records = Approvals::on(store).load_many(&ids).await?;
     let now = crate::now_secs_f64();
@@ -327,16 +399,7 @@ pub async fn approvals_review(
     };
     queue.sort_by_key(order);
     let total = queue.len();
-    let (mut approved, mut rejected, mut skipped) = (0, 0, 0);
-    let mut read_line = |output: &mut dyn std::io::Write, prompt: &str| -> Result<Option<String>> {
-        write!(output, "{prompt}").map_err(io)?;
-        output.flush().map_err(io)?;
-        let mut line = String::new();
-        match input.read_line(&mut line).map_err(io)? {
-            0 => Ok(None),
-            _ => Ok(Some(line.trim().to_string())),
-        }
-    };
+    let (mut approved, mut rejected, mut skipped, mut edited) = (0, 0, 0, 0);
     let mut stopped = "all reviewed";
     'queue: for (n, r) in queue.iter().enumerate() {
         let shown = match approvals_show(store, config, &r.id).await {
@@ -348,13 +411,44 @@ pub async fn approvals_review(
         };
         writeln!(output, "\n=== {} of {total} ===\n{shown}", n + 1).map_err(io)?;
         loop {
-            let Some(answer) = read_line(output, "[a]pprove, [r]eject, [s]kip, [q]uit? ")? else {
+            let Some(answer) = ask(
+                input,
+                output,
+                "[a]pprove, [r]eject, [e]dit, [s]kip, [q]uit? ",
+            )?
+            else {
                 stopped = "end of input: nothing more decided";
                 break 'queue;
             };
             let (verdict, reason) = match answer.to_lowercase().as_str() {
+                "e" | "edit" => {
+                    let prompt = "new content; end with a line holding only `.`:\n";
+                    write!(output, "{prompt}").map_err(io)?;
+                    let mut content = Vec::new();
+                    loop {
+                        let Some(line) = raw_line(input)? else {
+                            stopped = "end of input: nothing more decided";
+                            break 'queue;
+                        };
+                        let line = line.trim_end_matches(['\n', '\r']);
+                        if line == "." {
+                            break;
+                        }
+                        content.push(line.to_string());
+                    }
+                    let change = approval::edit::Change {
+                        content: Some(content.join("\n")),
+                        ..Default::default()
+                    };
+                    match approvals_edit(store, config, &r.id, &change, operator).await {
+                        Ok(text) => write!(output, "{text}").map_err(io)?,
+                        Err(e) => writeln!(output, "not edited: {e}").map_err(io)?,
+                    }
+                    edited += 1;
+                    continue 'queue;
+                }
                 "a" | "approve" => (Verdict::Approved, String::new()),
-                "r" | "reject" => match read_line(output, "reason (the agent sees it): ")? {
+                "r" | "reject" => match ask(input, output, "reason (the agent sees it): ")? {
                     Some(reason) => (Verdict::Rejected, reason),
                     None => {
                         stopped = "end of input: nothing more decided";
@@ -370,11 +464,13 @@ pub async fn approvals_review(
                     break 'queue;
                 }
                 _ => {
-                    writeln!(output, "answer a, r, s or q").map_err(io)?;
+                    writeln!(output, "answer a, r, e, s or q").map_err(io)?;
                     continue;
                 }
             };
-            match approvals_decide(store, config, &r.id, verdict, operator, &reason).await {
+            // Bound to the version shown: an edit meanwhile makes this late.
+            let seen = Some(r.message_sha256.as_str());
+            match approvals_decide(store, config, &r.id, verdict, operator, &reason, seen).await {
                 Ok(text) => {
                     write!(output, "{text}").map_err(io)?;
                     match verdict {
@@ -389,7 +485,7 @@ pub async fn approvals_review(
         }
     }
     Ok(format!(
-        "{stopped}. {total} pending: {approved} approved, {rejected} rejected, {skipped} skipped\n"
+        "{stopped}. {total} pending: {approved} approved, {rejected} rejected, {edited} edited, {skipped} skipped\n"
     ))
 }
 

@@ -440,10 +440,10 @@ impl Config {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.audit.retention_days == 0 {
+        if !(1..=36_500).contains(&self.audit.retention_days) {
             return Err(ConfigError::invalid(
                 "audit.retention_days",
-                "must be at least 1 (the trail is the only record of who approved what)",
+                "must be between 1 and 36500 (the trail is the only record of who approved what)",
             ));
         }
         for name in self.agents.keys() {
@@ -571,13 +571,35 @@ impl Config {
                     ));
                 }
             }
-            if approval.quorum == 0 || approval.quorum as usize > approval.approvers.len().max(1) {
+            // Distinct people: an identity listed twice (emails compare without case) is one.
+            let distinct: std::collections::BTreeSet<String> = approval
+                .approvers
+                .iter()
+                .map(|a| match a.split_once(':') {
+                    Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
+                    _ => a.clone(),
+                })
+                .collect();
+            if distinct.len() != approval.approvers.len() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers"),
+                    "an approver is listed twice",
+                ));
+            }
+            if approval.quorum == 0 || approval.quorum as usize > distinct.len().max(1) {
                 return Err(ConfigError::invalid(
                     format!("{at}.approval.quorum"),
                     format!(
                         "must be between 1 and the number of approvers ({})",
-                        approval.approvers.len()
+                        distinct.len()
                     ),
+                ));
+            }
+            let labels = approval.approvers.iter().any(|a| a.starts_with("cli:"));
+            if approval.quorum > 1 && labels && self.operators.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.quorum"),
+                    "with cli: approvers, a quorum above 1 needs [operators]: without them a cli: name is a label anyone at the shell can give, so one person could count twice",
                 ));
             }
             if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
@@ -809,6 +831,31 @@ mod tests {
         assert!(err("[redis]\nurl = \"redis://x\"\nport = 1\n").contains("port"));
         assert!(err("[agents.c]\n[bridges.c]\ntype = \"console\"\n").contains("bridges.c"));
         assert!(err("[bridges.\"a:b\"]\ntype = \"console\"\n").contains("bridges.a:b"));
+    }
+
+    #[test]
+    fn a_quorum_counts_distinct_proven_people() {
+        let bridge = |approval: &str| {
+            format!("[bridges.c]\ntype = \"console\"\napproval = {{ required = true, notify_channel = \"o\", {approval} }}\n")
+        };
+        let twice = err(&bridge(r#"approvers = ["email:A@x.org", "email:a@x.org"]"#));
+        assert!(
+            twice.contains("bridges.c.approval.approvers") && twice.contains("twice"),
+            "{twice}"
+        );
+        let unreachable = err(&bridge(r#"approvers = ["console:a"], quorum = 2"#));
+        assert!(
+            unreachable.contains("bridges.c.approval.quorum"),
+            "{unreachable}"
+        );
+        let labels = err(&bridge(r#"approvers = ["cli:a", "cli:b"], quorum = 2"#));
+        assert!(labels.contains("[operators]"), "{labels}");
+        Config::parse(&bridge(
+            r#"approvers = ["console:a", "discord:1"], quorum = 2"#,
+        ))
+        .unwrap();
+        let retention = err("[audit]\nretention_days = 0\n");
+        assert!(retention.contains("audit.retention_days"), "{retention}");
     }
 
     #[test]

@@ -166,6 +166,16 @@ pub async fn reconcile(
             }
         }
     };
+    // Put back on a bridge that asks: the approval it will be asked as, so the
+    // trail leads from this one to the next.
+    let next = match (&put_back, approval.required) {
+        (Some(entry), true) => Some(
+            crate::approval::IdKey::load(store, &bridge)
+                .await?
+                .id_for(&u.stream, entry),
+        ),
+        _ => None,
+    };
     let event = audit::Event::new(
         &bridge,
         audit::Kind::Reconciled,
@@ -176,7 +186,8 @@ pub async fn reconcile(
     .with(audit::field::OUTCOME, finding.as_str())
     .with(audit::field::EVIDENCE, evidence)
     .with(audit::field::BY, by)
-    .with_opt(audit::field::ENTRY_ID, put_back.as_deref());
+    .with_opt(audit::field::ENTRY_ID, put_back.as_deref())
+    .with_opt(audit::field::NEXT_APPROVAL, next.as_deref());
     audit::append(store, config, &[event]).await?;
     Ok(put_back)
 }

@@ -69,10 +69,13 @@ impl Message {
         }
         let subject = text(entry, "subject")?.filter(|s| !s.is_empty());
         let reply_to = text(entry, "reply_to")?.filter(|s| !s.is_empty());
+        let request_id = text(entry, "request_id")?;
         for (name, value, max) in [
             ("channel_id", Some(&channel_id), MAX_REPLY_TO_BYTES),
             ("subject", subject.as_ref(), MAX_SUBJECT_BYTES),
             ("reply_to", reply_to.as_ref(), MAX_REPLY_TO_BYTES),
+            // Shown to approvers among the record's fields: one short line too.
+            ("request_id", request_id.as_ref(), MAX_SUBJECT_BYTES),
         ] {
             let Some(value) = value else { continue };
             if value.len() > max {
@@ -98,7 +101,7 @@ impl Message {
             content,
             subject,
             reply_to,
-            request_id: text(entry, "request_id")?,
+            request_id,
             approval_id: None,
             approval_content: None,
             context: None,
@@ -138,8 +141,9 @@ fn text(entry: &Entry, name: &str) -> Result<Option<String>, String> {
 /// What a notice tells the agent about one of its entries.
 #[derive(Debug, Clone, Default)]
 pub struct Notice<'a> {
-    /// `rejected`, `expired`, `invalid`, `failed` or `uncertain`; for a declared
-    /// action also `done` and `timed_out`.
+    /// `rejected`, `expired`, `invalid`, `failed` or `uncertain`; `edited` when
+    /// an approver's edit of the message was sent; for a declared action also
+    /// `done` and `timed_out`.
     pub status: &'a str,
     pub stream: &'a str,
     pub entry_id: &'a str,
@@ -150,6 +154,9 @@ pub struct Notice<'a> {
     /// A declared action's exit code and the tail of its output.
     pub exit_code: Option<&'a str>,
     pub output: Option<&'a str>,
+    /// On `edited`: the digest of the agent's version and of the one sent.
+    pub original_sha256: Option<&'a str>,
+    pub sent_sha256: Option<&'a str>,
 }
 
 impl Notice<'_> {
@@ -168,6 +175,8 @@ impl Notice<'_> {
             ("approver", self.approver),
             ("exit_code", self.exit_code),
             ("output", self.output),
+            ("original_sha256", self.original_sha256),
+            ("sent_sha256", self.sent_sha256),
         ] {
             if let Some(v) = value.filter(|v| !v.is_empty()) {
                 f.push((name, v.as_bytes()));

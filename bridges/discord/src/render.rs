@@ -173,6 +173,10 @@ pub fn closed_card(record: &Record, outcome: &str) -> String {
             )
         }
         "expired" => "⌛ **Expired** — nobody decided in time; not sent.".to_string(),
+        "superseded" => {
+            "✏️ **Edited** by an approver — this version is void; decide on the new card below."
+                .to_string()
+        }
         "uncertain" => {
             "❓ **Approved, delivery uncertain** — it may have been sent; the agent was told."
                 .to_string()

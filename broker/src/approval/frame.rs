@@ -84,6 +84,14 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
             record.message_sha256
         ),
         format!("Deadline:  {deadline}"),
+        match (&record.edited_by, &record.original_sha256) {
+            (Some(by), Some(original)) => format!(
+                "Edited:    by {}, edit {}; the agent's version had digest {original}",
+                display_safe(by),
+                record.revision
+            ),
+            _ => "Edited:    no (as the agent wrote it)".to_string(),
+        },
         match record.quorum() {
             1 => "Approvals: one approver decides".to_string(),
             q => format!("Approvals: {q} different approvers must approve; one rejection rejects"),
@@ -158,6 +166,24 @@ pub fn render_notification(
         }
     }
     out
+}
+
+/// The notification entry for a parked record, in the order it is written: the
+/// approval id, the destination from the record, the plain-text frame (for
+/// platforms that show text as is) and the exact content (for those that lay out
+/// their own card). Deterministic, so a resumed park writes the same entry.
+pub fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
+    let frame = render_notification(record, content, REACT_HINT, None);
+    vec![
+        ("approval_id", record.id.clone().into_bytes()),
+        ("channel_id", record.notify_channel.as_bytes().to_vec()),
+        ("content", frame.into_bytes()),
+        ("approval_content", content.as_bytes().to_vec()),
+    ]
+}
+
+pub fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
+    super::fields_sha256(fields.iter().map(|(k, v)| (*k, Some(v.as_slice()))))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@
 //!   (`{bridge}:decisions`, or `{bridge}:decisions:{worker}`), named by the
 //!   record and read in the decision's own step.
 
+pub mod edit;
 pub mod frame;
 pub mod id;
 pub mod record;
@@ -76,6 +77,12 @@ pub struct Answer<'a> {
     pub approver: &'a str,
     pub reason: &'a str,
     pub at: f64,
+    /// The card answered (its external id on the notify bridge), when the
+    /// answer came through one: an answer to a card an edit superseded is late.
+    pub card: Option<&'a str>,
+    /// The whole-message digest the approver was shown, when the surface knows
+    /// it (review, the web page): an answer to a version since edited is late.
+    pub seen: Option<&'a str>,
 }
 
 impl<'a> Answer<'a> {
@@ -86,6 +93,16 @@ impl<'a> Answer<'a> {
             approver,
             reason,
             at: clock.now_secs_f64(),
+            card: None,
+            seen: None,
+        }
+    }
+
+    /// The same answer, bound to the digest the approver was shown.
+    pub fn seeing(self, digest: &'a str) -> Answer<'a> {
+        Answer {
+            seen: Some(digest),
+            ..self
         }
     }
 
@@ -109,6 +126,10 @@ pub async fn resolve_approval(
 ) -> Result<Outcome> {
     let Some(id) = Approvals::on(store).map_get(source, external_id).await? else {
         return Ok(Outcome::Unknown);
+    };
+    let answer = Answer {
+        card: Some(external_id),
+        ..answer
     };
     let outcome = decide(store, config, &id, answer).await?;
     // A counted approval keeps the card armed for the rest of the quorum.
@@ -196,10 +217,9 @@ async fn apply(
         approver,
         reason,
         at,
+        ..
     } = given;
-    let d = Approvals::on(store)
-        .decide(id, verdict, approver, reason, at)
-        .await?;
+    let d = Approvals::on(store).decide(id, &given).await?;
     let need = record.quorum() as usize;
     let count = format!("{}/{need}", d.approvals.len());
     let ignored = |why: &str| {
@@ -271,6 +291,11 @@ async fn apply(
             );
             let event = ignored(&format!("late: already {state}"));
             (vec![event], Outcome::Late(state.to_string()), Some(state))
+        }
+        "superseded" => {
+            tracing::info!(approval = id, "answer to an edited version ignored");
+            let event = ignored("late: the message was edited since this version was shown");
+            (vec![event], Outcome::Late("superseded".into()), None)
         }
         state => {
             tracing::info!(approval = id, state, "late answer ignored");

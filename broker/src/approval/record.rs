@@ -46,6 +46,15 @@ pub mod field {
     pub const OUTCOME_SENT: &str = "outcome_sent";
     pub const QUORUM: &str = "quorum";
     pub const APPROVALS: &str = "approvals";
+    pub const REVISION: &str = "revision";
+    pub const EDITED_MESSAGE: &str = "edited_message";
+    pub const EDITED_BY: &str = "edited_by";
+    pub const EDITED_AT: &str = "edited_at";
+    pub const ORIGINAL_SHA256: &str = "original_sha256";
+    pub const ORIGINAL_CHANNEL_ID: &str = "original_channel_id";
+    pub const ORIGINAL_SUBJECT: &str = "original_subject";
+    pub const ORIGINAL_PREVIEW: &str = "original_preview";
+    pub const SUPERSEDED: &str = "superseded";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -81,6 +90,15 @@ pub mod field {
         OUTCOME_SENT,
         QUORUM,
         APPROVALS,
+        REVISION,
+        EDITED_MESSAGE,
+        EDITED_BY,
+        EDITED_AT,
+        ORIGINAL_SHA256,
+        ORIGINAL_CHANNEL_ID,
+        ORIGINAL_SUBJECT,
+        ORIGINAL_PREVIEW,
+        SUPERSEDED,
     ];
 }
 
@@ -213,6 +231,23 @@ pub struct Record {
     pub quorum: u32,
     /// Who approved so far, in order (one line each in the hash).
     pub approvals: Vec<String>,
+
+    /// Edits so far (0: the agent's message as written). The message fields
+    /// above (`channel_id`, `subject`, `content_*`, `message_sha256`) are always
+    /// the version that will be sent; an edit keeps the agent's beside them.
+    pub revision: u32,
+    /// The edited message ([`super::edit::EditedMessage`], JSON).
+    pub edited_message: Option<String>,
+    pub edited_by: Option<String>,
+    pub edited_at: Option<u64>,
+    /// The agent's version, kept by the first edit.
+    pub original_sha256: Option<String>,
+    pub original_channel_id: Option<String>,
+    pub original_subject: Option<String>,
+    pub original_preview: Option<String>,
+    /// Cards of earlier versions (external ids on the notify bridge): answers
+    /// to them no longer count.
+    pub superseded: Vec<String>,
 }
 
 impl Record {
@@ -257,6 +292,17 @@ impl Record {
             approvals: text(APPROVALS)
                 .map(|a| a.lines().map(str::to_string).collect())
                 .unwrap_or_default(),
+            revision: number(text(REVISION)).map_or(0, |r| r.min(u32::MAX as u64) as u32),
+            edited_message: text(EDITED_MESSAGE),
+            edited_by: text(EDITED_BY),
+            edited_at: number(text(EDITED_AT)),
+            original_sha256: text(ORIGINAL_SHA256),
+            original_channel_id: text(ORIGINAL_CHANNEL_ID),
+            original_subject: text(ORIGINAL_SUBJECT),
+            original_preview: text(ORIGINAL_PREVIEW),
+            superseded: text(SUPERSEDED)
+                .map(|a| a.lines().map(str::to_string).collect())
+                .unwrap_or_default(),
         }
     }
 
@@ -299,6 +345,15 @@ impl Record {
             self.outcome_sent.then(|| (OUTCOME_SENT, "1".to_string())),
             (self.quorum > 1).then(|| (QUORUM, self.quorum.to_string())),
             text(APPROVALS, &self.approvals.join("\n")),
+            (self.revision > 0).then(|| (REVISION, self.revision.to_string())),
+            some(EDITED_MESSAGE, &self.edited_message),
+            some(EDITED_BY, &self.edited_by),
+            num(EDITED_AT, self.edited_at),
+            some(ORIGINAL_SHA256, &self.original_sha256),
+            some(ORIGINAL_CHANNEL_ID, &self.original_channel_id),
+            some(ORIGINAL_SUBJECT, &self.original_subject),
+            some(ORIGINAL_PREVIEW, &self.original_preview),
+            text(SUPERSEDED, &self.superseded.join("\n")),
         ]
         .into_iter()
         .flatten()

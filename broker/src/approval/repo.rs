@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 
 use redis::AsyncCommands;
 
-use super::record::{field, Record, Status, Verdict};
+use super::record::{field, Record, Status};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::store::Store;
@@ -33,14 +33,16 @@ return 1
 "#;
 
 /// Decides a pending record inside its window. ARGV: verdict, approver, reason,
-/// now (fractional seconds), now (whole seconds), the approver list's separator.
-/// Returns `decided`, `counted` (an approval short of the record's quorum, kept
+/// now (fractional seconds), now (whole seconds), the approver list's separator,
+/// the card answered (its external id, or empty), the digest the approver saw
+/// (or empty). Returns `superseded` for an answer to an earlier version (a card
+/// the record lists as superseded, or a digest it no longer has), `decided`, `counted` (an approval short of the record's quorum, kept
 /// in `approvals`), `counted-again` (this approver's approval is counted
 /// already), or why nothing changed (`missing`, `expired`, `settled`, the
 /// decided status); the record's worker; and the approvals so far. One
 /// rejection rejects whatever was counted.
 const DECIDE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256')
 if not f[1] then return {'missing', '', ''} end
 local worker = f[3] or ''
 local have = f[6] or ''
@@ -48,6 +50,12 @@ local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', '', have} end
 -- HMGET, not HEXISTS: the notify outbox's Redis user has no HEXISTS.
 if f[4] then return {'settled', '', have} end
+if ARGV[7] ~= '' and f[7] then
+  for card in string.gmatch(f[7], '[^' .. ARGV[6] .. ']+') do
+    if card == ARGV[7] then return {'superseded', '', have} end
+  end
+end
+if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
 if f[1] ~= 'pending' then return {f[1], worker, have} end
 local quorum = tonumber(f[5]) or 1
 if ARGV[1] == 'approved' and quorum > 1 then
@@ -62,11 +70,55 @@ if ARGV[1] == 'approved' and quorum > 1 then
     redis.call('HSET', KEYS[1], 'approvals', have)
     return {'counted', worker, have}
   end
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approver', have, 'reason', ARGV[3], 'decided_at', ARGV[5])
+  local all = string.gsub(have, ARGV[6], ', ')
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
 return {'decided', worker, have}
+"#;
+
+/// Replaces the message of a record an approver edited, revoking any decision.
+/// ARGV: the digest the editor saw, now (fractional seconds), the list
+/// separator, then the field pairs of the new version. Only while the record is
+/// pending or approved, inside its window, not settled, its send not started,
+/// and still at that digest; otherwise returns why not (`missing`, `settled`,
+/// `expired`, `sending`, `changed`, the status). Keeps the agent's version on
+/// the first edit, and moves the shown card to `superseded`; returns `ok` and
+/// that card's external id (or empty).
+const EDIT: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify_external_id', 'superseded')
+if not f[1] then return {'missing', ''} end
+if f[3] then return {'settled', ''} end
+local expires = tonumber(f[2]) or 0
+if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', ''} end
+if f[4] then return {'sending', ''} end
+if f[1] ~= 'pending' and f[1] ~= 'approved' then return {f[1], ''} end
+if f[5] ~= ARGV[1] then return {'changed', ''} end
+if not f[6] then
+  redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
+end
+local card = f[10] or ''
+if card ~= '' then
+  local list = f[11] or ''
+  if list ~= '' then list = list .. ARGV[3] end
+  redis.call('HSET', KEYS[1], 'superseded', list .. card)
+end
+redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'subject')
+local fields = {}
+for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(fields))
+return {'ok', card}
+"#;
+
+/// Marks the approved send started, only while the record is approved at the
+/// digest the requester checked the message against: an edit that landed since
+/// wins, and nothing is sent. ARGV: now, the digest. Returns whether it marked.
+const START_DELIVERY: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'message_sha256')
+if f[1] ~= 'approved' or f[2] ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], 'delivery_started', ARGV[1])
+return 1
 "#;
 
 /// Sets fields only on a record that still exists. Returns whether it existed.
@@ -110,6 +162,8 @@ static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::
 static SET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SET_IF_EXISTS));
 static CLAIM_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM));
 static SETTLE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(MARK_SETTLED));
+static EDIT_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(EDIT));
+static START_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(START_DELIVERY));
 
 /// Records handled per pipelined round trip when many are read at once.
 const CHUNK: usize = 1000;
@@ -375,10 +429,44 @@ impl<'a> Approvals<'a> {
         self.set(id, &[(field::WORKER, worker)]).await
     }
 
-    /// Notes that the approved send started (a later attempt is a retry).
-    pub async fn mark_delivery_started(&mut self, id: &str, now: u64) -> Result<bool> {
-        self.set(id, &[(field::DELIVERY_STARTED, &now.to_string())])
+    /// Notes that the approved send of the version with `digest` started (a
+    /// later attempt is a retry); `false` when the record is no longer approved
+    /// at that digest (see [`START_DELIVERY`]).
+    pub async fn mark_delivery_started(
+        &mut self,
+        id: &str,
+        now: u64,
+        digest: &str,
+    ) -> Result<bool> {
+        let key = keys::approval(id);
+        let marked: i64 = START_SCRIPT
+            .key(&key)
+            .arg(now)
+            .arg(digest)
+            .invoke_async(&mut self.store.conn)
             .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA start {key}"), e))?;
+        Ok(marked == 1)
+    }
+
+    /// Replaces an approval's message with an approver's edit (see [`EDIT`]).
+    /// Returns `ok` or why not, and the superseded card's external id.
+    pub async fn edit(
+        &mut self,
+        id: &str,
+        seen: &str,
+        now: f64,
+        fields: &[(&str, String)],
+    ) -> Result<(String, String)> {
+        let key = keys::approval(id);
+        let mut inv = EDIT_SCRIPT.key(&key);
+        inv.arg(seen).arg(now).arg(APPROVALS_SEPARATOR);
+        for (k, v) in fields {
+            inv.arg(*k).arg(v);
+        }
+        inv.invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))
     }
 
     /// Forgets that a send started: it was deferred, not attempted.
@@ -399,14 +487,8 @@ impl<'a> Approvals<'a> {
     }
 
     /// Decides a record (see [`DECIDE`]).
-    pub async fn decide(
-        &mut self,
-        id: &str,
-        verdict: Verdict,
-        approver: &str,
-        reason: &str,
-        now: f64,
-    ) -> Result<Decision> {
+    pub async fn decide(&mut self, id: &str, a: &super::Answer<'_>) -> Result<Decision> {
+        let (verdict, approver, reason, now) = (a.verdict, a.approver, a.reason, a.at);
         let key = keys::approval(id);
         let (answer, worker, approvals): (String, String, String) = DECIDE_SCRIPT
             .key(&key)
@@ -416,6 +498,8 @@ impl<'a> Approvals<'a> {
             .arg(now)
             .arg(now as u64)
             .arg(APPROVALS_SEPARATOR)
+            .arg(a.card.unwrap_or(""))
+            .arg(a.seen.unwrap_or(""))
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
@@ -642,7 +726,15 @@ mod tests {
     /// The Lua spells field names itself: each one it names must be a field.
     #[test]
     fn the_scripts_name_only_record_fields() {
-        for script in [CREATE, DECIDE, SET_IF_EXISTS, CLAIM, MARK_SETTLED] {
+        for script in [
+            CREATE,
+            DECIDE,
+            SET_IF_EXISTS,
+            CLAIM,
+            MARK_SETTLED,
+            EDIT,
+            START_DELIVERY,
+        ] {
             for quoted in script.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());
                 let is_answer = [
@@ -654,6 +746,9 @@ mod tests {
                     "not-ours",
                     "digest",
                     "claimed",
+                    "superseded",
+                    "sending",
+                    "changed",
                     "pending",
                     "approved",
                     "counted",

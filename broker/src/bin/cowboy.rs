@@ -140,8 +140,28 @@ enum Approvals {
     /// Approve (any unambiguous id prefix).
     Approve {
         id: String,
+        /// Decide only if the message still has this digest (the one shown),
+        /// so an edit in between makes this decide nothing.
+        #[arg(long)]
+        digest: Option<String>,
         /// Who decides; must be on the approvers list as `cli:NAME`. With
         /// `[operators]` declared, NAME is proven by connecting as that Redis user.
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+    /// Change the message before it is sent (approvers only): any decision is
+    /// revoked and approvers are asked about the edited version. Without
+    /// --content, --content-file, --subject or --channel, opens $EDITOR.
+    Edit {
+        id: String,
+        #[arg(long, conflicts_with = "content_file")]
+        content: Option<String>,
+        #[arg(long)]
+        content_file: Option<PathBuf>,
+        #[arg(long)]
+        subject: Option<String>,
+        #[arg(long)]
+        channel: Option<String>,
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
@@ -160,9 +180,49 @@ enum Approvals {
         id: String,
         #[arg(long, default_value = "")]
         reason: String,
+        #[arg(long)]
+        digest: Option<String>,
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
+}
+
+/// Opens `$VISUAL`/`$EDITOR` (default `vi`) on `text`, on a terminal only, and
+/// returns what was saved.
+fn in_editor(text: &str) -> broker::Result<String> {
+    use std::io::IsTerminal;
+    let fail = |why: String| broker::Error::Request(why);
+    if !std::io::stdin().is_terminal() {
+        return Err(fail(
+            "no --content, --content-file, --subject or --channel, and no terminal for $EDITOR"
+                .into(),
+        ));
+    }
+    let editor = std::env::var("VISUAL")
+        .or_else(|_| std::env::var("EDITOR"))
+        .unwrap_or_else(|_| "vi".into());
+    let dir = std::env::temp_dir().join(format!("cowboy-edit-{}", std::process::id()));
+    std::fs::create_dir(&dir).map_err(|e| fail(format!("{}: {e}", dir.display())))?;
+    let path = dir.join("message.txt");
+    let result = (|| {
+        std::fs::write(&path, text).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+        // The editor may carry arguments (`code --wait`); no shell is involved.
+        let mut argv = editor.split_whitespace();
+        let program = argv.next().unwrap_or("vi");
+        let status = std::process::Command::new(program)
+            .args(argv)
+            .arg(&path)
+            .status()
+            .map_err(|e| fail(format!("{editor}: {e}")))?;
+        if !status.success() {
+            return Err(fail(format!(
+                "{editor} exited with {status}: nothing edited"
+            )));
+        }
+        std::fs::read_to_string(&path).map_err(|e| fail(format!("{}: {e}", path.display())))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 fn operator(given: Option<String>) -> String {
@@ -248,15 +308,58 @@ async fn main() -> ExitCode {
                     )
                     .await
                 }
-                Approvals::Approve { id, operator: who } => {
+                Approvals::Approve {
+                    id,
+                    digest,
+                    operator: who,
+                } => {
                     let who = operator(who);
                     let mut store = cli::decision_store(&config, &who, store).await?;
-                    cli::approvals_decide(&mut store, &config, &id, Verdict::Approved, &who, "")
-                        .await
+                    cli::approvals_decide(
+                        &mut store,
+                        &config,
+                        &id,
+                        Verdict::Approved,
+                        &who,
+                        "",
+                        digest.as_deref(),
+                    )
+                    .await
+                }
+                Approvals::Edit {
+                    id,
+                    content,
+                    content_file,
+                    subject,
+                    channel,
+                    operator: who,
+                } => {
+                    let who = operator(who);
+                    let mut store = cli::decision_store(&config, &who, store).await?;
+                    let content = match (content, content_file) {
+                        (Some(c), _) => Some(c),
+                        (None, Some(path)) => {
+                            Some(std::fs::read_to_string(&path).map_err(|e| {
+                                broker::Error::Request(format!("{}: {e}", path.display()))
+                            })?)
+                        }
+                        (None, None) if subject.is_none() && channel.is_none() => {
+                            let now = cli::approval_content(&mut store, &config, &id).await?;
+                            Some(in_editor(&now)?)
+                        }
+                        (None, None) => None,
+                    };
+                    let change = broker::approval::edit::Change {
+                        content,
+                        subject,
+                        channel_id: channel,
+                    };
+                    cli::approvals_edit(&mut store, &config, &id, &change, &who).await
                 }
                 Approvals::Reject {
                     id,
                     reason,
+                    digest,
                     operator: who,
                 } => {
                     let who = operator(who);
@@ -268,6 +371,7 @@ async fn main() -> ExitCode {
                         Verdict::Rejected,
                         &who,
                         &reason,
+                        digest.as_deref(),
                     )
                     .await
                 }

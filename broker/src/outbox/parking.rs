@@ -115,6 +115,9 @@ impl<S: Sender> OutboxService<S> {
             // Crashed between settling and acking: only the ack and delete remain.
             return self.finish(idx, &entry.id, &record, None).await;
         }
+        // An approver's edit is the version approvers are asked about.
+        let edited = approval::edit::apply(message.clone(), &record);
+        let message = edited.as_ref().unwrap_or(message);
         // In the pending index (again, after a crash between the two steps).
         if !indexed {
             Approvals::on(&mut self.store).index(&[&record]).await?;
@@ -290,8 +293,8 @@ impl<S: Sender> OutboxService<S> {
         // shows only the entry with exactly this digest.
         // The notification is rendered once: its digest goes in the record, and
         // the fields are written as they are.
-        let fields = notification_fields(&record, &message.for_approvers());
-        record.notify_sha256 = notification_digest(&fields);
+        let fields = approval::notification_fields(&record, &message.for_approvers());
+        record.notify_sha256 = approval::notification_digest(&fields);
         (record, fields)
     }
 
@@ -306,8 +309,8 @@ impl<S: Sender> OutboxService<S> {
         resumed: bool,
     ) -> Result<std::result::Result<(), String>> {
         let stream = keys::outbox(&record.notify);
-        let fields = notification_fields(record, &message.for_approvers());
-        let digest = notification_digest(&fields);
+        let fields = approval::notification_fields(record, &message.for_approvers());
+        let digest = approval::notification_digest(&fields);
         if digest != record.notify_sha256 {
             // A record parked by an older version: bind the notification now, before it exists.
             Approvals::on(&mut self.store)
@@ -341,8 +344,9 @@ impl<S: Sender> OutboxService<S> {
         if record.notify_entry.is_some() || record.notify_external_id.is_some() {
             return Ok(false);
         }
+        // An edit clears it before writing the new version's notification.
         let Some(notified) = &record.notified else {
-            return Ok(false);
+            return Ok(true);
         };
         let stream = keys::outbox(&record.notify);
         let found = self.store.entry(&stream, notified).await?;
@@ -447,7 +451,9 @@ impl<S: Sender> OutboxService<S> {
         for (id, state) in ids.into_iter().zip(states) {
             if state.status != Some(Status::Pending) {
                 self.settle(id).await?;
-            } else if state.notified && !state.claimed {
+            } else if !state.claimed {
+                // Unshown: its notification may have been trimmed, or an edit
+                // may have stopped before writing the new one.
                 unclaimed.push(id);
             }
         }
@@ -497,9 +503,13 @@ impl<S: Sender> OutboxService<S> {
         let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
             return Ok(()); // the vanished-entry check settles it
         };
-        match self.sender.request(&entry, &self.bridge).await {
+        let requested = self.sender.request(&entry, &self.bridge).await;
+        match requested.and_then(|m| approval::edit::apply(m, &record)) {
             Ok(message) => {
-                if let Err(why) = self.notify(&record, &message, false).await? {
+                // Not written yet, or written by an edit that stopped before
+                // noting it: search before writing.
+                let resumed = record.notified.is_none();
+                if let Err(why) = self.notify(&record, &message, resumed).await? {
                     tracing::warn!(approval = %id, why, "the notification cannot be written again");
                 }
                 Ok(())
@@ -507,24 +517,6 @@ impl<S: Sender> OutboxService<S> {
             Err(_) => Ok(()), // settled as failed when it is approved
         }
     }
-}
-
-/// The notification entry for a parked record, in the order it is written: the
-/// approval id, the destination from the record, the plain-text frame (for
-/// platforms that show text as is) and the exact content (for those that lay out
-/// their own card). Deterministic, so a resumed park writes the same entry.
-pub(super) fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
-    let frame = approval::render_notification(record, content, approval::REACT_HINT, None);
-    vec![
-        ("approval_id", record.id.clone().into_bytes()),
-        ("channel_id", record.notify_channel.as_bytes().to_vec()),
-        ("content", frame.into_bytes()),
-        ("approval_content", content.as_bytes().to_vec()),
-    ]
-}
-
-pub(super) fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
-    approval::fields_sha256(fields.iter().map(|(k, v)| (*k, Some(v.as_slice()))))
 }
 
 /// A stream entry id as (milliseconds, sequence), for ordering.

@@ -119,6 +119,8 @@ impl<S: Sender> OutboxService<S> {
             .sender
             .request(&entry, &self.bridge)
             .await
+            // An approver's edit is what was approved, and what is sent.
+            .and_then(|m| approval::edit::apply(m, &record))
             .and_then(|m| {
                 let sha = m.sha256();
                 if sha == record.message_sha256 {
@@ -154,9 +156,15 @@ impl<S: Sender> OutboxService<S> {
         }
         let retry = record.delivery_started.is_some();
         if !retry {
-            Approvals::on(&mut self.store)
-                .mark_delivery_started(&id, self.clock.now_secs())
+            let started = Approvals::on(&mut self.store)
+                .mark_delivery_started(&id, self.clock.now_secs(), &record.message_sha256)
                 .await?;
+            if !started {
+                // Edited (or otherwise changed) since it was read: the record
+                // as it is now decides, and a new approval wakes this again.
+                tracing::info!(approval = %id, "changed before its send started; not sent");
+                return Ok(());
+            }
         }
         // Decided: its deadline no longer wakes the loop.
         if let Some(p) = self.parked.get(&id) {
@@ -208,6 +216,25 @@ impl<S: Sender> OutboxService<S> {
                         request_id: record.request_id.as_deref(),
                         exit_code: exit_code.as_deref(),
                         output: Some(&r.output),
+                        ..Notice::default()
+                    };
+                    self.notice(idx, &entry_id, Some(&f.entry), n).await?;
+                }
+                // Sent, but not as the agent wrote it: the agent must know.
+                if let Some(original) = &record.original_sha256 {
+                    let reason = format!(
+                        "sent as edited by {}: your version had sha256 {original}, the one sent has {}",
+                        record.edited_by.as_deref().unwrap_or("an approver"),
+                        record.message_sha256
+                    );
+                    let n = Notice {
+                        status: "edited",
+                        reason: &reason,
+                        approval_id: Some(&id),
+                        approver: Some(record.approver()),
+                        request_id: record.request_id.as_deref(),
+                        original_sha256: Some(original),
+                        sent_sha256: Some(&record.message_sha256),
                         ..Notice::default()
                     };
                     self.notice(idx, &entry_id, Some(&f.entry), n).await?;

@@ -14,6 +14,9 @@
 use super::*;
 use crate::approval::repo::ClaimRequest;
 
+/// The outcome entry an edit writes for the card of the version it replaced.
+const SUPERSEDED: &str = "superseded";
+
 /// A notification shown on the platform, waiting to be recorded.
 pub(super) struct Shown {
     stream: String,
@@ -364,6 +367,11 @@ impl<S: Sender> OutboxService<S> {
             Some(r) if r.notify != self.name => Some(format!(
                 "approval `{id}` was not notified through this bridge"
             )),
+            // An edit: the record's earlier cards say so; the record lives on.
+            Some(r) if claimed == SUPERSEDED && !r.superseded.is_empty() => None,
+            Some(_) if claimed == SUPERSEDED => {
+                Some(format!("approval `{id}` has no superseded card"))
+            }
             Some(r) if !r.is_settled() => Some(format!("approval `{id}` is not settled")),
             Some(r) if r.outcome.as_deref() != Some(claimed) => Some(format!(
                 "the outcome `{claimed}` is not the record's `{}`",
@@ -384,6 +392,20 @@ impl<S: Sender> OutboxService<S> {
                 return self.dead_letter(idx, entry, n).await;
             }
         };
+        if claimed == SUPERSEDED {
+            for card in &record.superseded {
+                let update = Outcome {
+                    outcome: SUPERSEDED,
+                    external_id: card,
+                    channel_id: &record.notify_channel,
+                    record: &record,
+                };
+                if let Err(e) = self.sender.update(update).await {
+                    tracing::warn!(approval = %record.id, error = %e, "could not mark a card superseded");
+                }
+            }
+            return self.ack(&self.sources[idx].key.clone(), &entry.id).await;
+        }
         let sending = record.notify_entry.as_deref().and_then(|shown| {
             let key = delivery_key(&self.sources[idx].key, shown);
             (self.retries.scheduled.contains(&key) && !self.retries.is_deferred(&key))

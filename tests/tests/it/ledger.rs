@@ -210,7 +210,7 @@ async fn retention_trims_old_audit_entries() {
 async fn a_quorum_needs_distinct_approvers_and_one_rejection_rejects() {
     let config = approval_config(3600).replace(
         r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "console:amy", "cli:op"], quorum = 2 }"#,
+        r#"approvers = ["console:boss", "console:amy"], quorum = 2 }"#,
     );
     let d = Deployment::new(&config);
     let services = [
@@ -301,7 +301,7 @@ async fn review_decides_only_what_the_operator_answers() {
         text.contains("| first") && text.contains("| fourth"),
         "each shown in full:\n{text}"
     );
-    assert!(text.contains("answer a, r, s or q"), "{text}");
+    assert!(text.contains("answer a, r, e, s or q"), "{text}");
     assert!(text.contains("end of input"), "{text}");
     let sent = wait_until("the approved one is sent", SOON, || async {
         d.delivered("mail.out").first().cloned()
@@ -425,7 +425,7 @@ async fn uncertain_deliveries_wait_for_an_operator() {
     assert!(events(&h).contains(&"uncertain"));
 
     let second_entry = agent_sends(&d, "try me again", "r2").await;
-    let (_, card) = notification(&d, 1).await;
+    let (second, card) = notification(&d, 1).await;
     react(&d, &card, "✅", "boss", "");
     wait_until("a second uncertain notice", SOON, || async {
         (uncertain_notices().await == 2).then_some(())
@@ -450,6 +450,12 @@ async fn uncertain_deliveries_wait_for_an_operator() {
         "reconciling sends nothing by itself"
     );
     let (again, card) = notification(&d, 2).await;
+    let h = history(&d, &second).await;
+    assert_eq!(
+        h.last().unwrap().get("next_approval"),
+        Some(again.as_str()),
+        "the trail leads to the approval it is asked as now: {h:#?}"
+    );
     let record = hash(&mut d.store().await, &keys::approval(&again)).await;
     assert_eq!(record["status"], "pending", "asked afresh");
     react(&d, &card, "✅", "boss", "");
@@ -463,4 +469,159 @@ async fn uncertain_deliveries_wait_for_an_operator() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
+}
+
+/// Approved, then edited: nothing goes out until the edited version is
+/// approved; an answer to the old card is late; what is sent is the edit, the
+/// agent's version is kept beside it, and the agent hears both digests. An edit
+/// to a destination outside `destinations`, or by someone not an approver, is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_is_a_new_question_and_is_what_is_sent() {
+    let config = approval_config(3600).replacen(
+        r#"destinations = ["*"]"#,
+        r#"destinations = ["bob@example.org", "team@example.org"]"#,
+        1,
+    );
+    let d = Deployment::new(&config);
+    let desk = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let mail = d.spawn("outbox", "mail");
+    agent_sends(&d, "helo wrold", "r1").await;
+    let (id, old_card) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let original = hash(&mut store, &keys::approval(&id)).await["message_sha256"].clone();
+    mail.stop().await.unwrap();
+    react(&d, &old_card, "✅", "boss", "");
+    wait_until("the approval", SOON, || {
+        let mut store = store.clone();
+        let id = id.clone();
+        async move {
+            (hash(&mut store, &keys::approval(&id)).await["status"] == "approved").then_some(())
+        }
+    })
+    .await;
+
+    let refused = d.cowboy(&[
+        "approvals",
+        "edit",
+        &id,
+        "--channel",
+        "eve@evil.example",
+        "--as",
+        "op",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("destinations"),
+        "{refused:?}"
+    );
+    let stranger = d.cowboy(&["approvals", "edit", &id, "--content", "x", "--as", "eve"]);
+    assert!(!stranger.status.success(), "only approvers edit");
+    let out = d.cowboy(&[
+        "approvals",
+        "edit",
+        &id,
+        "--content",
+        "hello world",
+        "--channel",
+        "team@example.org",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["status"], "pending", "the approval is revoked");
+    assert!(!record.contains_key("approver"));
+    assert_eq!(record["original_sha256"], original);
+    assert_eq!(record["original_preview"], "helo wrold");
+    assert_eq!(record["original_channel_id"], "bob@example.org");
+    assert_eq!(record["content_preview"], "hello world");
+    let edited = record["message_sha256"].clone();
+    assert_ne!(edited, original);
+
+    // The old card's answer comes too late, even one already on its way.
+    let answer = approval::Answer::new(
+        &broker::Clock::system(),
+        approval::Verdict::Approved,
+        "console:boss",
+        "",
+    );
+    let late = approval::resolve_approval(&mut store, &d.config, "desk", &old_card, answer)
+        .await
+        .unwrap();
+    assert_eq!(late, approval::Outcome::Unknown, "the old card is disarmed");
+    let raced = approval::decide(
+        &mut store,
+        &d.config,
+        &id,
+        approval::Answer {
+            card: Some(&old_card),
+            ..answer
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(raced, approval::Outcome::Late("superseded".into()));
+
+    let (again, new_card) = notification(&d, 1).await;
+    assert_eq!(again, id);
+    let card = &d.delivered("desk.out")[1];
+    assert!(
+        card.content.contains("| hello world") && card.content.contains("Edited:    by cli:op"),
+        "{}",
+        card.content
+    );
+    assert!(card.content.contains(&edited));
+
+    // Restarted, the requester sends nothing on the revoked approval.
+    let mail = d.spawn("outbox", "mail");
+    agent_sends(&d, "a later one", "r2").await;
+    notification(&d, 2).await;
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "not sent until approved again"
+    );
+    react(&d, &new_card, "✅", "boss", "");
+    let sent = wait_until("the edited message is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(
+        (sent.channel_id.as_str(), sent.content.as_str()),
+        ("team@example.org", "hello world")
+    );
+    let notice = wait_until("the edited notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["status"] == "edited")
+    })
+    .await;
+    assert_eq!(notice["original_sha256"], original);
+    assert_eq!(notice["sent_sha256"], edited);
+    record_gone(&d, &id).await;
+    let h = history(&d, &id).await;
+    let edit = h
+        .iter()
+        .find(|e| e.event == "edited")
+        .expect("an edited event");
+    assert_eq!(edit.get("by"), Some("cli:op"));
+    assert_eq!(edit.get("old_digest"), Some(original.as_str()));
+    assert_eq!(edit.get("digest"), Some(edited.as_str()));
+    let sent = h
+        .iter()
+        .find(|e| e.event == "delivered")
+        .expect("delivered");
+    assert_eq!(sent.get("digest"), Some(edited.as_str()));
+    assert!(
+        h.iter()
+            .any(|e| e.event == "ignored" && e.get("why").is_some_and(|w| w.contains("edited"))),
+        "the raced answer is in the trail: {h:#?}"
+    );
+    mail.stop().await.unwrap();
+    for s in desk {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
 }

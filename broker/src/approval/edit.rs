@@ -1,0 +1,273 @@
+//! Edit before send: an approver corrects a parked message instead of
+//! rejecting it and asking the agent again. An edit is a new question.
+//!
+//! Invariants:
+//! - Only an approver of the requesting bridge edits, and only a message bridge
+//!   (a declared action binds its command to a commit, not to text).
+//! - The edited message passes the same checks as an agent's entry (it is
+//!   parsed as one) and the bridge's `destinations`.
+//! - One server-side step ([`super::repo`]'s `EDIT`) replaces the version,
+//!   only while the record is pending or approved, in its window, its send not
+//!   started, and still at the digest the editor started from: an edit racing
+//!   another edit, a decision or the send cannot both win. The step revokes any
+//!   decision and counted approvals, keeps the agent's version beside the new
+//!   one, and lists the card that was shown as superseded, so an answer to it
+//!   is late.
+//! - The record's message fields always describe the version that will be
+//!   sent. The requester rebuilds that version from the entry and
+//!   `edited_message` ([`apply`]) and sends it only if its digest is the
+//!   record's.
+
+use serde::{Deserialize, Serialize};
+
+use super::record::{field, Record, State};
+use super::repo::Approvals;
+use crate::audit;
+use crate::clock::Clock;
+use crate::config::{Config, GATED_TYPES};
+use crate::entry::Message;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::store::{Entry, Store};
+
+/// What an edit replaced, kept in the record (`edited_message`, JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EditedMessage {
+    pub channel_id: String,
+    #[serde(default)]
+    pub subject: Option<String>,
+    pub content: String,
+}
+
+/// The version of `message` (built from the agent's entry) that `record`
+/// approves: the agent's, or the last edit's.
+pub fn apply(message: Message, record: &Record) -> std::result::Result<Message, String> {
+    let Some(json) = &record.edited_message else {
+        return Ok(message);
+    };
+    let edited: EditedMessage = serde_json::from_str(json)
+        .map_err(|e| format!("the approval's edited message is unreadable ({e}); not sent"))?;
+    Ok(Message {
+        channel_id: edited.channel_id,
+        subject: edited.subject,
+        content: edited.content,
+        ..message
+    })
+}
+
+/// What the approver changes; `None` keeps the field.
+#[derive(Debug, Clone, Default)]
+pub struct Change {
+    pub content: Option<String>,
+    pub subject: Option<String>,
+    pub channel_id: Option<String>,
+}
+
+/// An edit that took effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edited {
+    pub old_digest: String,
+    pub new_digest: String,
+    pub revision: u32,
+}
+
+/// Edits approval `id` as `editor` (a qualified identity, e.g. `cli:ann`):
+/// the new version replaces the old, any decision is revoked, the old card is
+/// marked superseded and a new one is written to the notify bridge.
+pub async fn edit(
+    store: &mut Store,
+    config: &Config,
+    clock: &Clock,
+    id: &str,
+    change: &Change,
+    editor: &str,
+) -> Result<Edited> {
+    let refuse = |why: String| Err(Error::Request(why));
+    let Some(record) = Approvals::on(store).load(id).await? else {
+        return refuse(format!("no approval {id}"));
+    };
+    let bridge = config.bridge(record.source())?;
+    if GATED_TYPES.contains(&bridge.kind.as_str()) {
+        return refuse(format!(
+            "{id} asks to run a declared action: its command is bound to a commit, not to text; reject it and ask the agent instead"
+        ));
+    }
+    if !bridge.approval.allows(editor) {
+        return refuse(format!(
+            "{editor} is not on the approvers list of bridge `{}`: only approvers edit",
+            record.source()
+        ));
+    }
+    let now = clock.now_secs_f64();
+    let state = record.state(now);
+    if record.is_settled() || !matches!(state, State::Pending | State::Approved) {
+        return refuse(format!("{id} is {}: too late to edit", state.as_str()));
+    }
+    let Some(entry) = store.entry(&record.stream, &record.entry_id).await? else {
+        return refuse(format!("{id}: the entry is gone from its stream"));
+    };
+    let current = Message::from_entry(&entry, bridge)
+        .and_then(|m| apply(m, &record))
+        .map_err(Error::Request)?;
+    let new = edited(&entry, &current, change, bridge)?;
+    let new_digest = new.sha256();
+    if new_digest == record.message_sha256 {
+        return refuse(format!("{id}: the edit changes nothing"));
+    }
+
+    // The record as the edit leaves it, to render the new card from.
+    let revision = record.revision + 1;
+    let saved = EditedMessage {
+        channel_id: new.channel_id.clone(),
+        subject: new.subject.clone(),
+        content: new.content.clone(),
+    };
+    let mut next = Record {
+        status: super::Status::Pending,
+        channel_id: new.channel_id.clone(),
+        subject: new.subject.clone(),
+        content_preview: super::preview(&new.content),
+        content_sha256: super::sha256_hex(new.content.as_bytes()),
+        content_bytes: new.content.len() as u64,
+        message_sha256: new_digest.clone(),
+        revision,
+        edited_message: Some(
+            serde_json::to_string(&saved).map_err(|e| Error::Request(e.to_string()))?,
+        ),
+        edited_by: Some(editor.to_string()),
+        edited_at: Some(now as u64),
+        approvals: Vec::new(),
+        approver: None,
+        reason: None,
+        decided_at: None,
+        notified: None,
+        notify_entry: None,
+        notify_external_id: None,
+        // As the step keeps them: the agent's version, from the first edit.
+        original_sha256: record
+            .original_sha256
+            .clone()
+            .or(Some(record.message_sha256.clone())),
+        original_channel_id: record
+            .original_channel_id
+            .clone()
+            .or(Some(record.channel_id.clone())),
+        original_subject: record.original_subject.clone().or(record.subject.clone()),
+        original_preview: record
+            .original_preview
+            .clone()
+            .or(Some(record.content_preview.clone())),
+        ..record.clone()
+    };
+    let notification = super::notification_fields(&next, &new.for_approvers());
+    next.notify_sha256 = super::notification_digest(&notification);
+    let mut pairs: Vec<(&str, String)> = vec![
+        (field::STATUS, next.status.as_str().to_string()),
+        (field::CHANNEL_ID, next.channel_id.clone()),
+        (field::CONTENT_PREVIEW, next.content_preview.clone()),
+        (field::CONTENT_SHA256, next.content_sha256.clone()),
+        (field::CONTENT_BYTES, next.content_bytes.to_string()),
+        (field::MESSAGE_SHA256, new_digest.clone()),
+        (
+            field::EDITED_MESSAGE,
+            next.edited_message.clone().unwrap_or_default(),
+        ),
+        (field::EDITED_BY, editor.to_string()),
+        (field::EDITED_AT, (now as u64).to_string()),
+        (field::REVISION, revision.to_string()),
+        (field::NOTIFY_SHA256, next.notify_sha256.clone()),
+    ];
+    if let Some(subject) = &next.subject {
+        pairs.push((field::SUBJECT, subject.clone()));
+    }
+    let (answer, old_card) = Approvals::on(store)
+        .edit(id, &record.message_sha256, now, &pairs)
+        .await?;
+    if answer != "ok" {
+        let why = match answer.as_str() {
+            "changed" => "it changed meanwhile (another edit); show it again".to_string(),
+            "sending" => "its send has started".to_string(),
+            other => format!("it is {other}"),
+        };
+        return refuse(format!("{id} was not edited: {why}"));
+    }
+
+    // Answers to the old card are late now; disarm it and tell its surface.
+    let notify = keys::outbox(&record.notify);
+    if !old_card.is_empty() {
+        Approvals::on(store)
+            .map_delete(&record.notify, &old_card)
+            .await?;
+    }
+    let fields: Vec<(&str, &[u8])> = notification
+        .iter()
+        .map(|(k, v)| (*k, v.as_slice()))
+        .collect();
+    // Should this stop here, the requester's sweep writes the card (the record
+    // is pending, unnotified, its card's digest bound).
+    let written = store.xadd(&notify, &fields).await?;
+    Approvals::on(store).mark_notified(id, &written).await?;
+    if !old_card.is_empty() {
+        let superseded: Vec<(&str, &[u8])> = vec![
+            ("approval_id", id.as_bytes()),
+            ("approval_outcome", b"superseded"),
+        ];
+        store.xadd(&notify, &superseded).await?;
+    }
+    let event = audit::Event::new(record.source(), audit::Kind::Edited, id, now)
+        .with(audit::field::BY, editor)
+        .with(audit::field::OLD_DIGEST, &record.message_sha256)
+        .with(audit::field::DIGEST, &new_digest)
+        .with(audit::field::DESTINATION, &new.channel_id)
+        .with(audit::field::COUNT, revision.to_string());
+    audit::append(store, config, &[event]).await?;
+    tracing::info!(
+        approval = id,
+        editor,
+        revision,
+        "approval edited; asked again"
+    );
+    Ok(Edited {
+        old_digest: record.message_sha256,
+        new_digest,
+        revision,
+    })
+}
+
+/// The new version, validated as if the agent had written it.
+fn edited(
+    entry: &Entry,
+    current: &Message,
+    change: &Change,
+    bridge: &crate::config::BridgeConfig,
+) -> Result<Message> {
+    let channel = change.channel_id.as_ref().unwrap_or(&current.channel_id);
+    if !bridge.allows_destination(channel) {
+        return Err(Error::Request(format!(
+            "`{}` is not on the bridge's destinations: the edit is refused",
+            super::display_safe(channel)
+        )));
+    }
+    let subject = change.subject.as_ref().or(current.subject.as_ref());
+    let content = change.content.as_ref().unwrap_or(&current.content);
+    // Parsed as the agent's entry would be: the same limits and checks.
+    let mut fields: Vec<(String, Vec<u8>)> = vec![
+        ("channel_id".into(), channel.as_bytes().to_vec()),
+        ("content".into(), content.as_bytes().to_vec()),
+    ];
+    for (k, v) in [
+        ("subject", subject),
+        ("reply_to", current.reply_to.as_ref()),
+        ("request_id", current.request_id.as_ref()),
+    ] {
+        if let Some(v) = v.filter(|v| !v.is_empty()) {
+            fields.push((k.into(), v.as_bytes().to_vec()));
+        }
+    }
+    let synthetic = Entry {
+        id: entry.id.clone(),
+        fields,
+    };
+    Message::from_entry(&synthetic, bridge)
+        .map_err(|e| Error::Request(format!("the edited message is refused: {e}")))
+}
