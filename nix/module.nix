@@ -99,6 +99,10 @@ let
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     audit = { inherit (cfg.audit) retentionDays; };
+    web = if cfg.web.enable || cfg.web.exporter.enable then {
+      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile;
+      users = mapAttrs (_: u: { inherit (u) passwordFile; }) cfg.web.users;
+    } else null;
     bridges = mapAttrs bridgeInput enabledBridges;
     credentialsDirectory = dir;
   });
@@ -175,6 +179,29 @@ let
     };
   };
 
+  # The page and the exporter: one hardened unit each, with their own Redis user.
+  webUnit = arg: {
+    description = if arg == "serve" then "cowboy approval page" else "cowboy metrics exporter";
+    partOf = [ "cowboy.target" ];
+    wantedBy = [ "cowboy.target" ];
+    after = [ "network-online.target" ] ++ optional cfg.redis.createLocally "redis-cowboy.service";
+    wants = [ "network-online.target" ];
+    serviceConfig = mapAttrs (_: mkDefault) hardening // {
+      Type = "notify";
+      NotifyAccess = "main";
+      ExecStart = "${cfg.package}/bin/cowboy-web --config ${serviceConfigFile} ${arg}";
+      WatchdogSec = 30;
+      Restart = "always";
+      RestartSec = 2;
+      RestartPreventExitStatus = 78;
+      DynamicUser = true;
+      LoadCredential =
+        optional (cfg.web.redisPasswordFile != null) "web-redis-password:${cfg.web.redisPasswordFile}"
+        ++ optional (cfg.web.sessionKeyFile != null) "web-session-key:${cfg.web.sessionKeyFile}"
+        ++ mapAttrsToList (n: u: "web-user-${n}:${u.passwordFile}") cfg.web.users;
+    };
+  };
+
   inlineSecrets = import ./secrets.nix;
 in
 {
@@ -189,6 +216,24 @@ in
       acl = mkOption { type = types.bool; default = true; description = "Render ACL users with `cowboy acl` and turn the default user off."; };
       operator = mkOption { type = types.str; default = "cowboy-admin"; description = "Redis user of the operator CLI."; };
       operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };
+    };
+
+    web = {
+      enable = mkEnableOption "the approval page (cowboy web, its own hardened unit and Redis user)";
+      exporter.enable = mkEnableOption "cowboy exporter: /metrics alone, for hosts without the page";
+      listen = mkOption { type = types.str; default = "127.0.0.1:8787"; description = "address:port of the page; keep it on loopback and put a TLS reverse proxy in front."; };
+      exporterListen = mkOption { type = types.str; default = "127.0.0.1:9787"; description = "address:port of `cowboy exporter`."; };
+      users = mkOption {
+        type = types.attrsOf (types.submodule {
+          options.passwordFile = mkOption { type = types.path; description = "File holding the Argon2 hash `cowboy web hash-password` prints (not the password)."; };
+        });
+        default = { };
+        description = "Who may log in; each decides as approver `web:NAME` where listed in a bridge's approvers.";
+      };
+      sessionHours = mkOption { type = types.ints.positive; default = 8; description = "How long a login lasts."; };
+      sessionKeyFile = mkOption { type = types.nullOr types.path; default = null; description = "Key (32+ bytes) sessions are signed with; null: a random key per start (a restart logs everyone out)."; };
+      secureCookies = mkOption { type = types.bool; default = false; description = "Mark cookies Secure (set it when a TLS proxy serves the page)."; };
+      redisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the page's Redis user cowboy-web (needed with redis.acl)."; };
     };
 
     audit.retentionDays = mkOption {
@@ -241,6 +286,7 @@ in
       ++ [
         { assertion = !cfg.redis.acl || cfg.redis.operatorPasswordFile != null; message = "services.cowboy.redis.operatorPasswordFile is needed when redis.acl is on (the default user is turned off)."; }
         { assertion = !cfg.redis.acl || builtins.all (a: a.passwordFile != null) (builtins.attrValues cfg.agents); message = "every services.cowboy.agents.<name>.passwordFile is needed when redis.acl is on."; }
+        { assertion = !(cfg.redis.acl && (cfg.web.enable || cfg.web.exporter.enable)) || cfg.web.redisPasswordFile != null; message = "services.cowboy.web.redisPasswordFile is needed when redis.acl is on (the page has its own Redis user)."; }
       ];
 
     users.users.cowboy = { isSystemUser = true; group = "cowboy"; };
@@ -279,7 +325,9 @@ in
         '';
       };
     } // builtins.listToAttrs (concatMap (name: map (unitFor name enabledBridges.${name}) services) (attrNames enabledBridges))
-      // builtins.listToAttrs (concatMap (name: let b = enabledBridges.${name}; in map (workerUnit name b "outbox") b.outboxWorkers) (attrNames enabledBridges));
+      // builtins.listToAttrs (concatMap (name: let b = enabledBridges.${name}; in map (workerUnit name b "outbox") b.outboxWorkers) (attrNames enabledBridges))
+      // optionalAttrs cfg.web.enable { cowboy-web = webUnit "serve"; }
+      // optionalAttrs cfg.web.exporter.enable { cowboy-exporter = webUnit "exporter"; };
 
     systemd.targets.cowboy = {
       description = "cowboy bridges";

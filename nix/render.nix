@@ -12,7 +12,7 @@
 # unit receives through LoadCredential (the loader expands the variable). With
 # `credentialsDirectory = null` the source paths are rendered instead, for tools
 # run by root (the operator CLI, `cowboy acl`).
-{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, audit ? { }, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
+{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, audit ? { }, web ? null, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
 let
   inherit (builtins) attrNames concatStringsSep filter isAttrs isBool isFloat isInt isList isPath isString map match replaceStrings typeOf;
 
@@ -80,6 +80,20 @@ let
     });
 
   enabled = filter (n: bridges.${n}.enable or true) (attrNames bridges);
+
+  # The page's files are credentials of its unit (named web-*), like a bridge's secrets.
+  webFile = cred: path: if path == null then null else if credentialsDirectory == null then toString path else "${credentialsDirectory}/${cred}";
+  webUsers = web.users or { };
+  webTables =
+    table "web" {
+      listen = web.listen or null;
+      exporter_listen = web.exporterListen or null;
+      session_hours = web.sessionHours or null;
+      secure_cookies = web.secureCookies or null;
+      session_key_file = webFile "web-session-key" (web.sessionKeyFile or null);
+      redis_password_file = webFile "web-redis-password" (web.redisPasswordFile or null);
+    }
+    + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in
 table "redis" {
   url = redis.url or "redis://127.0.0.1:6379";
@@ -87,6 +101,7 @@ table "redis" {
   password_file = redis.passwordFile or null;
 }
 + (if audit ? retentionDays then table "audit" { retention_days = audit.retentionDays; } else "")
++ (if web == null then "" else webTables)
 + concatStringsSep "" (map (a: table "agents.${key a}" { password_file = agents.${a}.passwordFile or null; }) (attrNames agents))
 + concatStringsSep "" (map (o: table "operators.${key o}" { password_file = operators.${o}.passwordFile or null; }) (attrNames operators))
 + concatStringsSep "" (map (n: bridgeTable n bridges.${n}) enabled)

@@ -10,5 +10,8 @@ bash scripts/install.sh \
   systemd-analyze=systemd \
   postfix=postfix \
   dovecot=dovecot-imapd,dovecot-lmtpd \
-  dnsmasq=dnsmasq-base
+  dnsmasq=dnsmasq-base \
+  prometheus=prometheus \
+  chromium=chromium \
+  chromedriver=chromium-driver
 exec cargo test --workspace "$@"

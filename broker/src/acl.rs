@@ -163,6 +163,63 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     )
 }
 
+/// The rules of the approval page: read what it shows (records, the pending
+/// index, the trail, the entries behind approvals, what metrics count), decide
+/// and edit through the broker's scripts, wake requesters, write cards to the
+/// notify bridges' outboxes (an edit asks again). Nothing else: it cannot send
+/// on a bridge nobody notifies through, ack, trim or delete a stream.
+pub fn web_rules(config: &Config, hash: &str) -> String {
+    let agents: Vec<&str> = config.agent_names().collect();
+    let mut read = Vec::new();
+    let mut status = Vec::new();
+    let mut wake = Vec::new();
+    let mut trails = Vec::new();
+    let mut notify = std::collections::BTreeSet::new();
+    for name in config.bridges.keys() {
+        read.push(format!("~{}", keys::outbox(name)));
+        read.extend(
+            agents
+                .iter()
+                .map(|a| format!("~{}", keys::agent_outbox(a, name))),
+        );
+        status.push(format!("~{}", keys::inbox(name)));
+        status.extend(
+            agents
+                .iter()
+                .map(|a| format!("~{}", keys::agent_inbox(a, name))),
+        );
+        status.push(format!("~{}", keys::dead(name)));
+        status.push(format!("~{}", keys::uncertain(name)));
+        status.push(format!("~{}", keys::heartbeat(name)));
+        status.push(format!("~{}", keys::pending(name)));
+        wake.push(format!("%W~{}", keys::decisions(name)));
+        wake.push(format!("%W~{}", keys::worker_decisions_pattern(name)));
+        trails.push(format!("~{}", keys::audit(name)));
+        if config.bridge(name).is_ok_and(|b| b.approval.required) {
+            notify.insert(format!("%W~{}", keys::outbox(config.notify_bridge(name))));
+        }
+    }
+    let mut sels = vec![
+        selector(&read, "+xrange +xinfo|groups +xlen"),
+        selector(&status, "+xinfo|groups +xlen +hlen +hgetall +zrange +zcard"),
+        selector(&trails, "+xrange +xread +xadd +evalsha +eval +script|load"),
+        selector(
+            &[format!("~{}*", keys::APPROVAL_PREFIX)],
+            "+hgetall +hget +hmget +hset +hdel +exists +evalsha +eval +script|load",
+        ),
+    ];
+    if !wake.is_empty() {
+        sels.push(selector(&wake, "+xadd"));
+    }
+    if !notify.is_empty() {
+        sels.push(selector(&notify.into_iter().collect::<Vec<_>>(), "+xadd"));
+    }
+    format!(
+        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        sels.join(" ")
+    )
+}
+
 /// `XADD` to the `decisions` streams and audit trails of the bridges that ask
 /// through `name` (its ingest decides for them; its outbox rejects a card the
 /// platform refused and records the cards it showed).
@@ -232,6 +289,18 @@ pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
                 "on #{} ~* &* +@all",
                 password_hash(&key, &op.password_file)?
             ),
+        });
+    }
+    if let Some(web) = &config.web {
+        let file = web.redis_password_file.as_ref().ok_or_else(|| {
+            ConfigError::invalid(
+                "web.redis_password_file",
+                "the page needs its own Redis user's password file",
+            )
+        })?;
+        users.push(User {
+            name: keys::WEB_USER.into(),
+            rules: web_rules(config, &password_hash("web.redis_password_file", file)?),
         });
     }
     for (agent, a) in &config.agents {
@@ -853,6 +922,9 @@ pub async fn check(config: &Config, admin: &mut Store, real: bool) -> Result<(St
 pub fn password_file_of(config: &Config, user: &str) -> Option<std::path::PathBuf> {
     if let Some(a) = config.agents.get(user) {
         return a.password_file.clone();
+    }
+    if user == keys::WEB_USER {
+        return config.web.as_ref()?.redis_password_file.clone();
     }
     for (name, bridge) in &config.bridges {
         for service in Service::ALL {

@@ -55,6 +55,8 @@ pub mod field {
     pub const COUNT: &str = "count";
     /// An uncertain delivery's id (see [`crate::deliveries`]).
     pub const DELIVERY: &str = "delivery";
+    /// Seconds from parking to the decision.
+    pub const WAITED: &str = "waited";
     /// The approval a reconciled delivery was put back as.
     pub const NEXT_APPROVAL: &str = "next_approval";
 }

@@ -114,7 +114,7 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         }
         Some(entry) => {
             let text = |k: &str| entry.text(k).filter(|v| !v.is_empty()).map(str::to_string);
-            let message = Message {
+            let agents = Message {
                 channel_id: text("channel_id").unwrap_or_default(),
                 content: String::from_utf8_lossy(entry.get("content").unwrap_or_default())
                     .into_owned(),
@@ -122,6 +122,8 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
                 reply_to: text("reply_to"),
                 ..Message::default()
             };
+            // The version that will be sent: an approver's edit, if any.
+            let message = approval::edit::apply(agents, &r).map_err(Error::Request)?;
             let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
             out.push_str(&approval::render_notification(
                 &r,

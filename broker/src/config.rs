@@ -23,7 +23,7 @@ pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email", "effects", "r
 pub const GATED_TYPES: &[&str] = &["effects", "rebuild"];
 
 /// Surfaces an approver identity may come from: the bridge types plus the operator CLI.
-pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli"];
+pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli", "web"];
 
 /// A whole deployment.
 #[derive(Debug, Clone)]
@@ -38,6 +38,56 @@ pub struct Config {
     pub operators: BTreeMap<String, OperatorConfig>,
     /// `[audit]`: how long the audit trail keeps its entries.
     pub audit: AuditConfig,
+    /// `[web]`: the approval page and metrics, when configured.
+    pub web: Option<WebConfig>,
+}
+
+/// `[web]`: the approval page (`cowboy web`) and the metrics exporter.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebConfig {
+    /// Where the page listens (loopback by default: put TLS in front).
+    #[serde(default = "default_web_listen")]
+    pub listen: String,
+    /// Where `cowboy exporter` serves `/metrics` alone.
+    #[serde(default = "default_exporter_listen")]
+    pub exporter_listen: String,
+    /// Who may log in; each decides as approver `web:NAME`.
+    #[serde(default)]
+    pub users: BTreeMap<String, WebUserConfig>,
+    /// How long a login lasts.
+    #[serde(default = "default_session_hours")]
+    pub session_hours: u64,
+    /// A file holding the key sessions are signed with (32 bytes or more);
+    /// without it a random key is made at start-up, and a restart logs everyone out.
+    #[serde(default)]
+    pub session_key_file: Option<PathBuf>,
+    /// Mark cookies `Secure`: set when the page is served over TLS (a proxy).
+    #[serde(default)]
+    pub secure_cookies: bool,
+    /// The password of the page's own Redis user `cowboy-web`.
+    #[serde(default)]
+    pub redis_password_file: Option<PathBuf>,
+}
+
+/// `[web.users.NAME]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebUserConfig {
+    /// A file holding the Argon2 PHC hash `cowboy web hash-password` prints.
+    pub password_file: PathBuf,
+}
+
+fn default_web_listen() -> String {
+    "127.0.0.1:8787".into()
+}
+
+fn default_exporter_listen() -> String {
+    "127.0.0.1:9787".into()
+}
+
+fn default_session_hours() -> u64 {
+    8
 }
 
 /// `[audit]`: the audit trail (`{bridge}:audit`, see [`crate::audit`]).
@@ -80,6 +130,9 @@ pub struct RawConfig {
     /// `[audit]`.
     #[serde(default)]
     pub audit: AuditConfig,
+    /// `[web]`.
+    #[serde(default)]
+    pub web: Option<WebConfig>,
 }
 
 /// `[operators.NAME]`: a person who decides with the CLI. With any operator
@@ -434,12 +487,35 @@ impl Config {
             bridges,
             operators: raw.operators,
             audit: raw.audit,
+            web: raw.web,
         };
         config.validate()?;
         Ok(config)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(web) = &self.web {
+            for name in web.users.keys() {
+                check_name(&format!("web.users.{name}"), name)?;
+            }
+            for (key, addr) in [
+                ("web.listen", &web.listen),
+                ("web.exporter_listen", &web.exporter_listen),
+            ] {
+                if addr.parse::<std::net::SocketAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("`{addr}` is not an address:port"),
+                    ));
+                }
+            }
+            if !(1..=24 * 30).contains(&web.session_hours) {
+                return Err(ConfigError::invalid(
+                    "web.session_hours",
+                    "must be between 1 and 720",
+                ));
+            }
+        }
         if !(1..=36_500).contains(&self.audit.retention_days) {
             return Err(ConfigError::invalid(
                 "audit.retention_days",
@@ -541,6 +617,15 @@ impl Config {
                 let unproven = who.strip_prefix("cli:").is_some_and(|op| {
                     !self.operators.is_empty() && !self.operators.contains_key(op)
                 });
+                let no_such_web_user = who
+                    .strip_prefix("web:")
+                    .is_some_and(|u| !self.web.as_ref().is_some_and(|w| w.users.contains_key(u)));
+                if no_such_web_user {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.approvers[{i}]"),
+                        format!("`{who}` names no `[web.users]` entry"),
+                    ));
+                }
                 if unproven {
                     return Err(ConfigError::invalid(
                         format!("{at}.approval.approvers[{i}]"),

@@ -194,6 +194,9 @@ pub fn agent_group(agent: &str) -> String {
     agent.to_string()
 }
 
+/// Redis ACL user of the approval page and exporter (`cowboy web`).
+pub const WEB_USER: &str = "cowboy-web";
+
 /// Redis ACL user of one service of a bridge.
 pub fn service_user(bridge: &str, service: &str) -> String {
     format!("cowboy-{bridge}-{service}")

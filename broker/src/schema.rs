@@ -49,6 +49,12 @@ pub fn key_paths() -> Vec<String> {
     add("agents.*.", field_names::<AgentConfig>());
     add("operators.*.", field_names::<OperatorConfig>());
     add("audit.", field_names::<AuditConfig>());
+    for f in field_names::<WebConfig>() {
+        match *f {
+            "users" => add("web.users.*.", field_names::<WebUserConfig>()),
+            other => add("web.", &[other]),
+        }
+    }
     for f in field_names::<BridgeCommon>() {
         match *f {
             "approval" => add("bridges.*.approval.", field_names::<ApprovalConfig>()),

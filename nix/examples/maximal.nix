@@ -5,6 +5,15 @@
   agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
   operators.root.passwordFile = "/etc/cowboy/secrets/root";
   audit.retentionDays = 30;
+  web = {
+    listen = "127.0.0.1:8787";
+    exporterListen = "127.0.0.1:9787";
+    sessionHours = 4;
+    secureCookies = true;
+    sessionKeyFile = "/etc/cowboy/secrets/web-session";
+    redisPasswordFile = "/etc/cowboy/secrets/web-redis";
+    users.root.passwordFile = "/etc/cowboy/secrets/web-root.hash";
+  };
   bridges.all = {
     type = "console";
     destinations = [ "*" ];

@@ -9,6 +9,7 @@
 pub mod discord;
 pub mod dns;
 pub mod mail;
+pub mod web;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -107,8 +107,16 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         }
         v => inline_code(v),
     };
+    let edited = match (&record.edited_by, &record.original_sha256) {
+        (Some(by), Some(original)) => format!(
+            "✏️ **Edited** by {} (edit {}): this is not the agent's text; the agent's had sha256 `{original}`\n",
+            inline_code(by),
+            record.revision
+        ),
+        _ => String::new(),
+    };
     format!(
-        "{status}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
+        "{status}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
         id = record.id,
         who = record.agent().unwrap_or("an agent"),
         bridge = record.source(),

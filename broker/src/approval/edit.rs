@@ -143,6 +143,9 @@ pub async fn edit(
         notified: None,
         notify_entry: None,
         notify_external_id: None,
+        // A new reply token: the new card is a new message (an email's
+        // Message-ID is built from it), and answers to the old one stay late.
+        nonce: uuid::Uuid::new_v4().simple().to_string(),
         // As the step keeps them: the agent's version, from the first edit.
         original_sha256: record
             .original_sha256
@@ -176,6 +179,7 @@ pub async fn edit(
         (field::EDITED_AT, (now as u64).to_string()),
         (field::REVISION, revision.to_string()),
         (field::NOTIFY_SHA256, next.notify_sha256.clone()),
+        (field::NONCE, next.nonce.clone()),
     ];
     if let Some(subject) = &next.subject {
         pairs.push((field::SUBJECT, subject.clone()));

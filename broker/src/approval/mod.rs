@@ -154,8 +154,11 @@ pub async fn decide(
     };
     // Email addresses compare without case: one person is one identity.
     let approver = canonical_identity(answer.approver);
+    // Bound to the version read here when the surface did not say which it
+    // showed: an edit landing between this read and the decision wins.
     let answer = Answer {
         approver: &approver,
+        seen: answer.seen.or(Some(&record.message_sha256)),
         ..answer
     };
     let allowed = config
@@ -251,7 +254,11 @@ async fn apply(
                 .with(audit::field::VERDICT, verdict.as_str())
                 .with(audit::field::BY, by)
                 .with(audit::field::REASON, reason)
-                .with(audit::field::DIGEST, &record.message_sha256);
+                .with(audit::field::DIGEST, &record.message_sha256)
+                .with(
+                    audit::field::WAITED,
+                    format!("{:.3}", (at - record.created_at as f64).max(0.0)),
+                );
             (
                 vec![answered, decided],
                 Outcome::Decided,

@@ -121,6 +121,16 @@ redis.call('HSET', KEYS[1], 'delivery_started', ARGV[1])
 return 1
 "#;
 
+/// Notes the card a notify side showed, only while the record still claims
+/// the entry that card was shown from: a card whose version an edit replaced
+/// while it was being sent is never answerable. ARGV: the entry, the card's
+/// external id. Returns whether it was noted.
+const NOTE_SHOWN: &str = r#"
+if redis.call('HGET', KEYS[1], 'notify_entry') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'notify_external_id', ARGV[2])
+return 1
+"#;
+
 /// Sets fields only on a record that still exists. Returns whether it existed.
 const SET_IF_EXISTS: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
@@ -163,6 +173,7 @@ static SET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new
 static CLAIM_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM));
 static SETTLE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(MARK_SETTLED));
 static EDIT_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(EDIT));
+static SHOWN_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(NOTE_SHOWN));
 static START_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(START_DELIVERY));
 
 /// Records handled per pipelined round trip when many are read at once.
@@ -616,27 +627,29 @@ impl<'a> Approvals<'a> {
     }
 
     /// Records cards shown by notify bridge `bridge` in one round trip: each
-    /// card's map entry and the record's note of it, plus `then` (the caller's
-    /// acks, so a card is recorded and its entry acked together). A record gone
-    /// meanwhile keeps no answerable card: its map entry is removed again.
+    /// card's map entry and the record's note of it (see [`NOTE_SHOWN`]), plus
+    /// `then` (the caller's acks, so a card is recorded and its entry acked
+    /// together). A card whose record is gone, or no longer claims the entry it
+    /// was shown from (edited meanwhile), keeps no answerable card: its map
+    /// entry is removed again. `shown`: (approval id, entry id, external id).
     pub async fn record_shown(
         &mut self,
         bridge: &str,
-        shown: &[(&str, &str)],
+        shown: &[(&str, &str, &str)],
         then: impl FnOnce(&mut redis::Pipeline),
     ) -> Result<()> {
         let map = keys::approval_map(bridge);
         let notes: Vec<_> = shown
             .iter()
-            .map(|(id, external)| {
-                let mut note = SET_SCRIPT.key(keys::approval(id));
-                note.arg(field::NOTIFY_EXTERNAL_ID).arg(*external);
+            .map(|(id, entry, external)| {
+                let mut note = SHOWN_SCRIPT.key(keys::approval(id));
+                note.arg(*entry).arg(*external);
                 note
             })
             .collect();
         let mut pipe = redis::pipe();
-        pipe.load_script(&SET_SCRIPT).ignore();
-        for ((id, external), note) in shown.iter().zip(&notes) {
+        pipe.load_script(&SHOWN_SCRIPT).ignore();
+        for ((id, _, external), note) in shown.iter().zip(&notes) {
             pipe.hset(&map, *external, *id).ignore();
             pipe.invoke_script(note);
         }
@@ -649,7 +662,7 @@ impl<'a> Approvals<'a> {
             .iter()
             .zip(kept)
             .filter(|(_, k)| *k == 0)
-            .map(|((_, external), _)| *external)
+            .map(|((_, _, external), _)| *external)
             .collect();
         if !gone.is_empty() {
             let _: i64 = self
@@ -734,6 +747,7 @@ mod tests {
             MARK_SETTLED,
             EDIT,
             START_DELIVERY,
+            NOTE_SHOWN,
         ] {
             for quoted in script.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());

@@ -76,6 +76,13 @@ enum Command {
         #[command(subcommand)]
         command: Deliveries,
     },
+    /// The approval page (`cowboy web`, `cowboy web hash-password`); runs `cowboy-web`.
+    Web {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Serve `/metrics` alone, for hosts without the page; runs `cowboy-web exporter`.
+    Exporter,
     /// Run one service of a bridge (exec's `cowboy-{type}-{service}`), for unit templates.
     Service {
         /// ingest, outbox or ping.
@@ -225,6 +232,23 @@ fn in_editor(text: &str) -> broker::Result<String> {
     result
 }
 
+/// Runs `cowboy-web` (beside this binary, else on `PATH`) with `args`.
+fn exec_web(config: &std::path::Path, args: &[String]) -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("cowboy-web")))
+        .filter(|p| p.exists());
+    let program = beside.unwrap_or_else(|| "cowboy-web".into());
+    let err = std::process::Command::new(&program)
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .exec();
+    eprintln!("error: cannot run {}: {err}", program.display());
+    ExitCode::FAILURE
+}
+
 fn operator(given: Option<String>) -> String {
     given
         .or_else(|| std::env::var("USER").ok())
@@ -234,6 +258,11 @@ fn operator(given: Option<String>) -> String {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    match &args.command {
+        Command::Web { args: rest } => return exec_web(&args.config, rest),
+        Command::Exporter => return exec_web(&args.config, &["exporter".to_string()]),
+        _ => {}
+    }
     let config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
@@ -429,7 +458,10 @@ async fn main() -> ExitCode {
                         .await
                 }
             },
-            Command::Acl { command: None, .. } | Command::Service { .. } => {
+            Command::Acl { command: None, .. }
+            | Command::Service { .. }
+            | Command::Web { .. }
+            | Command::Exporter => {
                 unreachable!("handled above")
             }
             Command::Acl {

@@ -87,9 +87,15 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let shown = std::mem::take(&mut self.shown);
-        let cards: Vec<(&str, &str)> = shown
+        let cards: Vec<(&str, &str, &str)> = shown
             .iter()
-            .map(|s| (s.approval_id.as_str(), s.external_id.as_str()))
+            .map(|s| {
+                (
+                    s.approval_id.as_str(),
+                    s.entry_id.as_str(),
+                    s.external_id.as_str(),
+                )
+            })
             .collect();
         let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for s in &shown {

@@ -134,7 +134,7 @@ fn rendered_examples_load() {
 fn key_paths(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
     for (k, v) in table {
         // Names chosen by the user become `*`, as in broker::schema::key_paths.
-        let k = if ["agents.", "bridges.", "operators."].contains(&prefix) {
+        let k = if ["agents.", "bridges.", "operators.", "web.users."].contains(&prefix) {
             "*"
         } else {
             k.as_str()
@@ -205,6 +205,8 @@ fn unit_templates_verify() {
             "cowboy-ingest@mail.service",
             "cowboy-outbox@mail.service",
             "cowboy-ping@mail.service",
+            "cowboy-web.service",
+            "cowboy-exporter.service",
             "cowboy.target",
         ])
         .output()
@@ -214,15 +216,17 @@ fn unit_templates_verify() {
         out.status.success() && stderr.trim().is_empty(),
         "systemd-analyze verify: {stderr}"
     );
-    for svc in ["ingest", "outbox", "ping"] {
+    for unit in [
+        "cowboy-ingest@mail.service",
+        "cowboy-outbox@mail.service",
+        "cowboy-ping@mail.service",
+        "cowboy-web.service",
+        "cowboy-exporter.service",
+    ] {
+        let svc = unit;
         let out = Command::new("systemd-analyze")
             .env("SYSTEMD_UNIT_PATH", &unit_path)
-            .args([
-                "security",
-                "--offline=yes",
-                "--threshold=20",
-                &format!("cowboy-{svc}@mail.service"),
-            ])
+            .args(["security", "--offline=yes", "--threshold=20", unit])
             .output()
             .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);

@@ -564,6 +564,14 @@ async fn an_edit_is_a_new_question_and_is_what_is_sent() {
     .unwrap();
     assert_eq!(raced, approval::Outcome::Late("superseded".into()));
 
+    let shown = d.cowboy(&["approvals", "show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("| hello world")
+            && !shown.contains("| helo wrold")
+            && shown.contains("matches the approval"),
+        "show presents the version that will be sent:\n{shown}"
+    );
     let (again, new_card) = notification(&d, 1).await;
     assert_eq!(again, id);
     let card = &d.delivered("desk.out")[1];
@@ -624,4 +632,66 @@ async fn an_edit_is_a_new_question_and_is_what_is_sent() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// An edit that lands while the old card is still being sent: that card never
+/// becomes answerable, so an approval of it cannot send the edited version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_still_being_sent_when_an_edit_lands_is_never_answerable() {
+    let config = approval_config(3600).replace(
+        "input = \"{dir}/desk.in\"\n",
+        "input = \"{dir}/desk.in\"\nlatency_ms = 1500\n",
+    );
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "PAY EVE 1000 USD", "r1").await;
+    let store = d.store().await;
+    let id = wait_until("the card to be claimed and on its way", SOON, || {
+        let mut store = store.clone();
+        let config = d.config.clone();
+        async move {
+            let ids = approval::pending_ids(&mut store, &config).await.ok()?;
+            let id = ids.first()?.clone();
+            let r = hash(&mut store, &keys::approval(&id)).await;
+            (r.contains_key("notify_entry") && !r.contains_key("notify_external_id")).then_some(id)
+        }
+    })
+    .await;
+    let out = d.cowboy(&[
+        "approvals",
+        "edit",
+        &id,
+        "--content",
+        "Hi Bob, lunch at noon?",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let (_, old_card) = notification(&d, 0).await;
+    let (_, new_card) = notification(&d, 1).await;
+    assert!(d.delivered("desk.out")[0].content.contains("PAY EVE"));
+    let mut store = d.store().await;
+    let map = hash(&mut store, &keys::approval_map("desk")).await;
+    assert!(
+        !map.contains_key(&old_card),
+        "the old card is not answerable: {map:?}"
+    );
+    react(&d, &old_card, "✅", "boss", "");
+    react(&d, &new_card, "❌", "boss", "no lunch");
+    let notice = wait_until("the rejection", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        notice["status"], "rejected",
+        "the old card's approval counted for nothing"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
 }

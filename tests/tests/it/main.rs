@@ -14,6 +14,7 @@ mod ledger;
 mod ping;
 mod retention;
 mod supervisor;
+mod web;
 mod workers;
 
 use std::time::Duration;

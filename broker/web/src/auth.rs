@@ -1,0 +1,110 @@
+//! Who may log in: the users of `[web.users]`, each with an Argon2 hash.
+//!
+//! Invariants:
+//! - Passwords are never stored or logged: files hold PHC strings made by
+//!   `cowboy web hash-password`, checked with Argon2 off the async threads.
+//! - An unknown user costs the same check as a known one (against a hash made
+//!   at start-up), so the answer's timing does not tell which names exist.
+//! - Every failure answers only after [`FAILURE_DELAY`]; after
+//!   [`LOCK_AFTER`] failures in a row a name is locked for [`LOCK_SECS`],
+//!   during which even the right password is refused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+
+/// How long a failed login waits before it is answered.
+pub const FAILURE_DELAY: Duration = Duration::from_millis(750);
+/// Failures in a row that lock a name.
+pub const LOCK_AFTER: u32 = 3;
+/// How long a locked name stays locked.
+pub const LOCK_SECS: f64 = 300.0;
+
+/// The outcome of a login.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Login {
+    Ok,
+    Wrong,
+    /// Locked for this many more seconds.
+    Locked(u64),
+}
+
+pub struct Users {
+    hashes: BTreeMap<String, String>,
+    dummy: String,
+    failures: Mutex<HashMap<String, (u32, f64)>>,
+}
+
+/// A PHC Argon2id hash of `password` with a random salt.
+pub fn hash_password(password: &str) -> String {
+    let bytes = *uuid::Uuid::new_v4().as_bytes();
+    let salt = SaltString::encode_b64(&bytes).expect("16 bytes is a valid salt");
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .expect("argon2 with default parameters")
+        .to_string()
+}
+
+impl Users {
+    /// Reads every user's hash file; a missing or malformed one names its key.
+    pub fn load(web: &broker::config::WebConfig) -> Result<Users, String> {
+        let mut hashes = BTreeMap::new();
+        for (name, user) in &web.users {
+            let key = format!("web.users.{name}.password_file");
+            let phc = broker::config::read_secret(&key, &user.password_file)
+                .map_err(|e| e.to_string())?;
+            PasswordHash::new(&phc).map_err(|e| {
+                format!("{key}: not an Argon2 hash ({e}); make one with `cowboy web hash-password`")
+            })?;
+            hashes.insert(name.clone(), phc);
+        }
+        Ok(Users {
+            hashes,
+            dummy: hash_password(&uuid::Uuid::new_v4().to_string()),
+            failures: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Checks a login at `now` (unix seconds).
+    pub async fn check(&self, user: &str, password: &str, now: f64) -> Login {
+        let seen = self.failures.lock().expect("lock").get(user).copied();
+        if let Some((fails, until)) = seen {
+            if fails >= LOCK_AFTER && now < until {
+                tokio::time::sleep(FAILURE_DELAY).await;
+                return Login::Locked((until - now).ceil() as u64);
+            }
+        }
+        let phc = self.hashes.get(user).unwrap_or(&self.dummy).clone();
+        let known = self.hashes.contains_key(user);
+        let password = password.to_string();
+        let ok = tokio::task::spawn_blocking(move || {
+            PasswordHash::new(&phc)
+                .map(|h| {
+                    Argon2::default()
+                        .verify_password(password.as_bytes(), &h)
+                        .is_ok()
+                })
+                .unwrap_or(false)
+        })
+        .await
+        .unwrap_or(false)
+            && known;
+        {
+            let mut failures = self.failures.lock().expect("lock");
+            if ok {
+                failures.remove(user);
+                return Login::Ok;
+            }
+            let entry = failures.entry(user.to_string()).or_insert((0, 0.0));
+            entry.0 += 1;
+            if entry.0 >= LOCK_AFTER {
+                entry.1 = now + LOCK_SECS;
+            }
+        }
+        tokio::time::sleep(FAILURE_DELAY).await;
+        Login::Wrong
+    }
+}

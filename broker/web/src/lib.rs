@@ -1,0 +1,708 @@
+//! The approval page (`cowboy web`) and the metrics exporter (`cowboy exporter`).
+//!
+//! # Layout (each module states its invariants)
+//!
+//! - [`session`]: signed session cookies and CSRF tokens.
+//! - [`auth`]: the users of `[web.users]`, Argon2 checks, failed-login slow-down.
+//! - [`pages`]: the server-rendered HTML.
+//! - [`metrics`]: the `/metrics` route.
+//!
+//! Invariants of the handlers:
+//! - A `GET` never changes state: link scanners and prefetchers cannot decide.
+//! - Every `POST` carries the CSRF token of its session (or, for the login, of
+//!   its pre-login cookie), or it is refused before anything is read.
+//! - A logged-in user decides as approver `web:NAME` through the broker's own
+//!   functions ([`broker::approval::decide`], [`broker::approval::edit::edit`]),
+//!   so the approvers list, the window, quorum and edits apply exactly as on
+//!   every other surface; a decision is bound to the digest the page showed.
+//! - Every response carries a strict Content-Security-Policy (no inline script,
+//!   no framing), `X-Frame-Options: DENY` and `Referrer-Policy: no-referrer`.
+
+pub mod auth;
+pub mod metrics;
+pub mod pages;
+pub mod session;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Form, Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+
+use broker::approval::{self, field, Answer, Approvals, Outcome, State as ApprovalState, Verdict};
+use broker::config::{Config, RedisConfig, GATED_TYPES};
+use broker::entry::Message;
+use broker::{audit, keys, Clock, Shutdown, Store};
+
+use session::{Keys, Session, LOGIN_COOKIE, SESSION_COOKIE};
+
+/// The Redis connection settings of the page: its own user when it has one;
+/// `COWBOY_REDIS_USERNAME` / `COWBOY_REDIS_PASSWORD_FILE` override, as for
+/// every service.
+pub fn redis_config(config: &Config) -> RedisConfig {
+    let mut redis = match config
+        .web
+        .as_ref()
+        .and_then(|w| w.redis_password_file.clone())
+    {
+        Some(file) => RedisConfig {
+            url: config.redis.url.clone(),
+            username: Some(keys::WEB_USER.to_string()),
+            password_file: Some(file),
+        },
+        None => config.redis.clone(),
+    };
+    if let Ok(user) = std::env::var("COWBOY_REDIS_USERNAME") {
+        redis.username = Some(user);
+    }
+    if let Ok(file) = std::env::var("COWBOY_REDIS_PASSWORD_FILE") {
+        redis.password_file = Some(file.into());
+    }
+    redis
+}
+
+/// Everything a handler needs.
+pub struct App {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub keys: Keys,
+    pub users: auth::Users,
+    pub clock: Clock,
+    pub counters: metrics::Counters,
+    secure: bool,
+    session_secs: u64,
+}
+
+type Shared = Arc<App>;
+
+impl App {
+    /// Loads users and keys from the config's `[web]` (refusing a bad one
+    /// with the key named) and connects to Redis.
+    pub async fn new(config: Arc<Config>, clock: Clock) -> Result<App, String> {
+        let web = config
+            .web
+            .clone()
+            .ok_or("no [web] table in the config: nothing to serve")?;
+        let keys = Keys::load(web.session_key_file.as_deref())?;
+        let users = auth::Users::load(&web)?;
+        let store = Store::connect(&redis_config(&config))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(App {
+            config,
+            store,
+            keys,
+            users,
+            clock,
+            counters: metrics::Counters::default(),
+            secure: web.secure_cookies,
+            session_secs: web.session_hours * 3600,
+        })
+    }
+
+    fn session(&self, headers: &HeaderMap) -> Option<Session> {
+        let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
+        let value = session::cookie(cookies, SESSION_COOKIE)?;
+        let s = self.keys.verify(value, self.clock.now_secs_f64())?;
+        // A user removed from the config is logged out.
+        self.config
+            .web
+            .as_ref()
+            .is_some_and(|w| w.users.contains_key(&s.user))
+            .then_some(s)
+    }
+
+    fn cookie(&self, name: &str, value: &str, max_age: u64) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        HeaderValue::from_str(&format!(
+            "{name}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+        ))
+        .expect("cookie values are ASCII")
+    }
+}
+
+/// The page's router (the metrics route included).
+pub fn router(app: Shared) -> Router {
+    Router::new()
+        .route("/", get(queue))
+        .route("/queue", get(queue_fragment))
+        .route("/events", get(events))
+        .route("/login", get(login_form).post(login))
+        .route("/logout", post(logout))
+        .route("/approval/{id}", get(detail))
+        .route("/approval/{id}/decide", post(decide))
+        .route("/approval/{id}/edit", post(edit))
+        .route(
+            "/static/app.css",
+            get(|| async { ([(header::CONTENT_TYPE, "text/css")], pages::CSS) }),
+        )
+        .route(
+            "/static/app.js",
+            get(|| async { ([(header::CONTENT_TYPE, "text/javascript")], pages::JS) }),
+        )
+        .route("/metrics", get(metrics_route))
+        .layer(axum::middleware::map_response(secure_headers))
+        .with_state(app)
+}
+
+/// The exporter's router: `/metrics` alone.
+pub fn exporter_router(app: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_route))
+        .with_state(app)
+}
+
+async fn secure_headers(mut response: Response) -> Response {
+    let h = response.headers_mut();
+    let csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(csp),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
+}
+
+/// Serves the page on `listener` until `shutdown`; the audit tail for the
+/// metrics runs beside it.
+pub async fn serve(
+    app: App,
+    listener: tokio::net::TcpListener,
+    shutdown: Shutdown,
+    with_page: bool,
+) -> std::io::Result<()> {
+    let app = Arc::new(app);
+    let tail = tokio::spawn(metrics::tail(
+        app.config.clone(),
+        app.counters.clone(),
+        shutdown.clone(),
+    ));
+    let router = if with_page {
+        router(app)
+    } else {
+        exporter_router(app)
+    };
+    let stop = shutdown.clone();
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.wait().await })
+        .await;
+    tail.abort();
+    served
+}
+
+fn page(status: StatusCode, markup: maud::Markup) -> Response {
+    (status, Html(markup.into_string())).into_response()
+}
+
+fn to_login() -> Response {
+    Redirect::to("/login").into_response()
+}
+
+fn refused(why: &str) -> Response {
+    page(StatusCode::FORBIDDEN, pages::error("refused", why))
+}
+
+/// The CSRF check of a form posted in `session`.
+fn csrf_ok(app: &App, session: &Session, form: &HashMap<String, String>) -> bool {
+    form.get("csrf")
+        .is_some_and(|t| session::same(t, &app.keys.csrf(session)))
+}
+
+async fn login_form(State(app): State<Shared>) -> Response {
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let csrf = app.keys.login_csrf(&token);
+    let mut r = page(StatusCode::OK, pages::login(&csrf, None));
+    r.headers_mut()
+        .append(header::SET_COOKIE, app.cookie(LOGIN_COOKIE, &token, 600));
+    r
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    #[serde(default)]
+    user: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn login(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let pre = headers
+        .get(header::COOKIE)
+        .and_then(|c| c.to_str().ok())
+        .and_then(|c| session::cookie(c, LOGIN_COOKIE))
+        .unwrap_or("");
+    if pre.is_empty() || !session::same(&f.csrf, &app.keys.login_csrf(pre)) {
+        return refused("the login form expired or came from elsewhere; open /login again");
+    }
+    let now = app.clock.now_secs_f64();
+    match app.users.check(&f.user, &f.password, now).await {
+        auth::Login::Ok => {
+            let value = app.keys.session(&f.user, now as u64 + app.session_secs);
+            let mut r = Redirect::to("/").into_response();
+            r.headers_mut().append(
+                header::SET_COOKIE,
+                app.cookie(SESSION_COOKIE, &value, app.session_secs),
+            );
+            r.headers_mut()
+                .append(header::SET_COOKIE, app.cookie(LOGIN_COOKIE, "", 0));
+            tracing::info!(user = %f.user, "web login");
+            r
+        }
+        auth::Login::Wrong => {
+            tracing::warn!(user = %f.user, "web login refused");
+            page(
+                StatusCode::UNAUTHORIZED,
+                pages::login(&f.csrf, Some("Wrong user or password.")),
+            )
+        }
+        auth::Login::Locked(secs) => {
+            tracing::warn!(user = %f.user, "web login refused: locked");
+            let mut r = page(
+                StatusCode::TOO_MANY_REQUESTS,
+                pages::login(
+                    &f.csrf,
+                    Some(&format!("Too many failed logins: try again in {secs} s.")),
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+            r
+        }
+    }
+}
+
+async fn logout(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = app.session(&headers) else {
+        return to_login();
+    };
+    if !csrf_ok(&app, &s, &f) {
+        return refused("missing or wrong CSRF token");
+    }
+    let mut r = Redirect::to("/login").into_response();
+    r.headers_mut()
+        .append(header::SET_COOKIE, app.cookie(SESSION_COOKIE, "", 0));
+    r
+}
+
+/// The pending approvals of every bridge that asks, oldest first.
+async fn rows(app: &App) -> Result<Vec<pages::Row>, broker::Error> {
+    let mut store = app.store.clone();
+    let ids = approval::pending_ids(&mut store, &app.config).await?;
+    let shown = [
+        field::STATUS,
+        field::EXPIRES_AT,
+        field::SETTLED_AT,
+        field::CREATED_AT,
+        field::SOURCE,
+        field::CHANNEL_ID,
+        field::AGENT,
+        field::CONTENT_BYTES,
+        field::QUORUM,
+        field::APPROVALS,
+        field::ENTRY_ID,
+    ];
+    let records = Approvals::on(&mut store)
+        .load_fields_many(&ids, &shown)
+        .await?;
+    let now = app.clock.now_secs_f64();
+    let mut rows: Vec<pages::Row> = records
+        .into_iter()
+        .flatten()
+        .filter(|r| !r.is_settled())
+        .map(|r| pages::Row {
+            state: r.state(now),
+            record: r,
+            now,
+        })
+        .filter(|row| row.state == ApprovalState::Pending)
+        .collect();
+    rows.sort_by(|a, b| {
+        (a.record.created_at, &a.record.entry_id).cmp(&(b.record.created_at, &b.record.entry_id))
+    });
+    Ok(rows)
+}
+
+fn failed(e: broker::Error) -> Response {
+    tracing::warn!(error = %e, "web: Redis");
+    page(
+        StatusCode::SERVICE_UNAVAILABLE,
+        pages::error("unavailable", "Redis could not be read; try again."),
+    )
+}
+
+async fn queue(State(app): State<Shared>, headers: HeaderMap) -> Response {
+    let Some(s) = app.session(&headers) else {
+        return to_login();
+    };
+    match rows(&app).await {
+        Ok(rows) => page(
+            StatusCode::OK,
+            pages::queue(&s.user, &app.keys.csrf(&s), &rows),
+        ),
+        Err(e) => failed(e),
+    }
+}
+
+async fn queue_fragment(State(app): State<Shared>, headers: HeaderMap) -> Response {
+    if app.session(&headers).is_none() {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    match rows(&app).await {
+        Ok(rows) => Html(pages::queue_table(&rows).into_string()).into_response(),
+        Err(e) => failed(e),
+    }
+}
+
+/// Server-sent events: one `changed` whenever any audit trail grows (an
+/// approval parked, answered, settled).
+async fn events(State(app): State<Shared>, headers: HeaderMap) -> Response {
+    if app.session(&headers).is_none() {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let streams: Vec<String> = app.config.bridges.keys().map(|b| keys::audit(b)).collect();
+    // Its own connection: a blocking read would hold up everyone else's.
+    let store = match Store::connect(&redis_config(&app.config)).await {
+        Ok(s) => s,
+        Err(e) => return failed(e),
+    };
+    let start = vec!["$".to_string(); streams.len()];
+    let stream = futures::stream::unfold((store, start), move |(mut store, mut last)| {
+        let streams = streams.clone();
+        async move {
+            loop {
+                let mut cmd = redis::cmd("XREAD");
+                cmd.arg("COUNT")
+                    .arg(100)
+                    .arg("BLOCK")
+                    .arg(10_000)
+                    .arg("STREAMS")
+                    .arg(&streams)
+                    .arg(&last);
+                type Read = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
+                match cmd.query_async::<Read>(&mut store.conn).await {
+                    Ok(Some(batches)) => {
+                        for (s, entries) in batches {
+                            if let (Some(i), Some((id, _))) =
+                                (streams.iter().position(|x| *x == s), entries.last())
+                            {
+                                last[i] = id.clone();
+                            }
+                        }
+                        let event = Event::default().data("changed");
+                        return Some((Ok::<_, std::convert::Infallible>(event), (store, last)));
+                    }
+                    Ok(None) => continue,
+                    Err(_) => return None,
+                }
+            }
+        }
+    });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+async fn render_detail(
+    app: &App,
+    session: &Session,
+    id: &str,
+    message: Option<String>,
+    status: StatusCode,
+) -> Response {
+    let mut store = app.store.clone();
+    let record = match Approvals::on(&mut store).load(id).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let csrf = app.keys.csrf(session);
+    let now = app.clock.now_secs_f64();
+    let Some(r) = record else {
+        let filter = audit::Filter {
+            approval: Some(id.to_string()),
+            ..audit::Filter::default()
+        };
+        let history = match audit::query(&mut store, &app.config, &filter).await {
+            Ok(h) => h,
+            Err(e) => return failed(e),
+        };
+        if history.is_empty() && message.is_none() {
+            return page(
+                StatusCode::NOT_FOUND,
+                pages::error("not found", "No such approval."),
+            );
+        }
+        let d = pages::Detail {
+            id,
+            record: None,
+            state: "settled (the record is gone)",
+            fields: vec![],
+            content: None,
+            context: None,
+            matches: Some(true),
+            history: &history,
+            cannot_decide: None,
+            editable: false,
+            message,
+        };
+        return page(status, pages::approval(&session.user, &csrf, &d));
+    };
+    let history = match audit::history(&mut store, r.source(), id).await {
+        Ok(h) => h,
+        Err(e) => return failed(e),
+    };
+    let bridge = app.config.bridges.get(r.source());
+    let gated = bridge.is_some_and(|b| GATED_TYPES.contains(&b.kind.as_str()));
+    let entry = match store.entry(&r.stream, &r.entry_id).await {
+        Ok(e) => e,
+        Err(e) => return failed(e),
+    };
+    let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
+    if let (Some(entry), Some(bridge)) = (&entry, bridge) {
+        if gated {
+            // A declared action: the request as written; the bridge derives and
+            // checks the command again before it runs.
+            let request: String = entry
+                .fields
+                .iter()
+                .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v)))
+                .collect();
+            content = Some(request);
+            matches = Some(true);
+        } else {
+            match Message::from_entry(entry, bridge).and_then(|m| approval::edit::apply(m, &r)) {
+                Ok(m) => {
+                    matches = Some(m.sha256() == r.message_sha256);
+                    fields.push(("to", m.channel_id.clone()));
+                    fields.push((
+                        "subject",
+                        m.subject.clone().unwrap_or_else(|| "(none)".into()),
+                    ));
+                    fields.push((
+                        "reply to",
+                        m.reply_to.clone().unwrap_or_else(|| "(none)".into()),
+                    ));
+                    content = Some(m.content);
+                }
+                Err(_) => matches = Some(false),
+            }
+        }
+    }
+    let identity = format!("web:{}", session.user);
+    let cannot_decide = match bridge {
+        Some(b) if b.approval.allows(&identity) => None,
+        _ => Some(format!("You ({identity}) are not on the approvers of bridge `{}`: you can see this approval but not decide it.", r.source())),
+    };
+    let state = if r.is_settled() {
+        "settled"
+    } else {
+        r.state(now).as_str()
+    };
+    let d = pages::Detail {
+        id,
+        record: Some(&r),
+        state,
+        fields,
+        content,
+        context: None,
+        matches,
+        history: &history,
+        cannot_decide,
+        editable: !gated,
+        message,
+    };
+    page(status, pages::approval(&session.user, &csrf, &d))
+}
+
+async fn detail(State(app): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    let Some(s) = app.session(&headers) else {
+        return to_login();
+    };
+    if !approval::is_id(&id) {
+        return page(
+            StatusCode::NOT_FOUND,
+            pages::error("not found", "No such approval."),
+        );
+    }
+    render_detail(&app, &s, &id, None, StatusCode::OK).await
+}
+
+async fn decide(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = app.session(&headers) else {
+        return to_login();
+    };
+    if !csrf_ok(&app, &s, &f) {
+        return refused("missing or wrong CSRF token");
+    }
+    if !approval::is_id(&id) {
+        return page(
+            StatusCode::NOT_FOUND,
+            pages::error("not found", "No such approval."),
+        );
+    }
+    let verdict = match f.get("verdict").map(String::as_str) {
+        Some("approved") => Verdict::Approved,
+        Some("rejected") => Verdict::Rejected,
+        _ => return refused("no verdict"),
+    };
+    let identity = format!("web:{}", s.user);
+    let reason = f.get("reason").map(String::as_str).unwrap_or("");
+    let digest = f.get("digest").map(String::as_str).unwrap_or("");
+    let answer = Answer::new(&app.clock, verdict, &identity, reason).seeing(digest);
+    let mut store = app.store.clone();
+    let (message, status) = match approval::decide(&mut store, &app.config, &id, answer).await {
+        Ok(Outcome::Decided) => (
+            format!("{} by {identity}.", verdict.as_str()),
+            StatusCode::OK,
+        ),
+        Ok(Outcome::Counted {
+            have,
+            need,
+            again: false,
+        }) => (
+            format!("Approval counted: {have} of {need}."),
+            StatusCode::OK,
+        ),
+        Ok(Outcome::Counted { have, need, .. }) => (
+            format!("Nothing changed: your approval is counted already ({have} of {need})."),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::NotAllowed) => (
+            format!("Nothing decided: {identity} is not an approver of this bridge."),
+            StatusCode::FORBIDDEN,
+        ),
+        Ok(Outcome::Late(state)) if state == "superseded" => (
+            "Nothing decided: the message was edited since this page was shown; look at it again."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Late(state)) => (
+            format!("Nothing decided: it is already {state}."),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Unknown) => (
+            "Nothing decided: no such approval.".to_string(),
+            StatusCode::NOT_FOUND,
+        ),
+        Err(e) => return failed(e),
+    };
+    render_detail(&app, &s, &id, Some(message), status).await
+}
+
+async fn edit(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let Some(s) = app.session(&headers) else {
+        return to_login();
+    };
+    if !csrf_ok(&app, &s, &f) {
+        return refused("missing or wrong CSRF token");
+    }
+    if !approval::is_id(&id) {
+        return page(
+            StatusCode::NOT_FOUND,
+            pages::error("not found", "No such approval."),
+        );
+    }
+    let mut store = app.store.clone();
+    // Edited from the version shown: a page older than the record edits nothing.
+    let current = Approvals::on(&mut store).load(&id).await.ok().flatten();
+    if current.as_ref().map(|r| r.message_sha256.as_str()) != f.get("digest").map(String::as_str) {
+        return render_detail(
+            &app,
+            &s,
+            &id,
+            Some("Nothing edited: the approval changed since this page was shown.".into()),
+            StatusCode::CONFLICT,
+        )
+        .await;
+    }
+    // Browsers send CR LF in a textarea; the agent's lines end with LF.
+    let content = f.get("content").map(|c| c.replace("\r\n", "\n"));
+    let change = approval::edit::Change {
+        content,
+        subject: f.get("subject").cloned(),
+        channel_id: f.get("channel").cloned(),
+    };
+    let editor = format!("web:{}", s.user);
+    let (message, status) = match approval::edit::edit(
+        &mut store,
+        &app.config,
+        &app.clock,
+        &id,
+        &change,
+        &editor,
+    )
+    .await
+    {
+        Ok(e) => (
+            format!(
+                "Edited (edit {}): approvers are asked again about the new version.",
+                e.revision
+            ),
+            StatusCode::OK,
+        ),
+        Err(broker::Error::Request(why)) => {
+            (format!("Nothing edited: {why}"), StatusCode::CONFLICT)
+        }
+        Err(e) => return failed(e),
+    };
+    render_detail(&app, &s, &id, Some(message), status).await
+}
+
+async fn metrics_route(State(app): State<Shared>) -> Response {
+    let mut store = app.store.clone();
+    match metrics::render(
+        &mut store,
+        &app.config,
+        &app.counters,
+        app.clock.now_secs_f64(),
+    )
+    .await
+    {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics");
+            (StatusCode::SERVICE_UNAVAILABLE, e).into_response()
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! `/metrics`: the gate seen from outside, in the Prometheus text format.
+//!
+//! Invariants:
+//! - A scrape costs the same however many approvals are parked: per bridge one
+//!   `ZCARD` and one `ZRANGE 0 0` of the pending index, `XLEN`/`HLEN` of its
+//!   dead letters and uncertain deliveries, its heartbeat hash, and `XINFO
+//!   GROUPS` per stream. Never a `SCAN`, never a record.
+//! - Counters and the time-to-decision histogram are counted from the audit
+//!   trails as they grow (a background tail from the moment the process
+//!   started), so a scrape reads them from memory. They start at zero with the
+//!   process, as Prometheus counters do.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use broker::config::Config;
+use broker::{keys, Store};
+
+type Labels = Vec<(String, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+fn decision_buckets() -> Histogram {
+    Histogram::new([
+        5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 14_400.0, 43_200.0, 86_400.0,
+    ])
+}
+
+/// What the audit tail counts.
+#[derive(Clone)]
+pub struct Counters {
+    decisions: Family<Labels, Counter>,
+    expired: Family<Labels, Counter>,
+    delivered: Family<Labels, Counter>,
+    failed: Family<Labels, Counter>,
+    uncertain: Family<Labels, Counter>,
+    ignored: Family<Labels, Counter>,
+    time_to_decision: Histograms,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            decisions: Family::default(),
+            expired: Family::default(),
+            delivered: Family::default(),
+            failed: Family::default(),
+            uncertain: Family::default(),
+            ignored: Family::default(),
+            time_to_decision: Family::new_with_constructor(decision_buckets),
+        }
+    }
+}
+
+fn bridge(b: &str) -> Labels {
+    vec![("bridge".into(), b.into())]
+}
+
+impl Counters {
+    /// Counts one audit entry of `bridge`'s trail.
+    pub fn count(&self, bridge_name: &str, fields: &HashMap<String, String>) {
+        let b = bridge(bridge_name);
+        match fields.get("event").map(String::as_str) {
+            Some("decided") => {
+                let verdict = fields.get("verdict").cloned().unwrap_or_default();
+                // The surface of the (first) deciding identity: discord, email, cli, web, ...
+                let surface = fields
+                    .get("by")
+                    .and_then(|by| by.split(':').next())
+                    .unwrap_or("")
+                    .to_string();
+                let mut labels = b.clone();
+                labels.push(("verdict".into(), verdict));
+                labels.push(("surface".into(), surface));
+                self.decisions.get_or_create(&labels).inc();
+                if let Some(waited) = fields.get("waited").and_then(|w| w.parse::<f64>().ok()) {
+                    self.time_to_decision.get_or_create(&b).observe(waited);
+                }
+            }
+            Some("expired") => {
+                self.expired.get_or_create(&b).inc();
+            }
+            Some("delivered") => {
+                self.delivered.get_or_create(&b).inc();
+            }
+            Some("failed") => {
+                self.failed.get_or_create(&b).inc();
+            }
+            Some("uncertain") => {
+                self.uncertain.get_or_create(&b).inc();
+            }
+            Some("ignored") => {
+                self.ignored.get_or_create(&b).inc();
+            }
+            _ => {}
+        }
+    }
+
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "cowboy_decisions",
+            "Approvals decided, by verdict and the surface that decided",
+            self.decisions.clone(),
+        );
+        r.register(
+            "cowboy_expired",
+            "Approvals that expired undecided",
+            self.expired.clone(),
+        );
+        r.register(
+            "cowboy_deliveries",
+            "Approved entries delivered",
+            self.delivered.clone(),
+        );
+        r.register(
+            "cowboy_delivery_failures",
+            "Approved entries that failed (not sent)",
+            self.failed.clone(),
+        );
+        r.register(
+            "cowboy_uncertain_deliveries",
+            "Approved or plain deliveries whose outcome is unknown",
+            self.uncertain.clone(),
+        );
+        r.register(
+            "cowboy_answers_ignored",
+            "Answers that changed nothing (not an approver, late, counted already)",
+            self.ignored.clone(),
+        );
+        r.register(
+            "cowboy_time_to_decision_seconds",
+            "Seconds from parking to the decision",
+            self.time_to_decision.clone(),
+        );
+    }
+}
+
+/// Follows every bridge's audit trail from now on, counting as it goes.
+/// Returns when `stop` fires; reconnects after an error.
+pub async fn tail(config: Arc<Config>, counters: Counters, stop: broker::Shutdown) {
+    let names: Vec<String> = config.bridges.keys().cloned().collect();
+    let streams: Vec<String> = names.iter().map(|b| keys::audit(b)).collect();
+    let mut last: Vec<String> = vec!["$".into(); streams.len()];
+    loop {
+        let mut store = match Store::connect(&crate::redis_config(&config)).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot connect; retrying");
+                tokio::select! {
+                    _ = stop.wait() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
+                }
+            }
+        };
+        loop {
+            let mut cmd = redis::cmd("XREAD");
+            cmd.arg("COUNT")
+                .arg(1000)
+                .arg("BLOCK")
+                .arg(2000)
+                .arg("STREAMS");
+            cmd.arg(&streams).arg(&last);
+            let read = tokio::select! {
+                _ = stop.wait() => return,
+                r = cmd.query_async::<Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>>(&mut store.conn) => r,
+            };
+            match read {
+                Ok(None) => continue,
+                Ok(Some(batches)) => {
+                    for (stream, entries) in batches {
+                        let Some(i) = streams.iter().position(|s| *s == stream) else {
+                            continue;
+                        };
+                        for (id, fields) in entries {
+                            counters.count(&names[i], &fields);
+                            last[i] = id;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics: reading the audit trails failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+fn gauge(r: &mut Registry, name: &str, help: &str, values: Vec<(Labels, f64)>) {
+    let family: Family<Labels, Gauge<f64, AtomicU64>> = Family::default();
+    for (labels, v) in values {
+        family.get_or_create(&labels).set(v);
+    }
+    r.register(name, help, family);
+}
+
+/// Renders the metrics: the gauges read now, the counters from the tail.
+pub async fn render(
+    store: &mut Store,
+    config: &Config,
+    counters: &Counters,
+    now: f64,
+) -> Result<String, String> {
+    let names: Vec<&String> = config.bridges.keys().collect();
+    let mut pipe = redis::pipe();
+    for b in &names {
+        pipe.zcard(keys::pending(b));
+        pipe.cmd("ZRANGE")
+            .arg(keys::pending(b))
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES");
+        pipe.xlen(keys::dead(b));
+        pipe.hlen(keys::uncertain(b));
+        pipe.hgetall(keys::heartbeat(b));
+    }
+    type PerBridge = (u64, Vec<(String, f64)>, u64, u64, HashMap<String, String>);
+    let flat: Vec<redis::Value> = pipe
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    let mut per: Vec<PerBridge> = Vec::new();
+    for chunk in flat.chunks(5) {
+        let v = |i: usize| chunk.get(i).cloned().unwrap_or(redis::Value::Nil);
+        per.push((
+            redis::from_redis_value(v(0)).unwrap_or(0),
+            redis::from_redis_value(v(1)).unwrap_or_default(),
+            redis::from_redis_value(v(2)).unwrap_or(0),
+            redis::from_redis_value(v(3)).unwrap_or(0),
+            redis::from_redis_value(v(4)).unwrap_or_default(),
+        ));
+    }
+    let mut r = Registry::default();
+    let (mut pending, mut oldest, mut dead, mut uncertain, mut up, mut beat_age) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for (b, (count, first, d, u, beats)) in names.iter().zip(per) {
+        pending.push((bridge(b), count as f64));
+        let age = first
+            .first()
+            .map_or(0.0, |(_, created)| (now - created).max(0.0));
+        oldest.push((bridge(b), age));
+        dead.push((bridge(b), d as f64));
+        uncertain.push((bridge(b), u as f64));
+        for service in ["ingest", "outbox", "ping"] {
+            let mut labels = bridge(b);
+            labels.push(("service".into(), service.into()));
+            let at = beats.get(service).and_then(|t| t.parse::<f64>().ok());
+            let alive =
+                at.is_some_and(|t| now - t < (broker::outbox::HEARTBEAT_EVERY * 3).as_secs_f64());
+            up.push((labels.clone(), if alive { 1.0 } else { 0.0 }));
+            if let Some(t) = at {
+                beat_age.push((labels, (now - t).max(0.0)));
+            }
+        }
+    }
+    gauge(
+        &mut r,
+        "cowboy_approvals_pending",
+        "Approvals parked and not yet settled",
+        pending,
+    );
+    gauge(
+        &mut r,
+        "cowboy_approval_oldest_pending_age_seconds",
+        "Age of the oldest parked approval (0: none)",
+        oldest,
+    );
+    gauge(
+        &mut r,
+        "cowboy_dead_letters",
+        "Entries in the dead letter stream",
+        dead,
+    );
+    gauge(
+        &mut r,
+        "cowboy_deliveries_uncertain_open",
+        "Uncertain deliveries waiting to be reconciled",
+        uncertain,
+    );
+    gauge(
+        &mut r,
+        "cowboy_service_up",
+        "1 while the service's heartbeat is fresh",
+        up,
+    );
+    gauge(
+        &mut r,
+        "cowboy_heartbeat_age_seconds",
+        "Seconds since the service's last heartbeat",
+        beat_age,
+    );
+
+    let (mut lag, mut held) = (vec![], vec![]);
+    for b in &names {
+        let mut streams = vec![
+            (keys::outbox(b), keys::outbox_group(b)),
+            (keys::inbox(b), keys::ping_group(b)),
+        ];
+        for a in config.agent_names() {
+            streams.push((keys::agent_outbox(a, b), keys::outbox_group(b)));
+            streams.push((keys::agent_inbox(a, b), keys::ping_group(b)));
+        }
+        for (stream, group) in streams {
+            let groups: redis::RedisResult<Vec<HashMap<String, redis::Value>>> =
+                redis::cmd("XINFO")
+                    .arg("GROUPS")
+                    .arg(&stream)
+                    .query_async(&mut store.conn)
+                    .await;
+            let Ok(groups) = groups else { continue };
+            for g in groups {
+                let name: Option<String> = g
+                    .get("name")
+                    .and_then(|v| redis::from_redis_value(v.clone()).ok());
+                if name.as_deref() != Some(group.as_str()) {
+                    continue;
+                }
+                let labels = vec![
+                    ("stream".to_string(), stream.clone()),
+                    ("group".to_string(), group.clone()),
+                ];
+                let num = |k: &str| {
+                    g.get(k)
+                        .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
+                };
+                if let Some(l) = num("lag") {
+                    lag.push((labels.clone(), l as f64));
+                }
+                held.push((labels, num("pending").unwrap_or(0) as f64));
+            }
+        }
+    }
+    gauge(
+        &mut r,
+        "cowboy_stream_lag",
+        "Entries of the stream the group has not read yet",
+        lag,
+    );
+    gauge(
+        &mut r,
+        "cowboy_stream_pending",
+        "Entries the group read and has not acked (parked ones included)",
+        held,
+    );
+    counters.register(&mut r);
+    let mut out = String::new();
+    encode(&mut out, &r).map_err(|e| format!("metrics: {e}"))?;
+    Ok(out)
+}

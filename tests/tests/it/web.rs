@@ -1,0 +1,542 @@
+//! The approval page: its security without a browser, a real browser
+//! (chromium over WebDriver), and its metrics scraped by a real Prometheus.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use broker::keys;
+use harness::web::{write_password, Browser, Prometheus, WebServer};
+use harness::{hash, wait_until, Deployment};
+
+use crate::approval::{agent_sends, inbox_notices, notification};
+use crate::{approval_config, SOON};
+
+const KEY: &str = "0123456789abcdef0123456789abcdef-session-key";
+
+fn web_config() -> String {
+    format!(
+        "{}\n[web]\nsession_key_file = \"{{dir}}/session.key\"\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[web.users.eve]\npassword_file = \"{{dir}}/eve.hash\"\n",
+        approval_config(3600).replace(
+            r#"approvers = ["console:boss", "cli:op"] }"#,
+            r#"approvers = ["console:boss", "cli:op", "web:boss"] }"#,
+        )
+    )
+}
+
+async fn deployment() -> (Deployment, WebServer) {
+    let d = Deployment::new(&web_config());
+    std::fs::write(d.path("session.key"), KEY).unwrap();
+    write_password(&d.path("boss.hash"), "correct horse");
+    write_password(&d.path("eve.hash"), "eve's password");
+    let web = WebServer::start(&d).await;
+    (d, web)
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn set_cookie(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers().get_all("set-cookie").iter().find_map(|v| {
+        let v = v.to_str().ok()?;
+        let (pair, _) = v.split_once(';')?;
+        let (k, val) = pair.split_once('=')?;
+        (k == name && !val.is_empty()).then(|| val.to_string())
+    })
+}
+
+fn csrf_of(html: &str) -> String {
+    let at =
+        html.find(r#"name="csrf" value=""#).expect("a csrf field") + r#"name="csrf" value=""#.len();
+    html[at..].split('"').next().unwrap().to_string()
+}
+
+/// Logs in; returns the response to the login POST and the session cookie.
+async fn login(web: &WebServer, user: &str, password: &str) -> (reqwest::Response, Option<String>) {
+    let c = client();
+    let form = c.get(web.url("/login")).send().await.unwrap();
+    let pre = set_cookie(&form, "cowboy_login").expect("a pre-login cookie");
+    let csrf = csrf_of(&form.text().await.unwrap());
+    let r = c
+        .post(web.url("/login"))
+        .header("cookie", format!("cowboy_login={pre}"))
+        .form(&[("user", user), ("password", password), ("csrf", &csrf)])
+        .send()
+        .await
+        .unwrap();
+    let session = set_cookie(&r, "cowboy_session");
+    (r, session)
+}
+
+async fn get(web: &WebServer, session: &str, path: &str) -> reqwest::Response {
+    client()
+        .get(web.url(path))
+        .header("cookie", format!("cowboy_session={session}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn post(
+    web: &WebServer,
+    session: &str,
+    path: &str,
+    form: &[(&str, &str)],
+) -> reqwest::Response {
+    client()
+        .post(web.url(path))
+        .header("cookie", format!("cowboy_session={session}"))
+        .form(form)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Every key and its serialized value: the whole dataset, to compare.
+async fn snapshot(d: &Deployment) -> BTreeMap<String, Vec<u8>> {
+    let mut store = d.store().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let mut out = BTreeMap::new();
+    for k in keys {
+        let v: Vec<u8> = redis::cmd("DUMP")
+            .arg(&k)
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+        out.insert(k, v);
+    }
+    out
+}
+
+/// Without a browser: a POST without its session's CSRF token is refused; no
+/// GET of any page changes Redis; the page decides through the broker's
+/// rules, once; a decided approval cannot be decided again from a stale page;
+/// every response carries the security headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_need_their_csrf_token_and_gets_change_nothing() {
+    let (d, web) = deployment().await;
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "from the page", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    let (r, session) = login(&web, "boss", "correct horse").await;
+    assert_eq!(r.status(), 303, "logged in");
+    let session = session.expect("a session cookie");
+    let set = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let all: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    let cookie = all
+        .iter()
+        .find(|c| c.starts_with("cowboy_session="))
+        .unwrap_or(&set);
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+
+    let page = get(&web, &session, &format!("/approval/{id}")).await;
+    for (h, want) in [
+        ("x-frame-options", "DENY"),
+        ("referrer-policy", "no-referrer"),
+    ] {
+        assert_eq!(page.headers().get(h).unwrap(), want);
+    }
+    let csp = page
+        .headers()
+        .get("content-security-policy")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let html = page.text().await.unwrap();
+    let csrf = csrf_of(&html);
+    assert!(html.contains("from the page"));
+
+    // GET every page: nothing in Redis changes.
+    let before = snapshot(&d).await;
+    for path in [
+        "/",
+        "/queue",
+        &format!("/approval/{id}"),
+        "/login",
+        "/static/app.js",
+        "/static/app.css",
+        "/metrics",
+        &format!("/approval/{id}/decide"),
+    ] {
+        let r = get(&web, &session, path).await;
+        assert!(r.status().as_u16() < 500, "{path}: {}", r.status());
+    }
+    assert_eq!(snapshot(&d).await, before, "a GET changed Redis");
+
+    let decide = format!("/approval/{id}/decide");
+    let digest = hash(&mut d.store().await, &keys::approval(&id)).await["message_sha256"].clone();
+    for form in [
+        vec![("verdict", "approved"), ("digest", digest.as_str())],
+        vec![
+            ("verdict", "approved"),
+            ("digest", digest.as_str()),
+            ("csrf", "0000"),
+        ],
+    ] {
+        let r = post(&web, &session, &decide, &form).await;
+        assert_eq!(r.status(), 403, "refused without the right CSRF token");
+    }
+    assert_eq!(snapshot(&d).await, before, "a refused POST changed Redis");
+
+    let mail = d.spawn("outbox", "mail");
+    let desk = d.spawn("outbox", "desk");
+    let r = post(
+        &web,
+        &session,
+        &decide,
+        &[
+            ("verdict", "approved"),
+            ("digest", &digest),
+            ("csrf", &csrf),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("approved by web:boss"));
+    wait_until("the delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    // The page it was decided from, posted again: the broker's rules answer.
+    let again = post(
+        &web,
+        &session,
+        &decide,
+        &[
+            ("verdict", "approved"),
+            ("digest", &digest),
+            ("csrf", &csrf),
+        ],
+    )
+    .await;
+    assert_eq!(again.status(), 409);
+    assert!(again.text().await.unwrap().contains("Nothing decided"));
+    mail.stop().await.unwrap();
+    desk.stop().await.unwrap();
+    assert_eq!(d.delivered("mail.out").len(), 1, "delivered once");
+    web.stop().await;
+}
+
+/// Wrong passwords are refused and answered slowly, a name is locked after
+/// three, and an expired or altered session is refused; a user who is not an
+/// approver sees the approval but cannot decide it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logins_are_slowed_and_locked_and_sessions_expire() {
+    let (d, web) = deployment().await;
+    let started = Instant::now();
+    let (r, session) = login(&web, "boss", "wrong").await;
+    assert_eq!(r.status(), 401);
+    assert!(session.is_none());
+    assert!(
+        started.elapsed() >= web::auth::FAILURE_DELAY,
+        "a failure is answered slowly"
+    );
+    let (r, _) = login(&web, "nobody", "x").await;
+    assert_eq!(r.status(), 401, "an unknown name reads the same");
+    login(&web, "boss", "wrong again").await;
+    login(&web, "boss", "and again").await;
+    let (r, session) = login(&web, "boss", "correct horse").await;
+    assert_eq!(
+        r.status(),
+        429,
+        "locked after three failures, even with the right password"
+    );
+    assert!(r.headers().get("retry-after").is_some());
+    assert!(session.is_none());
+
+    // A session signed with the page's key but expired, and one altered.
+    let keys = web::session::Keys::load(Some(&d.path("session.key"))).unwrap();
+    let expired = keys.session("eve", broker::now_secs() - 1);
+    assert_eq!(
+        get(&web, &expired, "/").await.status(),
+        303,
+        "expired: back to the login"
+    );
+    let fresh = keys.session("eve", broker::now_secs() + 600);
+    let altered = fresh.replacen("eve", "boss", 1);
+    assert_eq!(
+        get(&web, &altered, "/").await.status(),
+        303,
+        "altered: back to the login"
+    );
+    assert_eq!(get(&web, &fresh, "/").await.status(), 200);
+
+    // eve is a user of the page but not an approver of the bridge.
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "for approvers only", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let (_, eve) = login(&web, "eve", "eve's password").await;
+    let eve = eve.expect("eve logs in");
+    let html = get(&web, &eve, &format!("/approval/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("for approvers only"), "eve sees it");
+    assert!(
+        html.contains("not on the approvers") && !html.contains(r#"id="approve""#),
+        "but has no buttons"
+    );
+    let digest = hash(&mut d.store().await, &keys::approval(&id)).await["message_sha256"].clone();
+    let r = post(
+        &web,
+        &eve,
+        &format!("/approval/{id}/decide"),
+        &[
+            ("verdict", "approved"),
+            ("digest", &digest),
+            ("csrf", &csrf_of(&html)),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        hash(&mut d.store().await, &keys::approval(&id)).await["status"],
+        "pending"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
+    web.stop().await;
+}
+
+/// A real Prometheus scrapes `/metrics` every second: after 3 parked and 1
+/// decided, it reports 2 pending for the bridge and one time-to-decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_pending_and_time_to_decision() {
+    let (d, web) = deployment().await;
+    let prometheus = Prometheus::start(&web.addr.to_string());
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        agent_sends(&d, &format!("message {i}"), &format!("r{i}")).await;
+        ids.push(notification(&d, i).await.0);
+    }
+    let out = d.cowboy(&["approvals", "approve", &ids[0], "--as", "op"]);
+    assert!(out.status.success(), "{out:?}");
+    wait_until("the approved one is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    let pending = wait_until(
+        "Prometheus to report 2 pending",
+        Duration::from_secs(60),
+        || async {
+            prometheus
+                .query(r#"cowboy_approvals_pending{bridge="mail"}"#)
+                .await
+                .filter(|v| *v == 2.0)
+        },
+    )
+    .await;
+    assert_eq!(pending, 2.0);
+    let observed = wait_until(
+        "a time-to-decision observation",
+        Duration::from_secs(60),
+        || async {
+            prometheus
+                .query(r#"cowboy_time_to_decision_seconds_count{bridge="mail"}"#)
+                .await
+                .filter(|v| *v >= 1.0)
+        },
+    )
+    .await;
+    assert_eq!(observed, 1.0);
+    let decided = prometheus
+        .query(r#"cowboy_decisions_total{bridge="mail",verdict="approved",surface="cli"}"#)
+        .await;
+    assert_eq!(decided, Some(1.0));
+    let up = prometheus
+        .query(r#"cowboy_service_up{bridge="mail",service="outbox"}"#)
+        .await;
+    assert_eq!(up, Some(1.0));
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    web.stop().await;
+}
+
+/// In a real browser: log in, see the whole message (HTML in it shown as text,
+/// its script never run), watch the queue grow without a reload, approve (sent
+/// once) and reject with a reason (the agent hears it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_browser_logs_in_sees_everything_and_decides() {
+    use fantoccini::Locator;
+    let (d, web) = deployment().await;
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let hostile = "Hi Bob,\n<script>window.pwned = 1</script><b>not bold</b>\n<img src=x onerror=\"window.pwned=2\">";
+    agent_sends(&d, hostile, "r1").await;
+    let (first, _) = notification(&d, 0).await;
+
+    let browser = Browser::start().await;
+    let c = &browser.client;
+    c.goto(&web.url("/login")).await.unwrap();
+    c.find(Locator::Id("user"))
+        .await
+        .unwrap()
+        .send_keys("boss")
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys("correct horse")
+        .await
+        .unwrap();
+    c.find(Locator::Id("login"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let rows = wait_until("the queue with one approval", SOON, || async {
+        let rows = c.find_all(Locator::Css("tr.approval")).await.ok()?;
+        (rows.len() == 1).then_some(rows)
+    })
+    .await;
+    assert_eq!(rows.len(), 1);
+    // Marked so that a reload would be noticed.
+    c.execute("window.notReloaded = true; return true;", vec![])
+        .await
+        .unwrap();
+    agent_sends(&d, "a second one", "r2").await;
+    let (second, _) = notification(&d, 1).await;
+    wait_until(
+        "the queue to show the new approval without a reload",
+        SOON,
+        || async {
+            let rows = c.find_all(Locator::Css("tr.approval")).await.ok()?;
+            (rows.len() == 2).then_some(())
+        },
+    )
+    .await;
+    let kept = c
+        .execute("return window.notReloaded === true;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        kept,
+        serde_json::json!(true),
+        "updated in place, not reloaded"
+    );
+    if let Ok(dir) = std::env::var("COWBOY_SCREENSHOTS") {
+        std::fs::write(
+            format!("{dir}/web-queue.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
+    }
+
+    c.goto(&web.url(&format!("/approval/{first}")))
+        .await
+        .unwrap();
+    let shown = c
+        .find(Locator::Id("content"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(shown, hostile, "the whole message, as text");
+    let pwned = c
+        .execute("return window.pwned === undefined;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        pwned,
+        serde_json::json!(true),
+        "nothing the agent wrote ran"
+    );
+    let bold = c
+        .find_all(Locator::Css("#content b, #content script, #content img"))
+        .await
+        .unwrap();
+    assert!(bold.is_empty(), "no element came from the agent's text");
+    if let Ok(dir) = std::env::var("COWBOY_SCREENSHOTS") {
+        std::fs::write(
+            format!("{dir}/web-approval.png"),
+            c.screenshot().await.unwrap(),
+        )
+        .unwrap();
+    }
+    c.find(Locator::Id("approve"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = c
+        .find(Locator::Id("result"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(result.contains("approved by web:boss"), "{result}");
+    let sent = wait_until("the delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, hostile);
+
+    c.goto(&web.url(&format!("/approval/{second}")))
+        .await
+        .unwrap();
+    c.find(Locator::Id("reason"))
+        .await
+        .unwrap()
+        .send_keys("not this week")
+        .await
+        .unwrap();
+    c.find(Locator::Id("reject"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let notice = wait_until("the rejection notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["status"] == "rejected")
+    })
+    .await;
+    assert_eq!(notice["reason"], "not this week");
+    assert_eq!(notice["approver"], "web:boss");
+    browser.close().await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
+    web.stop().await;
+}
