@@ -187,14 +187,14 @@ pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
                                 input type="hidden" name="csrf" value=(csrf);
                                 input type="hidden" name="digest" value=(r.message_sha256);
                                 input type="hidden" name="verdict" value="approved";
-                                button type="submit" id="approve" { "✅ approve and send" }
+                                button type="submit" id="approve" { "Approve and send" }
                             }
                             form method="post" action={ "/approval/" (d.id) "/decide" } class="decide" {
                                 input type="hidden" name="csrf" value=(csrf);
                                 input type="hidden" name="digest" value=(r.message_sha256);
                                 input type="hidden" name="verdict" value="rejected";
                                 label { "reason (the agent sees it) " input name="reason" id="reason"; }
-                                button type="submit" id="reject" { "❌ reject" }
+                                button type="submit" id="reject" { "Reject" }
                             }
                             @if d.editable {
                                 details {
@@ -246,7 +246,9 @@ header { display: flex; justify-content: space-between; align-items: center; pad
 header a, header span { color: #fff; }
 main { padding: 1rem; max-width: 60rem; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: .3rem .5rem; border-bottom: 1px solid #ddd; vertical-align: top; overflow-wrap: anywhere; }
+th, td { text-align: left; padding: .3rem .5rem; border-bottom: 1px solid #ddd; vertical-align: top; }
+th { white-space: nowrap; }
+td { overflow-wrap: break-word; word-break: break-word; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f6f6f0; border-left: 4px solid #b90; padding: .5rem; font-family: ui-monospace, monospace; }
 .error { color: #a00; font-weight: bold; }
 .notice { background: #eef; padding: .5rem; }
@@ -255,7 +257,8 @@ button { font-size: 1.1rem; padding: .5rem 1rem; }
 label { display: block; margin: .3rem 0; }
 textarea { width: 100%; font-family: ui-monospace, monospace; }
 .kv { font-size: .85rem; }
-@media (max-width: 40rem) { th:nth-child(4), td:nth-child(4), th:nth-child(2), td:nth-child(2) { display: none; } }
+@media (max-width: 40rem) { #queue th:nth-child(4), #queue td:nth-child(4), #queue th:nth-child(2), #queue td:nth-child(2) { display: none; } }
+table.fields th { width: 7rem; }
 "#;
 
 /// Live updates of the queue: when the server says something changed, the
