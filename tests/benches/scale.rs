@@ -280,6 +280,23 @@ async fn main() {
         "approvals list with {k} parked: {:.0} ms (target <= 1000)",
         list.as_secs_f64() * 1e3
     );
+    // A Prometheus scrape: constant work per bridge and stream, whatever is parked.
+    let counters = web::metrics::Counters::default();
+    let mut scrapes = Vec::new();
+    for _ in 0..21 {
+        let start = Instant::now();
+        let text = web::metrics::render(&mut store, &d.config, &counters, broker::now_secs_f64())
+            .await
+            .unwrap();
+        scrapes.push(start.elapsed());
+        assert!(text.contains(&format!("cowboy_approvals_pending{{bridge=\"mail\"}} {k}")), "{text}");
+    }
+    scrapes.sort();
+    println!(
+        "/metrics scrape with {k} parked: p50 {:.1} ms, max {:.1} ms (target <= 50)",
+        percentile(&scrapes, 0.5).as_secs_f64() * 1e3,
+        scrapes.last().unwrap().as_secs_f64() * 1e3
+    );
     let prefix = &sample[0][..8];
     let (by_prefix, _) = cowboy(&d, &["approvals", "approve", prefix, "--as", "op"]);
     println!(
