@@ -289,7 +289,10 @@ async fn main() {
             .await
             .unwrap();
         scrapes.push(start.elapsed());
-        assert!(text.contains(&format!("cowboy_approvals_pending{{bridge=\"mail\"}} {k}")), "{text}");
+        assert!(
+            text.contains(&format!("cowboy_approvals_pending{{bridge=\"mail\"}} {k}")),
+            "{text}"
+        );
     }
     scrapes.sort();
     println!(

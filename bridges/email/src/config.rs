@@ -47,6 +47,29 @@ pub struct EmailSettings {
     /// system's resolver when absent.
     #[serde(default)]
     pub resolver: Option<String>,
+    /// Words and phrases that approve in an answer; replace the defaults
+    /// (English, German, French, Spanish: see `answer::APPROVE`).
+    #[serde(default)]
+    pub approve_words: Option<Vec<String>>,
+    /// Words and phrases that reject; replace the defaults (`answer::REJECT`).
+    #[serde(default)]
+    pub reject_words: Option<Vec<String>>,
+}
+
+impl EmailSettings {
+    /// The vocabulary answers are read with.
+    pub fn vocabulary(&self) -> crate::answer::Vocabulary {
+        let own = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let approve = self
+            .approve_words
+            .clone()
+            .unwrap_or_else(|| own(crate::answer::APPROVE));
+        let reject = self
+            .reject_words
+            .clone()
+            .unwrap_or_else(|| own(crate::answer::REJECT));
+        crate::answer::Vocabulary::new(&approve, &reject)
+    }
 }
 
 /// In-process sender verification.

@@ -27,9 +27,10 @@ use mail_parser::MessageParser;
 use redis::AsyncCommands;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::answer::{self, Answer};
 use crate::config::{EmailSettings, ImapSettings, Tls};
 use crate::send::EmailSender;
-use crate::verdict::{self, Answer};
+use crate::verdict;
 
 /// Longest single IDLE before it is renewed (heartbeats and the watchdog run between).
 const IDLE_FOR: Duration = Duration::from_secs(20);
@@ -296,10 +297,8 @@ impl EmailIngest {
                 refs.extend(list.iter().map(|s| s.trim_matches(['<', '>']).to_string()));
             }
         }
-        let body = mail
-            .body_text(0)
-            .map(|b| b.into_owned())
-            .unwrap_or_default();
+        // As its writer saw it: flowed lines joined, HTML as lines of text.
+        let body = crate::body::text_of(&mail);
         let message_id = mail.message_id().unwrap_or("").to_string();
         if refs.iter().any(|r| verdict::is_approval_id(r)) {
             if !self.ingest.is_approval_surface() {
@@ -405,7 +404,7 @@ impl EmailIngest {
                 return Ok(());
             }
         }
-        match verdict::parse_answer(body) {
+        match answer::parse(body, &self.settings.vocabulary()) {
             Answer::Decided(verdict, reason) => {
                 let outcome = self
                     .ingest
@@ -415,17 +414,20 @@ impl EmailIngest {
                     tracing::info!(from, approval = %approval_id, state, "late answer ignored");
                 }
             }
-            Answer::NotUnderstood => {
-                let read: String = body
-                    .lines()
-                    .map(str::trim)
-                    .filter(|l| !l.is_empty() && !l.starts_with('>'))
-                    .take(3)
-                    .map(|l| format!("> {l}\n"))
-                    .collect();
+            Answer::NotUnderstood { read, why } => {
+                let read: String = match read.is_empty() {
+                    true => "> (nothing outside the quote)\n".to_string(),
+                    false => read
+                        .chars()
+                        .take(500)
+                        .collect::<String>()
+                        .lines()
+                        .map(|l| format!("> {l}\n"))
+                        .collect(),
+                };
                 let text = format!(
-                    "Your answer to approval {approval_id} was not understood, so nothing was decided. What was read:\n\n{read}\n\
-                     Reply to this email, or to the approval email, with APPROVE on the first line to send the message, or REJECT and a reason to drop it.\n"
+                    "Your answer to approval {approval_id} was not understood, so nothing was decided: {why}.\n\nWhat was read:\n\n{read}\n\
+                     Reply to this email, or to the approval email, with one word on the first line: APPROVE to send the message as it is, or REJECT and a reason to drop it. An answer with a condition (but, if, after, not before, unless, wait) or with both words decides nothing.\n"
                 );
                 let id = format!(
                     "cowboy-reply.{}@{}",

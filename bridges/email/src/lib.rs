@@ -8,7 +8,9 @@
 //! - [`ingest`]: the IMAP follower, answers and inbound mail.
 //! - [`verdict`]: pure logic: verdicts, `Authentication-Results`, Message-IDs.
 
+pub mod answer;
 pub mod authres;
+pub mod body;
 pub mod config;
 pub mod dkim;
 pub mod ingest;

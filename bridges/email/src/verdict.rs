@@ -1,58 +1,5 @@
-//! Pure logic of email answers: the verdict in a reply, what marks a mail as
-//! automatic, and the Message-IDs the bridge generates.
-
-use broker::approval::Verdict;
-
-/// What a reply says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    Decided(Verdict, String),
-    NotUnderstood,
-}
-
-/// The verdict is the first non-empty line that is not quoted (`>`):
-/// `approve`/`approved`/`yes`/`ok` approves; `reject`/`rejected`/`no` rejects,
-/// with the rest of that line, or else the next unquoted lines, as the reason.
-pub fn parse_answer(body: &str) -> Answer {
-    let mut lines = body
-        .lines()
-        .map(str::trim)
-        .skip_while(|l| l.is_empty() || l.starts_with('>'));
-    let Some(first) = lines.next() else {
-        return Answer::NotUnderstood;
-    };
-    let (word, rest) = match first
-        .find(|c: char| c.is_whitespace() || c == ':' || c == ',' || c == '.' || c == '!')
-    {
-        Some(i) => (
-            &first[..i],
-            first[i..].trim_start_matches([':', ',', '.', '!', ' ', '\t', '-']),
-        ),
-        None => (first, ""),
-    };
-    match word.to_ascii_lowercase().as_str() {
-        "approve" | "approved" | "yes" | "ok" | "okay" => {
-            Answer::Decided(Verdict::Approved, String::new())
-        }
-        "reject" | "rejected" | "no" => {
-            let reason = if rest.trim().is_empty() {
-                lines
-                    .take_while(|l| !l.is_empty() && !l.starts_with('>') && !is_attribution(l))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            } else {
-                rest.trim().to_string()
-            };
-            Answer::Decided(Verdict::Rejected, reason)
-        }
-        _ => Answer::NotUnderstood,
-    }
-}
-
-/// "On Mon, ... wrote:" lines introduce the quoted notification.
-fn is_attribution(line: &str) -> bool {
-    line.ends_with("wrote:")
-}
+//! Pure logic around answers: what marks a mail as automatic, and the
+//! Message-IDs the bridge generates (reading an answer: [`crate::answer`]).
 
 /// Whether a mail was written by a machine (a vacation responder, a bounce, a
 /// list), from its headers as (name, value): such a mail never decides and is
@@ -116,40 +63,6 @@ pub fn clean_header(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn verdicts() {
-        assert_eq!(
-            parse_answer("APPROVE\n\nOn Mon wrote:\n> REJECT"),
-            Answer::Decided(Verdict::Approved, "".into())
-        );
-        assert_eq!(
-            parse_answer("\n  yes please\n"),
-            Answer::Decided(Verdict::Approved, "".into())
-        );
-        assert_eq!(
-            parse_answer("Ok."),
-            Answer::Decided(Verdict::Approved, "".into())
-        );
-        assert_eq!(
-            parse_answer("REJECT wrong person"),
-            Answer::Decided(Verdict::Rejected, "wrong person".into())
-        );
-        assert_eq!(
-            parse_answer("reject: too early"),
-            Answer::Decided(Verdict::Rejected, "too early".into())
-        );
-        assert_eq!(
-            parse_answer("no\nnot this week\nask again\n\nOn Tue, x wrote:\n> hi"),
-            Answer::Decided(Verdict::Rejected, "not this week ask again".into())
-        );
-        assert_eq!(
-            parse_answer("> APPROVE\nmaybe later"),
-            Answer::NotUnderstood
-        );
-        assert_eq!(parse_answer("approvedish"), Answer::NotUnderstood);
-        assert_eq!(parse_answer(""), Answer::NotUnderstood);
-    }
 
     #[test]
     fn machines_are_recognised() {

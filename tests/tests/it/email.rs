@@ -11,19 +11,19 @@ use harness::{stream, wait_until, Deployment, Process};
 use mail_parser::MessageParser;
 
 /// Mail arrives within a second or so (Dovecot delays IDLE notifications by 500 ms).
-const MAIL: Duration = Duration::from_secs(20);
+pub(crate) const MAIL: Duration = Duration::from_secs(20);
 
-struct Mail {
-    from: String,
-    to: String,
-    subject: String,
-    message_id: String,
-    in_reply_to: String,
-    references: Vec<String>,
-    body: String,
+pub(crate) struct Mail {
+    pub(crate) from: String,
+    pub(crate) to: String,
+    pub(crate) subject: String,
+    pub(crate) message_id: String,
+    pub(crate) in_reply_to: String,
+    pub(crate) references: Vec<String>,
+    pub(crate) body: String,
 }
 
-fn parse(raw: &[u8]) -> Mail {
+pub(crate) fn parse(raw: &[u8]) -> Mail {
     let m = MessageParser::default()
         .parse(raw)
         .expect("a parseable mail");
@@ -53,7 +53,7 @@ fn parse(raw: &[u8]) -> Mail {
     }
 }
 
-async fn wait_mails(stack: &MailStack, user: &str, n: usize) -> Vec<Mail> {
+pub(crate) async fn wait_mails(stack: &MailStack, user: &str, n: usize) -> Vec<Mail> {
     wait_until(&format!("{n} mail(s) for {user}"), MAIL, || async {
         let m = stack.mails(user);
         (m.len() >= n).then(|| m.iter().map(|r| parse(r)).collect())
@@ -61,7 +61,7 @@ async fn wait_mails(stack: &MailStack, user: &str, n: usize) -> Vec<Mail> {
     .await
 }
 
-fn deployment(stack: &MailStack, bridge_extra: &str, rest: &str) -> Deployment {
+pub(crate) fn deployment(stack: &MailStack, bridge_extra: &str, rest: &str) -> Deployment {
     Deployment::new(&format!(
         r#"
 [agents.ann]
@@ -76,7 +76,7 @@ ping = {{ command = ["sh", "-c", "echo \"$COWBOY_FIELD_SUBJECT\" >> {{dir}}/ping
     ))
 }
 
-const APPROVAL: &str = "approval = { required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 0, approvers = [\"email:approver@bridge.test\"] }\nrequire_authentication = true\nauthserv_id = \"mx.bridge.test\"\n";
+pub(crate) const APPROVAL: &str = "approval = { required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 0, approvers = [\"email:approver@bridge.test\"] }\nrequire_authentication = true\nauthserv_id = \"mx.bridge.test\"\n";
 
 fn reply(from: &str, to_id: &str, body: &str) -> String {
     format!(
@@ -85,7 +85,7 @@ fn reply(from: &str, to_id: &str, body: &str) -> String {
     )
 }
 
-async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
+pub(crate) async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
     let mut store = d.store().await;
     stream(&mut store, key).await
 }

@@ -9,6 +9,7 @@ mod deploy;
 mod discord;
 mod effects;
 mod email;
+mod email_corpus;
 mod invalid;
 mod ledger;
 mod ping;

@@ -495,8 +495,11 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
         .click()
         .await
         .unwrap();
+    // The page after the POST: waited for, the click returns before it loads.
     let result = c
-        .find(Locator::Id("result"))
+        .wait()
+        .at_most(SOON)
+        .for_element(Locator::Id("result"))
         .await
         .unwrap()
         .text()
