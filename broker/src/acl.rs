@@ -166,8 +166,9 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
 /// The rules of the approval page: read what it shows (records, the pending
 /// index, the trail, the entries behind approvals, what metrics count), decide
 /// and edit through the broker's scripts, wake requesters, write cards to the
-/// notify bridges' outboxes (an edit asks again). Nothing else: it cannot send
-/// on a bridge nobody notifies through, ack, trim or delete a stream.
+/// notify bridges' outboxes (an edit asks again). Nothing else: no `XACK`,
+/// `XTRIM`, `XDEL` or `DEL`, and no sending on a bridge nobody notifies through
+/// (an `XADD` it may run can still trim: Redis cannot limit its arguments).
 pub fn web_rules(config: &Config, hash: &str) -> String {
     let agents: Vec<&str> = config.agent_names().collect();
     let mut read = Vec::new();

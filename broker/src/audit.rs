@@ -6,9 +6,10 @@
 //! entry is one event ([`Kind`]) of one approval, with the fields of [`field`].
 //!
 //! Invariants:
-//! - Append only. Services hold `XADD` (through the [`APPEND`] script) on the
-//!   streams they write and nothing else (write-only key rights); agents hold
-//!   nothing on them. Only the operator reads them.
+//! - Append only. Services may run `XADD` (through the [`APPEND`] script) on
+//!   the streams they write and no other command on them (no reads, trims or
+//!   deletes; `EVAL` needs whole key rights, so the commands are the limit);
+//!   agents hold nothing on them. The operator and the web page read them.
 //! - Nothing is removed with a record. The one removal is the trim by `MINID`
 //!   that every append carries: entries more than `audit.retention_days` older
 //!   than the appended event go.
@@ -277,14 +278,21 @@ pub async fn query(store: &mut Store, config: &Config, filter: &Filter) -> Resul
     Ok(all)
 }
 
-/// The whole history of one approval on its requesting bridge's trail.
-pub async fn history(store: &mut Store, bridge: &str, approval_id: &str) -> Result<Vec<Entry>> {
-    let mut all = read(store, bridge, None).await?;
+/// The history of one approval on its requesting bridge's trail, from
+/// `since` (its record's `created_at`: nothing of it is older), read as a
+/// range of the trail, not all of it.
+pub async fn history(
+    store: &mut Store,
+    bridge: &str,
+    approval_id: &str,
+    since: Option<f64>,
+) -> Result<Vec<Entry>> {
+    let mut all = read(store, bridge, since).await?;
     all.retain(|e| e.approval_id == approval_id);
     Ok(all)
 }
 
-/// A trail, from `since` (by entry id, which is the server's time of append).
+/// A trail, from `since` (by entry id, which is the event's time).
 async fn read(store: &mut Store, bridge: &str, since: Option<f64>) -> Result<Vec<Entry>> {
     let key = keys::audit(bridge);
     // A minute early: the appending process's clock and the server's may differ.

@@ -155,7 +155,7 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
             let _ = writeln!(out, "  {k}: {shown}");
         }
     }
-    let history = audit::history(store, r.source(), &id).await?;
+    let history = audit::history(store, r.source(), &id, Some(r.created_at as f64)).await?;
     let _ = write!(out, "\nhistory:\n{}", audit::render(&history, false));
     Ok(out)
 }
@@ -317,8 +317,12 @@ pub async fn approvals_edit(
 }
 
 /// The content an approval would send now (the agent's, or the last edit's),
-/// for an editor to start from.
-pub async fn approval_content(store: &mut Store, config: &Config, prefix: &str) -> Result<String> {
+/// for an editor to start from, and the digest of that version.
+pub async fn approval_content(
+    store: &mut Store,
+    config: &Config,
+    prefix: &str,
+) -> Result<(String, String)> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let r = Approvals::on(store)
         .load(&id)
@@ -331,7 +335,7 @@ pub async fn approval_content(store: &mut Store, config: &Config, prefix: &str) 
     let m = Message::from_entry(&entry, config.bridge(r.source())?)
         .and_then(|m| approval::edit::apply(m, &r))
         .map_err(Error::Request)?;
-    Ok(m.content)
+    Ok((m.content, r.message_sha256))
 }
 
 fn terminal(e: std::io::Error) -> Error {
@@ -440,13 +444,16 @@ pub async fn approvals_review(
                     }
                     let change = approval::edit::Change {
                         content: Some(content.join("\n")),
+                        seen: Some(r.message_sha256.clone()),
                         ..Default::default()
                     };
                     match approvals_edit(store, config, &r.id, &change, operator).await {
-                        Ok(text) => write!(output, "{text}").map_err(io)?,
+                        Ok(text) => {
+                            write!(output, "{text}").map_err(io)?;
+                            edited += 1;
+                        }
                         Err(e) => writeln!(output, "not edited: {e}").map_err(io)?,
                     }
-                    edited += 1;
                     continue 'queue;
                 }
                 "a" | "approve" => (Verdict::Approved, String::new()),

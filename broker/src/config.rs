@@ -660,10 +660,7 @@ impl Config {
             let distinct: std::collections::BTreeSet<String> = approval
                 .approvers
                 .iter()
-                .map(|a| match a.split_once(':') {
-                    Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
-                    _ => a.clone(),
-                })
+                .map(|a| canonical_identity(a))
                 .collect();
             if distinct.len() != approval.approvers.len() {
                 return Err(ConfigError::invalid(
@@ -789,9 +786,15 @@ impl ApprovalConfig {
 
 /// Identities compare exactly, except email addresses, which compare case-insensitively.
 fn identity_eq(a: &str, b: &str) -> bool {
-    match (a.split_once(':'), b.split_once(':')) {
-        (Some(("email", x)), Some(("email", y))) => x.eq_ignore_ascii_case(y),
-        _ => a == b,
+    canonical_identity(a) == canonical_identity(b)
+}
+
+/// One person, one spelling: `email:Ann@Example.org` is `email:ann@example.org`;
+/// other identities compare exactly.
+pub fn canonical_identity(identity: &str) -> String {
+    match identity.split_once(':') {
+        Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
+        _ => identity.to_string(),
     }
 }
 

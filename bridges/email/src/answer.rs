@@ -491,8 +491,45 @@ pub fn parse(body: &str, vocabulary: &Vocabulary) -> Answer {
                 .collect();
             Answer::Decided(Verdict::Rejected, next.join(" "))
         }
+        // An approval holds for the whole answer: "Approve", a blank line,
+        // then "actually no, wait" decides nothing.
+        Answer::Decided(Verdict::Approved, _) => {
+            let later: Vec<&str> = own[start + paragraph.len()..]
+                .iter()
+                .flatten()
+                .copied()
+                .collect();
+            match judge_rest(vocabulary, &later) {
+                Some(why) => Answer::NotUnderstood {
+                    read: own[start..]
+                        .iter()
+                        .flatten()
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    why: why.to_string(),
+                },
+                None => Answer::Decided(Verdict::Approved, String::new()),
+            }
+        }
         other => other,
     }
+}
+
+/// Why lines written after an approval make it say more than one thing.
+fn judge_rest(v: &Vocabulary, lines: &[&str]) -> Option<&'static str> {
+    let kinds: Vec<Kind> = lines
+        .iter()
+        .flat_map(|l| find(v, &tokens(l)))
+        .map(|(k, _, _)| k)
+        .collect();
+    if kinds.contains(&Kind::Reject) {
+        return Some("it says both approve and reject");
+    }
+    if kinds.contains(&Kind::Condition) {
+        return Some("it adds a condition (but, if, after, not before, unless, wait, ...): approve or reject without one");
+    }
+    None
 }
 
 #[cfg(test)]
@@ -568,6 +605,7 @@ mod tests {
         nothing("Approve if the figures are right");
         nothing("ok, wait for Bob");
         nothing("Approved\nbut only after the audit");
+        nothing("Approve\n\nActually no, wait for Bob.\n\nOn Mon, x wrote:\n> hi");
         nothing("Genehmigt, aber erst nach Freitag");
         nothing("Oui mais pas avant lundi");
         nothing("not approved");

@@ -61,6 +61,9 @@ pub struct Change {
     pub content: Option<String>,
     pub subject: Option<String>,
     pub channel_id: Option<String>,
+    /// The digest of the version the editor started from (a page, an editor
+    /// session): another edit since makes this one refused, not lost.
+    pub seen: Option<String>,
 }
 
 /// An edit that took effect.
@@ -96,6 +99,15 @@ pub async fn edit(
         return refuse(format!(
             "{editor} is not on the approvers list of bridge `{}`: only approvers edit",
             record.source()
+        ));
+    }
+    if change
+        .seen
+        .as_ref()
+        .is_some_and(|s| *s != record.message_sha256)
+    {
+        return refuse(format!(
+            "{id} changed since you started editing (another edit): look at it again"
         ));
     }
     let now = clock.now_secs_f64();

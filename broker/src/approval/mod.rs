@@ -98,10 +98,11 @@ impl<'a> Answer<'a> {
         }
     }
 
-    /// The same answer, bound to the digest the approver was shown.
+    /// The same answer, bound to the digest the approver was shown (an empty
+    /// one binds to what `decide` reads, as no digest does).
     pub fn seeing(self, digest: &'a str) -> Answer<'a> {
         Answer {
-            seen: Some(digest),
+            seen: (!digest.is_empty()).then_some(digest).or(self.seen),
             ..self
         }
     }
@@ -153,7 +154,7 @@ pub async fn decide(
         return Ok(Outcome::Late("missing".into()));
     };
     // Email addresses compare without case: one person is one identity.
-    let approver = canonical_identity(answer.approver);
+    let approver = crate::config::canonical_identity(answer.approver);
     // Bound to the version read here when the surface did not say which it
     // showed: an edit landing between this read and the decision wins.
     let answer = Answer {
@@ -178,14 +179,6 @@ pub async fn decide(
         return Ok(Outcome::NotAllowed);
     }
     apply(store, config, &record, answer).await
-}
-
-/// `email:Ann@Example.org` and `email:ann@example.org` are one identity.
-fn canonical_identity(identity: &str) -> String {
-    match identity.split_once(':') {
-        Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
-        _ => identity.to_string(),
-    }
 }
 
 /// Rejects a pending approval whose request could not be shown to anyone (the
@@ -224,7 +217,12 @@ async fn apply(
     } = given;
     let d = Approvals::on(store).decide(id, &given).await?;
     let need = record.quorum() as usize;
-    let count = format!("{}/{need}", d.approvals.len());
+    // Under a quorum of one the approvals are not listed: the answer is the one.
+    let have = match (need, d.answer.as_str(), verdict) {
+        (1, "decided", Verdict::Approved) => 1,
+        _ => d.approvals.len(),
+    };
+    let count = format!("{have}/{need}");
     let ignored = |why: &str| {
         given
             .event(record, audit::Kind::Ignored)

@@ -122,11 +122,20 @@ return 1
 "#;
 
 /// Notes the card a notify side showed, only while the record still claims
-/// the entry that card was shown from: a card whose version an edit replaced
-/// while it was being sent is never answerable. ARGV: the entry, the card's
-/// external id. Returns whether it was noted.
+/// the entry that card was shown from. A card whose version an edit replaced
+/// while it was being sent is listed as superseded in the same step, so even
+/// before its map entry is removed again an answer to it is late. ARGV: the
+/// entry, the card's external id, the list separator. Returns whether it was
+/// noted as the record's card.
 const NOTE_SHOWN: &str = r#"
-if redis.call('HGET', KEYS[1], 'notify_entry') ~= ARGV[1] then return 0 end
+local f = redis.call('HMGET', KEYS[1], 'notify_entry', 'superseded', 'status')
+if not f[3] then return 0 end
+if f[1] ~= ARGV[1] then
+  local list = f[2] or ''
+  if list ~= '' then list = list .. ARGV[3] end
+  redis.call('HSET', KEYS[1], 'superseded', list .. ARGV[2])
+  return 0
+end
 redis.call('HSET', KEYS[1], 'notify_external_id', ARGV[2])
 return 1
 "#;
@@ -643,7 +652,7 @@ impl<'a> Approvals<'a> {
             .iter()
             .map(|(id, entry, external)| {
                 let mut note = SHOWN_SCRIPT.key(keys::approval(id));
-                note.arg(*entry).arg(*external);
+                note.arg(*entry).arg(*external).arg(APPROVALS_SEPARATOR);
                 note
             })
             .collect();

@@ -365,6 +365,7 @@ async fn main() -> ExitCode {
                 } => {
                     let who = operator(who);
                     let mut store = cli::decision_store(&config, &who, store).await?;
+                    let mut seen = None;
                     let content = match (content, content_file) {
                         (Some(c), _) => Some(c),
                         (None, Some(path)) => {
@@ -373,7 +374,10 @@ async fn main() -> ExitCode {
                             })?)
                         }
                         (None, None) if subject.is_none() && channel.is_none() => {
-                            let now = cli::approval_content(&mut store, &config, &id).await?;
+                            let (now, digest) =
+                                cli::approval_content(&mut store, &config, &id).await?;
+                            // Another edit while the editor was open: refused, not lost.
+                            seen = Some(digest);
                             Some(in_editor(&now)?)
                         }
                         (None, None) => None,
@@ -382,6 +386,7 @@ async fn main() -> ExitCode {
                         content,
                         subject,
                         channel_id: channel,
+                        seen,
                     };
                     cli::approvals_edit(&mut store, &config, &id, &change, &who).await
                 }

@@ -22,6 +22,8 @@ pub const FAILURE_DELAY: Duration = Duration::from_millis(750);
 pub const LOCK_AFTER: u32 = 3;
 /// How long a locked name stays locked.
 pub const LOCK_SECS: f64 = 300.0;
+/// Names whose failures are remembered at most (locked ones are kept first).
+const MAX_TRACKED: usize = 10_000;
 
 /// The outcome of a login.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -68,14 +70,33 @@ impl Users {
         })
     }
 
-    /// Checks a login at `now` (unix seconds).
+    /// Checks a login at `now` (unix seconds). The attempt is counted before
+    /// the password is checked, in one step with the lock check, so parallel
+    /// attempts cannot each get a guess past the lock.
     pub async fn check(&self, user: &str, password: &str, now: f64) -> Login {
-        let seen = self.failures.lock().expect("lock").get(user).copied();
-        if let Some((fails, until)) = seen {
-            if fails >= LOCK_AFTER && now < until {
-                tokio::time::sleep(FAILURE_DELAY).await;
-                return Login::Locked((until - now).ceil() as u64);
+        let locked = {
+            let mut failures = self.failures.lock().expect("lock");
+            // Bounded: made-up names cannot grow the table without end.
+            if failures.len() >= MAX_TRACKED && !failures.contains_key(user) {
+                failures.retain(|_, (fails, until)| *fails >= LOCK_AFTER && now < *until);
             }
+            let entry = failures.entry(user.to_string()).or_insert((0, 0.0));
+            if entry.0 >= LOCK_AFTER && now < entry.1 {
+                Some((entry.1 - now).ceil() as u64)
+            } else {
+                if entry.0 >= LOCK_AFTER {
+                    *entry = (0, 0.0); // the lock ran out: a fresh count
+                }
+                entry.0 += 1;
+                if entry.0 >= LOCK_AFTER {
+                    entry.1 = now + LOCK_SECS;
+                }
+                None
+            }
+        };
+        if let Some(secs) = locked {
+            tokio::time::sleep(FAILURE_DELAY).await;
+            return Login::Locked(secs);
         }
         let phc = self.hashes.get(user).unwrap_or(&self.dummy).clone();
         let known = self.hashes.contains_key(user);
@@ -92,17 +113,9 @@ impl Users {
         .await
         .unwrap_or(false)
             && known;
-        {
-            let mut failures = self.failures.lock().expect("lock");
-            if ok {
-                failures.remove(user);
-                return Login::Ok;
-            }
-            let entry = failures.entry(user.to_string()).or_insert((0, 0.0));
-            entry.0 += 1;
-            if entry.0 >= LOCK_AFTER {
-                entry.1 = now + LOCK_SECS;
-            }
+        if ok {
+            self.failures.lock().expect("lock").remove(user);
+            return Login::Ok;
         }
         tokio::time::sleep(FAILURE_DELAY).await;
         Login::Wrong

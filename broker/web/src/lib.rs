@@ -471,7 +471,8 @@ async fn render_detail(
         };
         return page(status, pages::approval(&session.user, &csrf, &d));
     };
-    let history = match audit::history(&mut store, r.source(), id).await {
+    let history = match audit::history(&mut store, r.source(), id, Some(r.created_at as f64)).await
+    {
         Ok(h) => h,
         Err(e) => return failed(e),
     };
@@ -576,7 +577,14 @@ async fn decide(
     };
     let identity = format!("web:{}", s.user);
     let reason = f.get("reason").map(String::as_str).unwrap_or("");
-    let digest = f.get("digest").map(String::as_str).unwrap_or("");
+    // A decision from the page is bound to the version it showed.
+    let Some(digest) = f
+        .get("digest")
+        .map(String::as_str)
+        .filter(|d| !d.is_empty())
+    else {
+        return refused("no digest: decide from the approval's page");
+    };
     let answer = Answer::new(&app.clock, verdict, &identity, reason).seeing(digest);
     let mut store = app.store.clone();
     let (message, status) = match approval::decide(&mut store, &app.config, &id, answer).await {
@@ -603,6 +611,10 @@ async fn decide(
         Ok(Outcome::Late(state)) if state == "superseded" => (
             "Nothing decided: the message was edited since this page was shown; look at it again."
                 .to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Late(state)) if state == "missing" => (
+            "Nothing decided: it is settled and gone.".to_string(),
             StatusCode::CONFLICT,
         ),
         Ok(Outcome::Late(state)) => (
@@ -637,24 +649,18 @@ async fn edit(
         );
     }
     let mut store = app.store.clone();
-    // Edited from the version shown: a page older than the record edits nothing.
-    let current = Approvals::on(&mut store).load(&id).await.ok().flatten();
-    if current.as_ref().map(|r| r.message_sha256.as_str()) != f.get("digest").map(String::as_str) {
-        return render_detail(
-            &app,
-            &s,
-            &id,
-            Some("Nothing edited: the approval changed since this page was shown.".into()),
-            StatusCode::CONFLICT,
-        )
-        .await;
-    }
+    // Edited from the version shown (checked by the edit itself): a page
+    // older than the record edits nothing.
+    let Some(seen) = f.get("digest").filter(|d| !d.is_empty()).cloned() else {
+        return refused("no digest: edit from the approval's page");
+    };
     // Browsers send CR LF in a textarea; the agent's lines end with LF.
     let content = f.get("content").map(|c| c.replace("\r\n", "\n"));
     let change = approval::edit::Change {
         content,
         subject: f.get("subject").cloned(),
         channel_id: f.get("channel").cloned(),
+        seen: Some(seen),
     };
     let editor = format!("web:{}", s.user);
     let (message, status) = match approval::edit::edit(
