@@ -105,6 +105,29 @@ impl Ingest {
         Ok(outcome)
     }
 
+    /// An answer this bridge refused before the decision rules saw it (its
+    /// sender is not an approver, or failed the platform's own checks, such as
+    /// DKIM): kept in the trail of the approval's bridge as ignored, with why,
+    /// like every other answer that changed nothing. `user` as in [`Self::answer`].
+    pub async fn refused_answer(&mut self, approval_id: &str, user: &str, why: &str) -> Result<()> {
+        if !self.is_approval_surface() {
+            return Ok(());
+        }
+        let Some(record) = self.approvals().load(approval_id).await? else {
+            return Ok(());
+        };
+        let by = crate::config::canonical_identity(&format!("{}:{user}", self.kind));
+        let event = crate::audit::Event::new(
+            record.source(),
+            crate::audit::Kind::Ignored,
+            approval_id,
+            self.clock.now_secs_f64(),
+        )
+        .with(crate::audit::field::BY, by)
+        .with(crate::audit::field::WHY, why);
+        crate::audit::append(&mut self.store, &self.config, &[event]).await
+    }
+
     /// Refreshes this bridge's ingest heartbeat.
     pub async fn heartbeat(&mut self) -> Result<()> {
         let name = self.name.clone();

@@ -387,13 +387,17 @@ impl EmailIngest {
         };
         if !allowed {
             tracing::warn!(from, approval = %approval_id, "answer from someone not on approval.approvers ignored");
-            return Ok(());
+            return self
+                .ingest
+                .refused_answer(&approval_id, from, "not an approver")
+                .await;
         }
         if let Some(verifier) = &self.verifier {
             let domain = from.rsplit('@').next().unwrap_or("");
             if let Err(why) = verifier.verify(raw, domain).await {
                 tracing::warn!(from, approval = %approval_id, why, "answer whose DKIM signature does not verify ignored");
-                return Ok(());
+                let why = format!("its DKIM signature does not verify: {why}");
+                return self.ingest.refused_answer(&approval_id, from, &why).await;
             }
         }
         if self.settings.require_authentication {
@@ -401,7 +405,8 @@ impl EmailIngest {
             let authserv = self.settings.authserv_id.as_deref().unwrap_or("");
             if !crate::authres::authenticated(auth.iter().map(String::as_str), authserv, domain) {
                 tracing::warn!(from, approval = %approval_id, "answer without passing DKIM/DMARC from our server ignored");
-                return Ok(());
+                let why = "not authenticated: no DKIM or DMARC pass from the receiving server";
+                return self.ingest.refused_answer(&approval_id, from, why).await;
             }
         }
         match answer::parse(body, &self.settings.vocabulary()) {

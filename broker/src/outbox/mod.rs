@@ -377,6 +377,15 @@ impl<S: Sender> OutboxService<S> {
         audit::append(&mut self.store, &self.config, events).await
     }
 
+    /// Audits that approval `id` ended without being sent, and why.
+    async fn audit_failed(&mut self, id: &str, reason: &str, status: Option<&str>) -> Result<()> {
+        let failed = self
+            .event(audit::Kind::Failed, id)
+            .with(audit::field::REASON, reason)
+            .with_opt(audit::field::OUTCOME, status);
+        self.audit(&[failed]).await
+    }
+
     /// The `parked` event of a new record: who asked, for what, bound by which digest.
     fn parked_event(&self, r: &Record) -> audit::Event {
         self.event(audit::Kind::Parked, &r.id)

@@ -136,10 +136,7 @@ impl<S: Sender> OutboxService<S> {
                 };
                 tracing::warn!(approval = %id, reason, "approval cannot be asked");
                 self.notice(idx, &entry.id, Some(entry), n).await?;
-                let failed = self
-                    .event(audit::Kind::Failed, &id)
-                    .with(audit::field::REASON, &reason);
-                self.audit(&[failed]).await?;
+                self.audit_failed(&id, &reason, None).await?;
                 return self.finish(idx, &entry.id, &record, Some("failed")).await;
             }
         }

@@ -37,10 +37,7 @@ impl<S: Sender> OutboxService<S> {
             };
             let reason = n.reason;
             self.notice(idx, &parked.entry_id, None, n).await?;
-            let failed = self
-                .event(audit::Kind::Failed, &id)
-                .with(audit::field::REASON, reason);
-            self.audit(&[failed]).await?;
+            self.audit_failed(&id, reason, None).await?;
             self.ack(&self.sources[idx].key.clone(), &parked.entry_id)
                 .await?;
             Approvals::on(&mut self.store)
@@ -109,10 +106,7 @@ impl<S: Sender> OutboxService<S> {
             };
             let reason = n.reason;
             self.notice(idx, entry_id, None, n).await?;
-            let failed = self
-                .event(audit::Kind::Failed, &id)
-                .with(audit::field::REASON, reason);
-            self.audit(&[failed]).await?;
+            self.audit_failed(&id, reason, None).await?;
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
         let checked = self
@@ -143,10 +137,7 @@ impl<S: Sender> OutboxService<S> {
                 };
                 self.dead_letter_only(idx, &entry, &n).await?;
                 self.notice(idx, entry_id, Some(&entry), n).await?;
-                let failed = self
-                    .event(audit::Kind::Failed, &id)
-                    .with(audit::field::REASON, &reason);
-                self.audit(&[failed]).await?;
+                self.audit_failed(&id, &reason, None).await?;
                 return self.finish(idx, entry_id, &record, Some("failed")).await;
             }
         };
@@ -250,11 +241,7 @@ impl<S: Sender> OutboxService<S> {
                     self.record_uncertain(idx, &f.entry, &f.message, Some(&id), n.reason)
                         .await?;
                 } else {
-                    let failed = self
-                        .event(audit::Kind::Failed, &id)
-                        .with(audit::field::REASON, n.reason)
-                        .with_opt(audit::field::OUTCOME, Some(n.status));
-                    self.audit(&[failed]).await?;
+                    self.audit_failed(&id, n.reason, Some(n.status)).await?;
                 }
                 self.notice(idx, &entry_id, Some(&f.entry), n.clone())
                     .await?;

@@ -719,6 +719,19 @@ async fn automatic_and_forged_answers_decide_nothing() {
         record["status"], "pending",
         "neither the robot nor the forgery decided"
     );
+    let filter = broker::audit::Filter {
+        approval: Some(ids[0].clone()),
+        ..Default::default()
+    };
+    let trail = broker::audit::query(&mut store, &d.config, &filter)
+        .await
+        .unwrap();
+    assert!(
+        trail.iter().any(|e| e.event == "ignored"
+            && e.get("why")
+                .is_some_and(|w| w.starts_with("not authenticated"))),
+        "the forgery is in the trail as ignored: {trail:#?}"
+    );
     stack.send_raw(
         "approver@bridge.test",
         "bridge@bridge.test",

@@ -695,3 +695,61 @@ async fn a_card_still_being_sent_when_an_edit_lands_is_never_answerable() {
     }
     assert!(d.delivered("mail.out").is_empty());
 }
+
+/// On a bridge that asks nobody, `not-delivered` puts the entry back for
+/// delivery: it is sent once, by the outbox, not by the reconciliation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciled_delivery_without_approval_goes_back_to_delivery() {
+    let config = format!(
+        "{}\n[bridges.plain]\ntype = \"console\"\noutput = \"{{dir}}/plain.out\"\ninput = \"{{dir}}/plain.in\"\ndestinations = [\"*\"]\nlose_replies = 1\n",
+        approval_config(3600)
+    );
+    let d = Deployment::new(&config);
+    let outbox = d.spawn("outbox", "plain");
+    let mut store = d.store().await;
+    let entry = store
+        .xadd(
+            &keys::agent_outbox("ann", "plain"),
+            &[("channel_id", b"room" as &[u8]), ("content", b"lost once")],
+        )
+        .await
+        .unwrap();
+    wait_until("the uncertain notice", SOON, || async {
+        inbox_notices(&d, "ann:plain:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["status"] == "uncertain")
+    })
+    .await;
+    assert!(d.delivered("plain.out").is_empty());
+    let out = d.cowboy(&[
+        "deliveries",
+        "reconcile",
+        &entry,
+        "--outcome",
+        "not-delivered",
+        "--evidence",
+        "nothing in the room",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let sent = wait_until("the delivery", SOON, || async {
+        d.delivered("plain.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "lost once");
+    let trail = audit::query(
+        &mut store,
+        &d.config,
+        &Filter {
+            bridge: Some("plain".into()),
+            ..Filter::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(events(&trail), ["uncertain", "reconciled"], "{trail:#?}");
+    outbox.stop().await.unwrap();
+    assert_eq!(d.delivered("plain.out").len(), 1, "sent once");
+}

@@ -536,6 +536,47 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
     .await;
     assert_eq!(notice["reason"], "not this week");
     assert_eq!(notice["approver"], "web:boss");
+
+    // Edit before sending: the page asks again about the edited version.
+    agent_sends(&d, "third, to be edited", "r3").await;
+    let (third, _) = notification(&d, 2).await;
+    c.goto(&web.url(&format!("/approval/{third}")))
+        .await
+        .unwrap();
+    c.find(Locator::Css("details summary"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let area = c.find(Locator::Id("edit-content")).await.unwrap();
+    area.clear().await.unwrap();
+    area.send_keys("third, edited in the page").await.unwrap();
+    c.find(Locator::Id("edit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = c
+        .wait()
+        .at_most(SOON)
+        .for_element(Locator::Id("result"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(result.contains("Edited"), "{result}");
+    let (again, _) = notification(&d, 3).await;
+    assert_eq!(again, third);
+    let card = &d.delivered("desk.out")[3];
+    assert!(
+        card.content.contains("| third, edited in the page")
+            && card.content.contains("Edited:    by web:boss"),
+        "{}",
+        card.content
+    );
     browser.close().await;
     for s in services {
         s.stop().await.unwrap();
