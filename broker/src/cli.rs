@@ -100,14 +100,11 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
     match entry {
         // A declared action: the request as the agent wrote it. What the
         // approval binds (the exact argv at that commit) is in the notification.
-        Some(entry) if gated => {
-            let request: String = entry
-                .fields
-                .iter()
-                .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v)))
-                .collect();
-            let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
-            out.push_str(&approval::render_notification(&r, &request, &how, None));
+        Some(_) if gated => {
+            match approval::shown_card(store, &r).await? {
+                Some(card) => out.push_str(&card),
+                None => out.push_str("the card approvers were shown is no longer kept: reject this and ask the agent again\n"),
+            }
             out.push_str(
                 "\n\nThe bridge derives the command from its config and the repository again before it runs, and runs nothing if that differs from what was approved.\n",
             );

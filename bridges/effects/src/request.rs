@@ -79,6 +79,14 @@ pub(crate) fn check_fields(entry: &Entry, allowed: &[&str], kind: &str) -> Resul
             return Err(format!("field `{name}` appears twice"));
         }
     }
+    // Shown to approvers among the request's fields: one short line, so it
+    // cannot pose as other fields.
+    if let Some(id) = entry.get("request_id") {
+        let id = String::from_utf8_lossy(id);
+        if id.len() > 200 || id.chars().any(char::is_control) {
+            return Err("request_id must be one line of at most 200 bytes".into());
+        }
+    }
     Ok(())
 }
 

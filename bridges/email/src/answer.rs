@@ -74,6 +74,20 @@ pub const REJECT: &[&str] = &[
     "do not send it",
     "not",
     "never",
+    "hold",
+    "hold off",
+    "cancel",
+    "cancelled",
+    "decline",
+    "declined",
+    "scratch that",
+    "shouldn't",
+    "can't",
+    "cannot",
+    "won't",
+    "wrong",
+    "nee",
+    "lass mal",
     "👎",
     "❌",
     "nein",
@@ -103,6 +117,19 @@ pub const CONDITIONS: &[&str] = &[
     "until",
     "only if",
     "once",
+    "when",
+    "except",
+    "provided",
+    "though",
+    "however",
+    "as soon as",
+    "first",
+    "tomorrow",
+    "later",
+    "sofern",
+    "quand",
+    "lorsque",
+    "cuando",
     "aber",
     "wenn",
     "falls",
@@ -204,7 +231,12 @@ fn tokens(line: &str) -> Vec<Token> {
         word.clear();
     };
     for (i, c) in line.char_indices() {
-        let c = if c == '’' { '\'' } else { c };
+        // Every apostrophe look-alike is one: "don´t" is "don't".
+        let c = if matches!(c, '’' | '‘' | '´' | '`' | 'ʼ' | '′') {
+            '\''
+        } else {
+            c
+        };
         if c.is_alphanumeric() || ((c == '\'' || c == '-') && !word.is_empty()) {
             word.extend(c.to_lowercase());
             end = i + c.len_utf8();
@@ -296,6 +328,18 @@ fn judge(v: &Vocabulary, first: &str, rest: &[&str]) -> Answer {
     }
     match kind {
         Kind::Approve => {
+            // The first line says only that: approve (and please, thanks).
+            // "Send me the full text first", "OK, I'll look tomorrow" and any
+            // question decide nothing.
+            let covered = |i: usize| {
+                found
+                    .iter()
+                    .any(|(k, a, b)| *k == Kind::Approve && (*a..*b).contains(&i))
+                    || LEAD.contains(&words[i].text.as_str())
+            };
+            if first.contains('?') || !(0..words.len()).all(covered) {
+                return not("its first line says more than approve: write only APPROVE there (or a rejection with its reason)");
+            }
             let all: Vec<Kind> = rest
                 .iter()
                 .flat_map(|l| find(v, &tokens(l)))
@@ -350,28 +394,31 @@ pub enum Pattern {
     Header(&'static [&'static str], &'static [&'static str]),
     /// A line made of this character only, at least 10 of them.
     RuleOf(char),
+    /// Starts, holds, and ends with these.
+    Around(&'static str, &'static str, &'static str),
+    /// The phrase between dashes ("-----Original Message-----").
+    Dashed(&'static str),
 }
 
 /// Every marker of every client and language recognised: extend it here.
 pub const MARKERS: &[(Pattern, Mark)] = &[
     // Gmail, Apple Mail, Thunderbird, Yahoo: "On Mon, 1 Dec 2026 at 10:00, X <x@y> wrote:"
     (Pattern::StartsEnds("on ", "wrote:"), Mark::Attribution),
-    (Pattern::Ends(" wrote:"), Mark::Attribution),
     (Pattern::Exactly("wrote:"), Mark::Attribution),
     // German: "Am 01.12.2026 um 10:00 schrieb X <x@y>:"
-    (Pattern::StartsEnds("am ", ":"), Mark::Attribution),
-    (Pattern::Ends(" schrieb:"), Mark::Attribution),
+    (Pattern::Around("am ", " schrieb ", ":"), Mark::Attribution),
+    (Pattern::StartsEnds("am ", " schrieb:"), Mark::Attribution),
     // French: "Le lun. 1 déc. 2026 à 10:00, X <x@y> a écrit :"
-    (Pattern::Ends("a écrit :"), Mark::Attribution),
-    (Pattern::Ends("a écrit:"), Mark::Attribution),
+    (Pattern::StartsEnds("le ", "a écrit :"), Mark::Attribution),
+    (Pattern::StartsEnds("le ", "a écrit:"), Mark::Attribution),
     // Spanish: "El lun, 1 dic 2026 a las 10:00, X (<x@y>) escribió:"
-    (Pattern::Ends("escribió:"), Mark::Attribution),
-    // Outlook and others: the original follows, unquoted.
-    (Pattern::Contains("original message"), Mark::Original),
-    (Pattern::Contains("ursprüngliche nachricht"), Mark::Original),
-    (Pattern::Contains("original-nachricht"), Mark::Original),
-    (Pattern::Contains("message d'origine"), Mark::Original),
-    (Pattern::Contains("mensaje original"), Mark::Original),
+    (Pattern::StartsEnds("el ", "escribió:"), Mark::Attribution),
+    // Outlook and others: the original follows, unquoted, under a dashed line.
+    (Pattern::Dashed("original message"), Mark::Original),
+    (Pattern::Dashed("ursprüngliche nachricht"), Mark::Original),
+    (Pattern::Dashed("original-nachricht"), Mark::Original),
+    (Pattern::Dashed("message d'origine"), Mark::Original),
+    (Pattern::Dashed("mensaje original"), Mark::Original),
     (Pattern::Starts("begin forwarded message"), Mark::Original),
     (Pattern::RuleOf('_'), Mark::Original),
     (
@@ -403,7 +450,10 @@ pub const MARKERS: &[(Pattern, Mark)] = &[
         Mark::Signature,
     ),
     (Pattern::Starts("get outlook for "), Mark::Signature),
-    (Pattern::Starts("von meinem "), Mark::Signature),
+    (
+        Pattern::StartsEnds("von meinem ", " gesendet"),
+        Mark::Signature,
+    ),
     (Pattern::Starts("gesendet von "), Mark::Signature),
     (Pattern::Starts("envoyé de mon "), Mark::Signature),
     (Pattern::Starts("obtenir outlook pour "), Mark::Signature),
@@ -427,6 +477,8 @@ fn mark_of(lines: &[&str], i: usize) -> Option<Mark> {
                     })
             }
             Pattern::RuleOf(c) => l.chars().count() >= 10 && l.chars().all(|x| x == *c),
+            Pattern::Around(a, m, b) => l.starts_with(a) && l.contains(m) && l.ends_with(b),
+            Pattern::Dashed(s) => l.starts_with('-') && l.ends_with('-') && l.contains(s),
         };
         hit.then_some(*mark)
     })
@@ -471,6 +523,22 @@ fn own_lines(body: &str) -> Vec<Option<&str>> {
     out
 }
 
+/// Every line not quoted with `>`, up to an original-message block.
+fn unquoted(body: &str) -> Vec<&str> {
+    let lines: Vec<&str> = body.lines().collect();
+    let mut out = Vec::new();
+    for i in 0..lines.len() {
+        let l = lines[i].trim();
+        if mark_of(&lines, i) == Some(Mark::Original) {
+            break;
+        }
+        if !l.starts_with('>') && !l.is_empty() {
+            out.push(l);
+        }
+    }
+    out
+}
+
 /// What an answer says (see the module's invariants).
 pub fn parse(body: &str, vocabulary: &Vocabulary) -> Answer {
     let own = own_lines(body);
@@ -494,10 +562,13 @@ pub fn parse(body: &str, vocabulary: &Vocabulary) -> Answer {
         // An approval holds for the whole answer: "Approve", a blank line,
         // then "actually no, wait" decides nothing.
         Answer::Decided(Verdict::Approved, _) => {
-            let later: Vec<&str> = own[start + paragraph.len()..]
-                .iter()
-                .flatten()
-                .copied()
+            // Every unquoted line counts here, signatures and attribution-like
+            // lines too: doubt anywhere in what the approver wrote stops it.
+            let first = paragraph[0];
+            let later: Vec<&str> = unquoted(body)
+                .into_iter()
+                .skip_while(|l| *l != first)
+                .skip(1)
                 .collect();
             match judge_rest(vocabulary, &later) {
                 Some(why) => Answer::NotUnderstood {
@@ -606,6 +677,28 @@ mod tests {
         nothing("ok, wait for Bob");
         nothing("Approved\nbut only after the audit");
         nothing("Approve\n\nActually no, wait for Bob.\n\nOn Mon, x wrote:\n> hi");
+        for ambiguous in [
+            "Send me the full text first.",
+            "Send it to legal first, then we talk.",
+            "Approve? Why is this going to Bob?",
+            "OK, I'll look at it tomorrow.",
+            "Ok, cancel it.",
+            "Yes, hold off for now.",
+            "Okay, declined.",
+            "Ok, we shouldn't send this.",
+            "OK, don\u{b4}t send it.",
+            "Yes, when Bob confirms.",
+            "Approved except for the last paragraph.",
+            "Ja nee, lass mal.",
+            "Oui, quand Bob confirme.",
+            "Approve\n\nActually, don't: -----Original Message----- had the right numbers.",
+            "Approved\nBut fix what the agent wrote:\n> | the text",
+            "Approve\nAm I the only one? Don't send:",
+            "Ja\nVon meinem Standpunkt aus aber erst nach Freitag.",
+            "Approve\n--\nno wait",
+        ] {
+            nothing(ambiguous);
+        }
         nothing("Genehmigt, aber erst nach Freitag");
         nothing("Oui mais pas avant lundi");
         nothing("not approved");

@@ -231,8 +231,15 @@ impl EmailSender {
                     return Err(SendError::Permanent("approval record has no nonce".into()));
                 }
                 let content = m.approval_content.as_deref().unwrap_or(&m.content);
+                // Its own subject (the short id, and the edit's number): clients
+                // that thread by subject never merge two approvals.
+                let edit = match record.revision {
+                    0 => String::new(),
+                    n => format!(", edit {n}"),
+                };
                 let subject = format!(
-                    "Approval needed: {} → {}",
+                    "Approval needed [{}{edit}]: {} → {}",
+                    &record.id[..8.min(record.id.len())],
                     record.agent().unwrap_or(record.source()),
                     record.channel_id
                 );

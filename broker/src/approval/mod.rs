@@ -112,7 +112,11 @@ impl<'a> Answer<'a> {
         audit::Event::new(record.source(), kind, &record.id, self.at)
             .with(audit::field::BY, self.approver)
             .with(audit::field::VERDICT, self.verdict.as_str())
-            .with(audit::field::REASON, self.reason)
+            // Bounded: an answer that changes nothing cannot bloat the trail.
+            .with(
+                audit::field::REASON,
+                self.reason.chars().take(2000).collect::<String>(),
+            )
     }
 }
 
@@ -331,6 +335,19 @@ async fn apply(
             .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
     }
     Ok(outcome)
+}
+
+/// The card approvers were shown for `record`, as the notify bridge got it
+/// (the frame, with what the approval binds: for a declared action the exact
+/// command and the bridge's findings), while its notification entry is kept.
+/// Surfaces show this for a declared action, never the agent's raw fields,
+/// whose order and text the agent chose.
+pub async fn shown_card(store: &mut Store, record: &Record) -> Result<Option<String>> {
+    let Some(entry_id) = record.notify_entry.as_ref().or(record.notified.as_ref()) else {
+        return Ok(None);
+    };
+    let entry = store.entry(&keys::outbox(&record.notify), entry_id).await?;
+    Ok(entry.and_then(|e| e.text("content").map(str::to_string)))
 }
 
 /// Ids of every approval record, by `SCAN` (operator use only).

@@ -38,6 +38,9 @@ pub struct Users {
     hashes: BTreeMap<String, String>,
     dummy: String,
     failures: Mutex<HashMap<String, (u32, f64)>>,
+    /// Argon2 checks at once: each takes 19 MiB, so a flood of logins waits
+    /// here instead of exhausting memory.
+    checks: tokio::sync::Semaphore,
 }
 
 /// A PHC Argon2id hash of `password` with a random salt.
@@ -67,6 +70,7 @@ impl Users {
             hashes,
             dummy: hash_password(&uuid::Uuid::new_v4().to_string()),
             failures: Mutex::new(HashMap::new()),
+            checks: tokio::sync::Semaphore::new(2),
         })
     }
 
@@ -101,6 +105,9 @@ impl Users {
         let phc = self.hashes.get(user).unwrap_or(&self.dummy).clone();
         let known = self.hashes.contains_key(user);
         let password = password.to_string();
+        let Ok(_permit) = self.checks.acquire().await else {
+            return Login::Wrong;
+        };
         let ok = tokio::task::spawn_blocking(move || {
             PasswordHash::new(&phc)
                 .map(|h| {

@@ -76,9 +76,18 @@ pub struct App {
     pub counters: metrics::Counters,
     secure: bool,
     session_secs: u64,
+    /// Live-update streams at once: each holds a Redis connection.
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 type Shared = Arc<App>;
+
+/// Live-update streams served at once (each holds a Redis connection); the
+/// page works without them, it only stops updating by itself.
+const MAX_STREAMS: usize = 64;
+
+/// The longest reason a page accepts (it goes to the agent and the trail).
+const MAX_REASON_BYTES: usize = 2000;
 
 impl App {
     /// Loads users and keys from the config's `[web]` (refusing a bad one
@@ -102,6 +111,7 @@ impl App {
             counters: metrics::Counters::default(),
             secure: web.secure_cookies,
             session_secs: web.session_hours * 3600,
+            streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
         })
     }
 
@@ -266,18 +276,18 @@ async fn login(
             );
             r.headers_mut()
                 .append(header::SET_COOKIE, app.cookie(LOGIN_COOKIE, "", 0));
-            tracing::info!(user = %f.user, "web login");
+            tracing::info!(user = ?f.user, "web login");
             r
         }
         auth::Login::Wrong => {
-            tracing::warn!(user = %f.user, "web login refused");
+            tracing::warn!(user = ?f.user, "web login refused");
             page(
                 StatusCode::UNAUTHORIZED,
                 pages::login(&f.csrf, Some("Wrong user or password.")),
             )
         }
         auth::Login::Locked(secs) => {
-            tracing::warn!(user = %f.user, "web login refused: locked");
+            tracing::warn!(user = ?f.user, "web login refused: locked");
             let mut r = page(
                 StatusCode::TOO_MANY_REQUESTS,
                 pages::login(
@@ -384,6 +394,9 @@ async fn events(State(app): State<Shared>, headers: HeaderMap) -> Response {
     if app.session(&headers).is_none() {
         return StatusCode::UNAUTHORIZED.into_response();
     }
+    let Ok(permit) = app.streams.clone().try_acquire_owned() else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     let streams: Vec<String> = app.config.bridges.keys().map(|b| keys::audit(b)).collect();
     // Its own connection: a blocking read would hold up everyone else's.
     let store = match Store::connect(&redis_config(&app.config)).await {
@@ -391,37 +404,44 @@ async fn events(State(app): State<Shared>, headers: HeaderMap) -> Response {
         Err(e) => return failed(e),
     };
     let start = vec!["$".to_string(); streams.len()];
-    let stream = futures::stream::unfold((store, start), move |(mut store, mut last)| {
-        let streams = streams.clone();
-        async move {
-            loop {
-                let mut cmd = redis::cmd("XREAD");
-                cmd.arg("COUNT")
-                    .arg(100)
-                    .arg("BLOCK")
-                    .arg(10_000)
-                    .arg("STREAMS")
-                    .arg(&streams)
-                    .arg(&last);
-                type Read = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
-                match cmd.query_async::<Read>(&mut store.conn).await {
-                    Ok(Some(batches)) => {
-                        for (s, entries) in batches {
-                            if let (Some(i), Some((id, _))) =
-                                (streams.iter().position(|x| *x == s), entries.last())
-                            {
-                                last[i] = id.clone();
+    // The permit rides with the stream: dropped when the client goes.
+    let stream = futures::stream::unfold(
+        (store, start, permit),
+        move |(mut store, mut last, permit)| {
+            let streams = streams.clone();
+            async move {
+                loop {
+                    let mut cmd = redis::cmd("XREAD");
+                    cmd.arg("COUNT")
+                        .arg(100)
+                        .arg("BLOCK")
+                        .arg(10_000)
+                        .arg("STREAMS")
+                        .arg(&streams)
+                        .arg(&last);
+                    type Read = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
+                    match cmd.query_async::<Read>(&mut store.conn).await {
+                        Ok(Some(batches)) => {
+                            for (s, entries) in batches {
+                                if let (Some(i), Some((id, _))) =
+                                    (streams.iter().position(|x| *x == s), entries.last())
+                                {
+                                    last[i] = id.clone();
+                                }
                             }
+                            let event = Event::default().data("changed");
+                            return Some((
+                                Ok::<_, std::convert::Infallible>(event),
+                                (store, last, permit),
+                            ));
                         }
-                        let event = Event::default().data("changed");
-                        return Some((Ok::<_, std::convert::Infallible>(event), (store, last)));
+                        Ok(None) => continue,
+                        Err(_) => return None,
                     }
-                    Ok(None) => continue,
-                    Err(_) => return None,
                 }
             }
-        }
-    });
+        },
+    );
     Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response()
@@ -485,15 +505,14 @@ async fn render_detail(
     let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
     if let (Some(entry), Some(bridge)) = (&entry, bridge) {
         if gated {
-            // A declared action: the request as written; the bridge derives and
-            // checks the command again before it runs.
-            let request: String = entry
-                .fields
-                .iter()
-                .map(|(k, v)| format!("{k}: {}\n", String::from_utf8_lossy(v)))
-                .collect();
-            content = Some(request);
-            matches = Some(true);
+            // A declared action: the card approvers were shown, which holds
+            // what the approval binds (the command, the bridge's findings),
+            // never the agent's raw fields.
+            content = match approval::shown_card(&mut store, &r).await {
+                Ok(card) => card,
+                Err(e) => return failed(e),
+            };
+            matches = Some(content.is_some());
         } else {
             match Message::from_entry(entry, bridge).and_then(|m| approval::edit::apply(m, &r)) {
                 Ok(m) => {
@@ -515,6 +534,7 @@ async fn render_detail(
     }
     let identity = format!("web:{}", session.user);
     let cannot_decide = match bridge {
+        _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
         Some(b) if b.approval.allows(&identity) => None,
         _ => Some(format!("You ({identity}) are not on the approvers of bridge `{}`: you can see this approval but not decide it.", r.source())),
     };
@@ -577,6 +597,9 @@ async fn decide(
     };
     let identity = format!("web:{}", s.user);
     let reason = f.get("reason").map(String::as_str).unwrap_or("");
+    if reason.len() > MAX_REASON_BYTES {
+        return refused("the reason is too long (at most 2,000 bytes)");
+    }
     // A decision from the page is bound to the version it showed.
     let Some(digest) = f
         .get("digest")
