@@ -227,6 +227,33 @@ fn refused(why: &str) -> Response {
     page(StatusCode::FORBIDDEN, pages::error("refused", why))
 }
 
+fn not_found() -> Response {
+    page(
+        StatusCode::NOT_FOUND,
+        pages::error("not found", "No such approval."),
+    )
+}
+
+/// What every POST about approval `id` passes first: a session, its CSRF
+/// token, an id that can be one. Nothing is read before.
+fn checked_post(
+    app: &App,
+    headers: &HeaderMap,
+    id: &str,
+    form: &HashMap<String, String>,
+) -> Result<Session, Box<Response>> {
+    let Some(s) = app.session(headers) else {
+        return Err(Box::new(to_login()));
+    };
+    if !csrf_ok(app, &s, form) {
+        return Err(Box::new(refused("missing or wrong CSRF token")));
+    }
+    if !approval::is_id(id) {
+        return Err(Box::new(not_found()));
+    }
+    Ok(s)
+}
+
 /// The CSRF check of a form posted in `session`.
 fn csrf_ok(app: &App, session: &Session, form: &HashMap<String, String>) -> bool {
     form.get("csrf")
@@ -471,10 +498,7 @@ async fn render_detail(
             Err(e) => return failed(e),
         };
         if history.is_empty() && message.is_none() {
-            return page(
-                StatusCode::NOT_FOUND,
-                pages::error("not found", "No such approval."),
-            );
+            return not_found();
         }
         let d = pages::Detail {
             id,
@@ -564,10 +588,7 @@ async fn detail(State(app): State<Shared>, headers: HeaderMap, Path(id): Path<St
         return to_login();
     };
     if !approval::is_id(&id) {
-        return page(
-            StatusCode::NOT_FOUND,
-            pages::error("not found", "No such approval."),
-        );
+        return not_found();
     }
     render_detail(&app, &s, &id, None, StatusCode::OK).await
 }
@@ -578,18 +599,10 @@ async fn decide(
     Path(id): Path<String>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let Some(s) = app.session(&headers) else {
-        return to_login();
+    let s = match checked_post(&app, &headers, &id, &f) {
+        Ok(s) => s,
+        Err(r) => return *r,
     };
-    if !csrf_ok(&app, &s, &f) {
-        return refused("missing or wrong CSRF token");
-    }
-    if !approval::is_id(&id) {
-        return page(
-            StatusCode::NOT_FOUND,
-            pages::error("not found", "No such approval."),
-        );
-    }
     let verdict = match f.get("verdict").map(String::as_str) {
         Some("approved") => Verdict::Approved,
         Some("rejected") => Verdict::Rejected,
@@ -659,18 +672,10 @@ async fn edit(
     Path(id): Path<String>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let Some(s) = app.session(&headers) else {
-        return to_login();
+    let s = match checked_post(&app, &headers, &id, &f) {
+        Ok(s) => s,
+        Err(r) => return *r,
     };
-    if !csrf_ok(&app, &s, &f) {
-        return refused("missing or wrong CSRF token");
-    }
-    if !approval::is_id(&id) {
-        return page(
-            StatusCode::NOT_FOUND,
-            pages::error("not found", "No such approval."),
-        );
-    }
     let mut store = app.store.clone();
     // Edited from the version shown (checked by the edit itself): a page
     // older than the record edits nothing.

@@ -85,6 +85,25 @@ fn reply(from: &str, to_id: &str, body: &str) -> String {
     )
 }
 
+/// The approver's reply to `mail` (a "not understood" answer), threaded under
+/// everything it references, with `body`.
+pub(crate) fn reply_in_thread(mail: &Mail, body: &str) -> String {
+    let refs: Vec<String> = mail
+        .references
+        .iter()
+        .chain(std::iter::once(&mail.message_id))
+        .map(|r| format!("<{}>", r.trim_matches(['<', '>'])))
+        .collect();
+    format!(
+        "From: approver@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: Re: {}\r\nMessage-ID: <{}@bridge.test>\r\nIn-Reply-To: <{}>\r\nReferences: {}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{}\r\n",
+        mail.subject,
+        uuid::Uuid::new_v4().simple(),
+        mail.message_id.trim_matches(['<', '>']),
+        refs.join(" "),
+        body.replace('\n', "\r\n")
+    )
+}
+
 pub(crate) async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
     let mut store = d.store().await;
     stream(&mut store, key).await
@@ -971,23 +990,10 @@ async fn a_reply_to_the_not_understood_mail_decides() {
         "threaded under the approval email: {:?}",
         answer.references
     );
-    let refs: Vec<String> = answer
-        .references
-        .iter()
-        .chain(std::iter::once(&answer.message_id))
-        .map(|r| format!("<{}>", r.trim_matches(['<', '>'])))
-        .collect();
-    let raw = format!(
-        "From: approver@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: Re: {}\r\nMessage-ID: <{}@bridge.test>\r\nIn-Reply-To: <{}>\r\nReferences: {}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nAPPROVE\r\n",
-        answer.subject,
-        uuid::Uuid::new_v4().simple(),
-        answer.message_id.trim_matches(['<', '>']),
-        refs.join(" ")
-    );
     stack.send_raw(
         "approver@bridge.test",
         "bridge@bridge.test",
-        &raw,
+        &reply_in_thread(&answer, "APPROVE"),
         Some("approver"),
     );
     let sent = wait_mails(&stack, "bob", 1).await;

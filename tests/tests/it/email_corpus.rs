@@ -9,7 +9,7 @@ use broker::keys;
 use harness::mail::MailStack;
 use harness::{hash, wait_until};
 
-use crate::email::{deployment, inbox, wait_mails, APPROVAL, MAIL};
+use crate::email::{deployment, inbox, reply_in_thread, wait_mails, APPROVAL, MAIL};
 
 struct Case {
     name: String,
@@ -199,23 +199,13 @@ async fn replies_of_every_client_style_are_read_as_written() {
     );
 
     // The answer to the "not understood" mail decides.
-    let refs: Vec<String> = explain
-        .references
-        .iter()
-        .chain(std::iter::once(&explain.message_id))
-        .map(|r| format!("<{}>", r.trim_matches(['<', '>'])))
-        .collect();
-    let raw = format!(
-        "From: approver@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: Re: {}\r\nMessage-ID: <{}@bridge.test>\r\nIn-Reply-To: <{}>\r\nReferences: {}\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nApprove\r\n\r\nOn Mon, Cowboy wrote:\r\n> not understood\r\n",
-        explain.subject,
-        uuid::Uuid::new_v4().simple(),
-        explain.message_id.trim_matches(['<', '>']),
-        refs.join(" ")
-    );
     stack.send_raw(
         "approver@bridge.test",
         "bridge@bridge.test",
-        &raw,
+        &reply_in_thread(
+            explain,
+            "Approve\n\nOn Mon, Cowboy wrote:\n> not understood",
+        ),
         Some("approver"),
     );
     let sent = wait_mails(&stack, "bob", approves + 1).await;

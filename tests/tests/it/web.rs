@@ -54,6 +54,23 @@ fn csrf_of(html: &str) -> String {
     html[at..].split('"').next().unwrap().to_string()
 }
 
+async fn click(c: &fantoccini::Client, what: fantoccini::Locator<'_>) {
+    c.find(what).await.unwrap().click().await.unwrap();
+}
+
+/// The result line of the page a form POST loads: waited for, since a click
+/// returns before the new page is there.
+async fn result_of_post(c: &fantoccini::Client) -> String {
+    c.wait()
+        .at_most(SOON)
+        .for_element(fantoccini::Locator::Id("result"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Logs in; returns the response to the login POST and the session cookie.
 async fn login(web: &WebServer, user: &str, password: &str) -> (reqwest::Response, Option<String>) {
     let c = client();
@@ -413,12 +430,7 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
         .send_keys("correct horse")
         .await
         .unwrap();
-    c.find(Locator::Id("login"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, Locator::Id("login")).await;
     let rows = wait_until("the queue with one approval", SOON, || async {
         let rows = c.find_all(Locator::Css("tr.approval")).await.ok()?;
         (rows.len() == 1).then_some(rows)
@@ -489,22 +501,8 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
         )
         .unwrap();
     }
-    c.find(Locator::Id("approve"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    // The page after the POST: waited for, the click returns before it loads.
-    let result = c
-        .wait()
-        .at_most(SOON)
-        .for_element(Locator::Id("result"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    click(c, Locator::Id("approve")).await;
+    let result = result_of_post(c).await;
     assert!(result.contains("approved by web:boss"), "{result}");
     let sent = wait_until("the delivery", SOON, || async {
         d.delivered("mail.out").first().cloned()
@@ -521,12 +519,7 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
         .send_keys("not this week")
         .await
         .unwrap();
-    c.find(Locator::Id("reject"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, Locator::Id("reject")).await;
     let notice = wait_until("the rejection notice", SOON, || async {
         inbox_notices(&d, "ann:mail:inbox")
             .await
@@ -543,30 +536,12 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
     c.goto(&web.url(&format!("/approval/{third}")))
         .await
         .unwrap();
-    c.find(Locator::Css("details summary"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(c, Locator::Css("details summary")).await;
     let area = c.find(Locator::Id("edit-content")).await.unwrap();
     area.clear().await.unwrap();
     area.send_keys("third, edited in the page").await.unwrap();
-    c.find(Locator::Id("edit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let result = c
-        .wait()
-        .at_most(SOON)
-        .for_element(Locator::Id("result"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    click(c, Locator::Id("edit")).await;
+    let result = result_of_post(c).await;
     assert!(result.contains("Edited"), "{result}");
     let (again, _) = notification(&d, 3).await;
     assert_eq!(again, third);
