@@ -24,6 +24,98 @@ pub struct MailStack {
     pub smtp_port: u16,
     pub imap_port: u16,
     lmtp_port: u16,
+    /// With [`MailStack::start_tls`]: the TLS ports and the CAs.
+    pub tls: Option<TlsPorts>,
+}
+
+/// The TLS side of a stack started with [`MailStack::start_tls`]. The server
+/// certificate is for `localhost` only (so `127.0.0.1` is a wrong host name),
+/// signed by `ca`; `other_ca` signed nothing the servers present. The plain
+/// ports of the stack offer STARTTLS.
+pub struct TlsPorts {
+    /// SMTP with TLS from the first byte.
+    pub smtps_port: u16,
+    /// IMAP with TLS from the first byte.
+    pub imaps_port: u16,
+    /// SMTP that offers no STARTTLS.
+    pub smtp_plain_port: u16,
+    pub ca: PathBuf,
+    pub other_ca: PathBuf,
+}
+
+/// Makes a CA (`{name}-ca.pem`) in `dir`; with `server`, also a certificate and
+/// key for `localhost` signed by it (`server.pem`, `server.key`).
+fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian package openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let (ca, ca_key) = (format!("{name}-ca.pem"), format!("{name}-ca.key"));
+    let subject = format!("/CN=cowboy test {name} CA");
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", &subject];
+    args.extend(ec);
+    args.extend([
+        "-keyout",
+        &ca_key,
+        "-out",
+        &ca,
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    run(&args);
+    if server {
+        let mut args = vec![
+            "req",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ];
+        args.extend(ec);
+        run(&args);
+        std::fs::write(
+            dir.join("server.ext"),
+            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            &ca,
+            "-CAkey",
+            &ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "server.pem",
+        ]);
+    }
+    dir.join(ca)
 }
 
 fn free_port() -> u16 {
@@ -69,14 +161,37 @@ fn need(program: &str) {
 impl MailStack {
     /// Starts Dovecot and Postfix.
     pub fn start() -> MailStack {
+        MailStack::start_with(false)
+    }
+
+    /// Starts Dovecot and Postfix with TLS on every port but LMTP: STARTTLS
+    /// on the plain ports, and implicit TLS and a no-STARTTLS SMTP beside them
+    /// (see [`TlsPorts`]).
+    pub fn start_tls() -> MailStack {
+        MailStack::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> MailStack {
         need("dovecot");
         need("postfix");
         let dir = tempfile::tempdir().unwrap();
+        let tls = tls.then(|| {
+            let t = dir.path().join("tls");
+            std::fs::create_dir_all(&t).unwrap();
+            TlsPorts {
+                smtps_port: free_port(),
+                imaps_port: free_port(),
+                smtp_plain_port: free_port(),
+                ca: make_ca(&t, "mail", true),
+                other_ca: make_ca(&t, "other", false),
+            }
+        });
         let mut stack = MailStack {
             dir,
             smtp_port: free_port(),
             imap_port: free_port(),
             lmtp_port: free_port(),
+            tls,
         };
         // A free port can be taken by a test running beside this one before
         // Dovecot binds it: try again on others.
@@ -90,6 +205,9 @@ impl MailStack {
             );
             stack.imap_port = free_port();
             stack.lmtp_port = free_port();
+            if let Some(t) = &mut stack.tls {
+                t.imaps_port = free_port();
+            }
         }
         stack.start_postfix();
         stack
@@ -118,6 +236,16 @@ impl MailStack {
             .map(|u| format!("{u}@bridge.test:{{PLAIN}}{u}-secret::::::\n"))
             .collect();
         std::fs::write(d.join("dovecot/users"), users).unwrap();
+        let (ssl, imaps) = match &self.tls {
+            Some(t) => (
+                format!(
+                    "yes\nssl_cert = <{d}/tls/server.pem\nssl_key = <{d}/tls/server.key",
+                    d = d.display()
+                ),
+                t.imaps_port,
+            ),
+            None => ("no".to_string(), 0),
+        };
         let conf = format!(
             r#"base_dir = {d}/dovecot/run
 state_dir = {d}/dovecot/state
@@ -125,7 +253,7 @@ instance_name = cowboy-{imap}
 log_path = {d}/dovecot/dovecot.log
 protocols = imap lmtp
 listen = 127.0.0.1
-ssl = no
+ssl = {ssl}
 disable_plaintext_auth = no
 default_internal_user = {user}
 default_internal_group = {group}
@@ -148,7 +276,8 @@ service imap-login {{
     port = {imap}
   }}
   inet_listener imaps {{
-    port = 0
+    port = {imaps}
+    ssl = yes
   }}
 }}
 service anvil {{
@@ -172,8 +301,7 @@ service auth {{
         std::fs::write(self.dovecot_conf(), conf).unwrap();
         // Dovecot keeps inherited stdio open after daemonising: never capture it.
         quietly(Command::new("dovecot").arg("-c").arg(self.dovecot_conf())).success() && {
-            wait_port(self.imap_port, "dovecot imap");
-            wait_port(self.lmtp_port, "dovecot lmtp");
+            self.wait_dovecot();
             true
         }
     }
@@ -185,8 +313,15 @@ service auth {{
             "dovecot failed to start; see {}/dovecot/dovecot.log",
             self.d().display()
         );
+        self.wait_dovecot();
+    }
+
+    fn wait_dovecot(&self) {
         wait_port(self.imap_port, "dovecot imap");
         wait_port(self.lmtp_port, "dovecot lmtp");
+        if let Some(t) = &self.tls {
+            wait_port(t.imaps_port, "dovecot imaps");
+        }
     }
 
     fn start_postfix(&self) {
@@ -224,13 +359,27 @@ alias_maps =
 queue_run_delay = 1s
 minimal_backoff_time = 1s
 maximal_backoff_time = 2s
-"#,
+{tls}"#,
             d = d.display(),
             lmtp = self.lmtp_port,
             authserv = AUTHSERV,
+            tls = match &self.tls {
+                Some(_) => format!(
+                    "smtpd_tls_cert_file = {d}/tls/server.pem\nsmtpd_tls_key_file = {d}/tls/server.key\nsmtpd_tls_security_level = may\nsmtpd_tls_loglevel = 1\n",
+                    d = d.display()
+                ),
+                None => String::new(),
+            },
         );
+        let tls_services = match &self.tls {
+            Some(t) => format!(
+                "127.0.0.1:{} inet  n - n - - smtpd -o smtpd_tls_wrappermode=yes\n127.0.0.1:{} inet  n - n - - smtpd -o smtpd_tls_security_level=none\ntlsmgr   unix  - - n 1000? 1 tlsmgr\n",
+                t.smtps_port, t.smtp_plain_port
+            ),
+            None => String::new(),
+        };
         let master = format!(
-            "127.0.0.1:{smtp} inet  n - n - - smtpd\n{}",
+            "127.0.0.1:{smtp} inet  n - n - - smtpd\n{tls_services}{}",
             [
                 "pickup   unix  n - n 60 1 pickup",
                 "cleanup  unix  n - n - 0 cleanup",
@@ -271,6 +420,15 @@ maximal_backoff_time = 2s
             d.display()
         );
         wait_port(self.smtp_port, "postfix smtpd");
+        if let Some(t) = &self.tls {
+            wait_port(t.smtps_port, "postfix smtps");
+            wait_port(t.smtp_plain_port, "postfix smtpd without STARTTLS");
+        }
+    }
+
+    /// Postfix's log so far.
+    pub fn postfix_log(&self) -> String {
+        std::fs::read_to_string(self.d().join("postfix/postfix.log")).unwrap_or_default()
     }
 
     /// Stops Dovecot and waits until it is gone.

@@ -13,7 +13,8 @@ pub enum Tls {
     Starttls,
     /// TLS from the first byte (SMTPS on 465, IMAPS on 993).
     Implicit,
-    /// No TLS at all: only for tests on 127.0.0.1.
+    /// No TLS at all: refused at start-up for a host other than loopback
+    /// unless `allow_plaintext = true` is written beside it.
     None,
 }
 
@@ -80,13 +81,19 @@ pub enum Verify {
     Dkim,
 }
 
-/// `smtp = { host, port, tls, username, password_file }`.
+/// `smtp = { host, port, tls, ca_file, allow_plaintext, username, password_file }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SmtpSettings {
     pub host: String,
     pub port: u16,
     pub tls: Tls,
+    /// PEM roots trusted beside the platform's (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets `tls = "none"` reach a host other than loopback.
+    #[serde(default)]
+    pub allow_plaintext: bool,
     /// SMTP AUTH user; none means no AUTH.
     #[serde(default)]
     pub username: Option<String>,
@@ -94,13 +101,20 @@ pub struct SmtpSettings {
     pub password_file: Option<PathBuf>,
 }
 
-/// `imap = { host, port, tls, username, password_file, mailbox, move_to, poll_seconds }`.
+/// `imap = { host, port, tls, ca_file, allow_plaintext, username, password_file,
+/// mailbox, move_to, poll_seconds }`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImapSettings {
     pub host: String,
     pub port: u16,
     pub tls: Tls,
+    /// PEM roots trusted beside the platform's (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Lets `tls = "none"` reach a host other than loopback.
+    #[serde(default)]
+    pub allow_plaintext: bool,
     pub username: String,
     pub password_file: PathBuf,
     /// The folder to watch.
@@ -162,6 +176,43 @@ impl EmailSettings {
                 key: at("smtp.password_file"),
                 message: "smtp.username and smtp.password_file go together".into(),
             });
+        }
+        for (side, host, tls, ca_file, allow_plaintext) in [
+            (
+                "smtp",
+                &self.smtp.host,
+                self.smtp.tls,
+                &self.smtp.ca_file,
+                self.smtp.allow_plaintext,
+            ),
+            (
+                "imap",
+                &self.imap.host,
+                self.imap.tls,
+                &self.imap.ca_file,
+                self.imap.allow_plaintext,
+            ),
+        ] {
+            if tls == Tls::None && !allow_plaintext && !crate::tls::is_loopback(host) {
+                return Err(ConfigError::Invalid {
+                    key: at(&format!("{side}.tls")),
+                    message: format!(
+                        "tls = \"none\" to {host} would send passwords and mail in clear; \
+                         use starttls or implicit, or write allow_plaintext = true"
+                    ),
+                });
+            }
+            if let Some(path) = ca_file {
+                let key = at(&format!("{side}.ca_file"));
+                if tls == Tls::None {
+                    return Err(ConfigError::Invalid {
+                        key,
+                        message: "ca_file is used only with tls = \"starttls\" or \"implicit\""
+                            .into(),
+                    });
+                }
+                crate::tls::read_ca_file(&key, path)?;
+            }
         }
         if self.imap.poll_seconds == 0 {
             return Err(ConfigError::Invalid {

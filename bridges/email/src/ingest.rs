@@ -45,15 +45,28 @@ fn imap_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Io(std::io::Error::other(format!("IMAP {what}: {e}")))
 }
 
-async fn tls_connect(host: &str, tcp: tokio::net::TcpStream) -> Result<Box<dyn Io>> {
-    use rustls_platform_verifier::ConfigVerifierExt;
-    let config = tokio_rustls::rustls::ClientConfig::with_platform_verifier()
-        .map_err(|e| imap_err("tls setup", e))?;
-    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+/// The TLS handshake with the IMAP server; every failure names the host.
+async fn tls_connect(
+    imap: &ImapSettings,
+    bridge: &str,
+    tcp: tokio::net::TcpStream,
+) -> Result<Box<dyn Io>> {
+    let roots = match &imap.ca_file {
+        Some(path) => crate::tls::read_ca_file(&format!("bridges.{bridge}.imap.ca_file"), path)?,
+        None => Vec::new(),
+    };
+    let config = crate::tls::client_config(roots).map_err(|e| imap_err("tls setup", e))?;
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from(imap.host.clone())
         .map_err(|e| imap_err("tls server name", e))?;
     let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(name, tcp)
-        .await?;
+        .await
+        .map_err(|e| {
+            imap_err(
+                "TLS",
+                format!("handshake with {}:{} failed: {e}", imap.host, imap.port),
+            )
+        })?;
     Ok(Box::new(stream))
 }
 
@@ -70,7 +83,7 @@ pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
     .await
     .map_err(|_| imap_err("connect", "timed out"))??;
     let stream: Box<dyn Io> = match imap.tls {
-        Tls::Implicit => tls_connect(&imap.host, tcp).await?,
+        Tls::Implicit => tls_connect(imap, bridge, tcp).await?,
         Tls::None => Box::new(tcp),
         Tls::Starttls => {
             let mut plain = async_imap::Client::new(tcp);
@@ -82,7 +95,7 @@ pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
                 .run_command_and_check_ok("STARTTLS", None)
                 .await
                 .map_err(|e| imap_err("STARTTLS", e))?;
-            tls_connect(&imap.host, plain.into_inner()).await?
+            tls_connect(imap, bridge, plain.into_inner()).await?
         }
     };
     let mut client = async_imap::Client::new(stream);

@@ -6,6 +6,7 @@
 //! - [`config`]: the bridge's own keys (`from`, `smtp`, `imap`, anti-spoofing).
 //! - [`send`]: the [`broker::Sender`] over SMTP and the approval email.
 //! - [`ingest`]: the IMAP follower, answers and inbound mail.
+//! - [`tls`]: the crypto provider, private CAs, loopback-only plaintext.
 //! - [`verdict`]: pure logic: verdicts, `Authentication-Results`, Message-IDs.
 
 pub mod answer;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod dkim;
 pub mod ingest;
 pub mod send;
+pub mod tls;
 pub mod verdict;
 
 use std::sync::Arc;
@@ -43,6 +45,8 @@ impl Bridge for Email {
     type Sender = EmailSender;
 
     fn load(config: &Config, name: &str) -> Result<Self> {
+        // Before any TLS is set up: no path may ask rustls for a default it lacks.
+        tls::install_provider();
         Ok(Email {
             settings: settings(config, name)?,
         })

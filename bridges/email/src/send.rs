@@ -32,7 +32,26 @@ pub fn transport(
     bridge: &str,
 ) -> broker::Result<AsyncSmtpTransport<Tokio1Executor>> {
     let tls = |host: &str| {
-        TlsParameters::new(host.to_string())
+        let mut params = TlsParameters::builder(host.to_string());
+        if let Some(path) = &smtp.ca_file {
+            let key = format!("bridges.{bridge}.smtp.ca_file");
+            let pem = std::fs::read(path).map_err(|e| {
+                broker::Error::Config(broker::error::ConfigError::Invalid {
+                    key: key.clone(),
+                    message: format!("cannot read `{}`: {e}", path.display()),
+                })
+            })?;
+            let cert =
+                lettre::transport::smtp::client::Certificate::from_pem(&pem).map_err(|e| {
+                    broker::Error::Config(broker::error::ConfigError::Invalid {
+                        key,
+                        message: format!("`{}`: {e}", path.display()),
+                    })
+                })?;
+            params = params.add_root_certificate(cert);
+        }
+        params
+            .build()
             .map_err(|e| broker::Error::Request(format!("smtp tls: {e}")))
     };
     let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(smtp.host.clone())
@@ -76,7 +95,10 @@ impl EmailSender {
         match self.smtp.test_connection().await {
             Ok(true) => Ok(()),
             Ok(false) => Err("SMTP server did not answer NOOP".into()),
-            Err(e) => Err(format!("SMTP: {e}")),
+            Err(e) => Err(format!(
+                "SMTP {}:{}: {e}",
+                self.settings.smtp.host, self.settings.smtp.port
+            )),
         }
     }
 
@@ -123,26 +145,40 @@ impl EmailSender {
             .map_err(|e| SendError::Permanent(format!("cannot build the message: {e}")))?;
         match self.smtp.send(email).await {
             Ok(_) => Ok(message_id),
-            Err(e) => Err(classify(&e, &message_id)),
+            Err(e) => Err(classify(
+                &e,
+                &format!(
+                    "SMTP {}:{}",
+                    self.settings.smtp.host, self.settings.smtp.port
+                ),
+                &message_id,
+            )),
         }
     }
 }
 
-/// Classifies an SMTP failure: a 5xx reply will never work; a 4xx reply, or a
-/// failure while connecting (resolving, connecting, the TLS handshake: lettre's
-/// connection and TLS errors), means the server did not take the message;
-/// anything else (a lost connection or a timeout mid-transaction, a garbled
-/// reply) may have come after the server accepted it.
-fn classify(e: &lettre::transport::smtp::Error, message_id: &str) -> SendError {
+/// Classifies an SMTP failure (`server` names the host in every message): a
+/// 5xx reply will never work; lettre's client errors (no STARTTLS offered, no
+/// usable AUTH mechanism, 8-bit or UTF-8 the server lacks) all come before
+/// `MAIL FROM`, so the message was certainly not handed over and retrying the
+/// same server cannot help; a 4xx reply, or a failure while connecting
+/// (resolving, connecting, the TLS handshake: lettre's connection and TLS
+/// errors), means the server did not take the message; anything else (a lost
+/// connection or a timeout mid-transaction, a garbled reply) may have come after
+/// the server accepted it.
+fn classify(e: &lettre::transport::smtp::Error, server: &str, message_id: &str) -> SendError {
     if e.is_permanent() {
-        return SendError::Permanent(format!("the mail server refused it: {e}"));
+        return SendError::Permanent(format!("{server} refused it: {e}"));
+    }
+    if e.is_client() {
+        return SendError::Permanent(format!("{server}: {e} (nothing was handed over)"));
     }
     let connecting = e.is_tls() || e.to_string().starts_with("Connection error");
     if e.is_transient() || connecting || refused_connection(e) {
-        return SendError::Transient(format!("SMTP: {e}"));
+        return SendError::Transient(format!("{server}: {e}"));
     }
     SendError::Uncertain(format!(
-        "SMTP: {e}; the server may have accepted Message-ID <{message_id}>"
+        "{server}: {e}; the server may have accepted Message-ID <{message_id}>"
     ))
 }
 

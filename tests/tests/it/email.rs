@@ -1003,3 +1003,169 @@ async fn a_reply_to_the_not_understood_mail_decides() {
         "nothing reached the agent"
     );
 }
+
+/// TLS against a private CA, every mode: the services (real binaries) send over
+/// SMTP STARTTLS and read over IMAP implicit TLS with `ca_file`; the library's
+/// SMTP implicit TLS and IMAP STARTTLS do the same. A wrong CA and a wrong host
+/// name are refused naming the host; a server without STARTTLS gets nothing and
+/// the refusal is a failure, never `uncertain`; Postfix logged TLS for every
+/// session that carried mail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_in_every_mode_with_a_private_ca() {
+    use broker::outbox::{Outgoing, SendError, Sender};
+    use email::config::{ImapSettings, SmtpSettings, Tls};
+    let stack = MailStack::start_tls();
+    let t = stack.tls.as_ref().unwrap();
+    let password = stack.password_file("bridge");
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "email"
+destinations = ["*@bridge.test"]
+from = "bridge@bridge.test"
+smtp = {{ host = "localhost", port = {smtp}, tls = "starttls", ca_file = "{ca}" }}
+imap = {{ host = "localhost", port = {imaps}, tls = "implicit", ca_file = "{ca}", username = "bridge@bridge.test", password_file = "{pw}" }}
+"#,
+        smtp = stack.smtp_port,
+        imaps = t.imaps_port,
+        ca = t.ca.display(),
+        pw = password.display(),
+    ));
+    let outbox = d.process("cowboy-email-outbox", "mail");
+    let ingest = d.process("cowboy-email-ingest", "mail");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@bridge.test"),
+                ("content", b"over starttls"),
+            ],
+        )
+        .await
+        .unwrap();
+    let mails = wait_mails(&stack, "bob", 1).await;
+    assert_eq!(mails[0].body.trim_end(), "over starttls");
+    stack.send_raw(
+        "bob@bridge.test",
+        "bridge@bridge.test",
+        "From: bob@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: hi\r\nMessage-ID: <tls.1@bridge.test>\r\n\r\nread over imaps\r\n",
+        None,
+    );
+    let entry = wait_until("an inbox entry read over implicit TLS", MAIL, || async {
+        inbox(&d, "mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(entry["content"].trim_end(), "read over imaps");
+    assert_eq!(outbox.stop(), Some(0));
+    assert_eq!(ingest.stop(), Some(0));
+
+    // The other two modes, through the library.
+    let mut settings = email::settings(&d.config, "mail").unwrap();
+    let imap = |port, tls, host: &str, ca: &std::path::Path| ImapSettings {
+        host: host.into(),
+        port,
+        tls,
+        ca_file: Some(ca.to_path_buf()),
+        ..settings.imap.clone()
+    };
+    let starttls = imap(stack.imap_port, Tls::Starttls, "localhost", &t.ca);
+    let mut session = email::ingest::login(&starttls, "mail")
+        .await
+        .expect("IMAP STARTTLS with the private CA");
+    session.logout().await.unwrap();
+    for (settings, host) in [
+        (
+            imap(t.imaps_port, Tls::Implicit, "localhost", &t.other_ca),
+            "localhost",
+        ),
+        (
+            imap(stack.imap_port, Tls::Starttls, "localhost", &t.other_ca),
+            "localhost",
+        ),
+        (
+            imap(t.imaps_port, Tls::Implicit, "127.0.0.1", &t.ca),
+            "127.0.0.1",
+        ),
+    ] {
+        let err = email::ingest::login(&settings, "mail")
+            .await
+            .expect_err("a certificate that is not trusted for the host is refused")
+            .to_string();
+        assert!(err.contains(host) && err.contains("TLS"), "{err}");
+    }
+
+    let message = broker::entry::Message {
+        channel_id: "bob@bridge.test".into(),
+        content: "over implicit tls".into(),
+        ..Default::default()
+    };
+    let send = |smtp: SmtpSettings| {
+        let mut s = settings.clone();
+        s.smtp = smtp;
+        let message = &message;
+        async move {
+            let sender = email::send::EmailSender::new(s, "mail").unwrap();
+            sender
+                .send(Outgoing {
+                    message,
+                    delivery_key: "mail:outbox/1-0",
+                    retry: false,
+                    approval: None,
+                })
+                .await
+        }
+    };
+    let smtp = |port, tls, host: &str, ca: &std::path::Path| SmtpSettings {
+        host: host.into(),
+        port,
+        tls,
+        ca_file: Some(ca.to_path_buf()),
+        ..settings.smtp.clone()
+    };
+    send(smtp(t.smtps_port, Tls::Implicit, "localhost", &t.ca))
+        .await
+        .expect("SMTP implicit TLS with the private CA");
+    for (smtp, host) in [
+        (
+            smtp(t.smtps_port, Tls::Implicit, "localhost", &t.other_ca),
+            "localhost",
+        ),
+        (
+            smtp(stack.smtp_port, Tls::Starttls, "127.0.0.1", &t.ca),
+            "127.0.0.1",
+        ),
+    ] {
+        match send(smtp).await {
+            Err(SendError::Transient(why)) => assert!(why.contains(host), "{why}"),
+            other => panic!("an untrusted certificate must be refused, got {other:?}"),
+        }
+    }
+    match send(smtp(t.smtp_plain_port, Tls::Starttls, "localhost", &t.ca)).await {
+        Err(SendError::Permanent(why)) => {
+            assert!(
+                why.contains("STARTTLS") && why.contains("localhost"),
+                "{why}"
+            )
+        }
+        other => panic!("no STARTTLS is a failure before hand-over, got {other:?}"),
+    }
+    let mails = wait_mails(&stack, "bob", 2).await;
+    assert_eq!(mails[1].body.trim_end(), "over implicit tls");
+    assert_eq!(stack.mails("bob").len(), 2, "nothing else reached bob");
+    // Every session that carried mail from the bridge was encrypted.
+    let log = stack.postfix_log();
+    let tls_sessions = log
+        .matches("TLS connection established from localhost")
+        .count();
+    assert!(tls_sessions >= 2, "{log}");
+    settings.smtp.tls = Tls::None;
+    settings.smtp.host = "mail.example.org".into();
+    let err = settings.validate("mail").unwrap_err().to_string();
+    assert!(
+        err.contains("smtp.tls") && err.contains("allow_plaintext"),
+        "{err}"
+    );
+}
