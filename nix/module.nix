@@ -23,7 +23,8 @@ let
       example = [ "discord:80351110224678912" "email:ann@example.org" ];
       description = "Who may decide, as `type:id`. Empty: nobody can approve.";
     };
-    quorum = mkOption { type = types.ints.positive; default = 1; description = "Distinct approvers who must approve; one rejection rejects."; };
+    quorum = mkOption { type = types.ints.positive; default = 1; description = "Distinct people (services.cowboy.people) who must approve; one rejection rejects."; };
+    editors_count = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether an approver who edited the message counts toward it (default: the editor proposes, others dispose)."; };
   };
 
   # The alias keeps the protocol's second spelling; null means "not set here".
@@ -98,9 +99,10 @@ let
     redis = { url = cfg.redis.url; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
+    people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
     audit = { inherit (cfg.audit) retentionDays; };
     web = if cfg.web.enable || cfg.web.exporter.enable then {
-      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile;
+      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile exporterRedisPasswordFile;
       users = mapAttrs (_: u: { inherit (u) passwordFile; }) cfg.web.users;
     } else null;
     bridges = mapAttrs bridgeInput enabledBridges;
@@ -196,7 +198,8 @@ let
       RestartPreventExitStatus = 78;
       DynamicUser = true;
       LoadCredential =
-        optional (cfg.web.redisPasswordFile != null) "web-redis-password:${cfg.web.redisPasswordFile}"
+        optional (arg == "serve" && cfg.web.redisPasswordFile != null) "web-redis-password:${cfg.web.redisPasswordFile}"
+        ++ optional (arg == "exporter" && cfg.web.exporterRedisPasswordFile != null) "web-exporter-password:${cfg.web.exporterRedisPasswordFile}"
         ++ optional (cfg.web.sessionKeyFile != null) "web-session-key:${cfg.web.sessionKeyFile}"
         ++ mapAttrsToList (n: u: "web-user-${n}:${u.passwordFile}") cfg.web.users;
     };
@@ -234,11 +237,19 @@ in
       sessionKeyFile = mkOption { type = types.nullOr types.path; default = null; description = "Key (32+ bytes) sessions are signed with; null: a random key per start (a restart logs everyone out)."; };
       secureCookies = mkOption { type = types.bool; default = false; description = "Mark cookies Secure (set it when a TLS proxy serves the page)."; };
       redisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the page's Redis user cowboy-web (needed with redis.acl)."; };
+      exporterRedisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the exporter's read-only Redis user cowboy-exporter (needed with redis.acl and exporter.enable)."; };
     };
 
     audit.retentionDays = mkOption {
       type = types.ints.positive; default = 90;
       description = "Days the audit trail (`<bridge>:audit`: every step of every approval) keeps an entry.";
+    };
+    people = mkOption {
+      type = types.attrsOf (types.submodule {
+        options.identities = mkOption { type = types.listOf types.str; example = [ "cli:ann" "web:ann" "discord:80351110224678912" ]; description = "Every approver identity of this person, on every surface."; };
+      });
+      default = { };
+      description = "The humans behind approver identities: a quorum counts people, so one person answering on two surfaces counts once. Under a quorum above 1 every approver must belong to one.";
     };
     operators = mkOption {
       type = types.attrsOf (types.submodule {
@@ -286,7 +297,8 @@ in
       ++ [
         { assertion = !cfg.redis.acl || cfg.redis.operatorPasswordFile != null; message = "services.cowboy.redis.operatorPasswordFile is needed when redis.acl is on (the default user is turned off)."; }
         { assertion = !cfg.redis.acl || builtins.all (a: a.passwordFile != null) (builtins.attrValues cfg.agents); message = "every services.cowboy.agents.<name>.passwordFile is needed when redis.acl is on."; }
-        { assertion = !(cfg.redis.acl && (cfg.web.enable || cfg.web.exporter.enable)) || cfg.web.redisPasswordFile != null; message = "services.cowboy.web.redisPasswordFile is needed when redis.acl is on (the page has its own Redis user)."; }
+        { assertion = !(cfg.redis.acl && cfg.web.enable) || cfg.web.redisPasswordFile != null; message = "services.cowboy.web.redisPasswordFile is needed when redis.acl is on (the page has its own Redis user)."; }
+        { assertion = !(cfg.redis.acl && cfg.web.exporter.enable) || cfg.web.exporterRedisPasswordFile != null; message = "services.cowboy.web.exporterRedisPasswordFile is needed when redis.acl is on (the exporter has its own read-only Redis user)."; }
       ];
 
     users.users.cowboy = { isSystemUser = true; group = "cowboy"; };

@@ -12,7 +12,7 @@
 # unit receives through LoadCredential (the loader expands the variable). With
 # `credentialsDirectory = null` the source paths are rendered instead, for tools
 # run by root (the operator CLI, `cowboy acl`).
-{ redis ? { }, agents ? { }, operators ? { }, bridges ? { }, audit ? { }, web ? null, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
+{ redis ? { }, agents ? { }, operators ? { }, people ? { }, bridges ? { }, audit ? { }, web ? null, credentialsDirectory ? "$CREDENTIALS_DIRECTORY" }:
 let
   inherit (builtins) attrNames concatStringsSep filter isAttrs isBool isFloat isInt isList isPath isString map match replaceStrings typeOf;
 
@@ -57,6 +57,7 @@ let
         timeout = approval.timeout or null;
         approvers = approval.approvers or null;
         quorum = approval.quorum or null;
+        editors_count = approval.editors_count or null;
       };
       ping = nonNull {
         command = ping.command or null;
@@ -92,6 +93,7 @@ let
       secure_cookies = web.secureCookies or null;
       session_key_file = webFile "web-session-key" (web.sessionKeyFile or null);
       redis_password_file = webFile "web-redis-password" (web.redisPasswordFile or null);
+      exporter_password_file = webFile "web-exporter-password" (web.exporterRedisPasswordFile or null);
     }
     + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in
@@ -104,4 +106,5 @@ table "redis" {
 + (if web == null then "" else webTables)
 + concatStringsSep "" (map (a: table "agents.${key a}" { password_file = agents.${a}.passwordFile or null; }) (attrNames agents))
 + concatStringsSep "" (map (o: table "operators.${key o}" { password_file = operators.${o}.passwordFile or null; }) (attrNames operators))
++ concatStringsSep "" (map (p: table "people.${key p}" { identities = people.${p}.identities; }) (attrNames people))
 + concatStringsSep "" (map (n: bridgeTable n bridges.${n}) enabled)

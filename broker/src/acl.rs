@@ -1,9 +1,13 @@
 //! Redis ACL rules for a deployment, and the probes that prove them.
 //!
-//! Rendered from the config: `user default off`; the operator (`[redis] username`)
-//! with full access; one user per agent, allowed only `XADD` to its own outbox
-//! streams and reading/acking its own inbox streams; one user per bridge service
-//! (`cowboy-{bridge}-{service}`) with only the keys and commands its job uses.
+//! Rendered from the config: `user default off`; the administrator (`[redis]
+//! username`) with full access, which renders and loads these rules and is never
+//! an approver; each `[operators.NAME]` user and the page (`cowboy-web`) reading
+//! approvals and asking for decisions on request streams of their own, never
+//! writing one; the exporter (`cowboy-exporter`) reading only; one user per
+//! agent, allowed only `XADD` to its own outbox streams and reading/acking its
+//! own inbox streams; one user per bridge service (`cowboy-{bridge}-{service}`)
+//! with only the keys and commands its job uses.
 //!
 //! Invariants:
 //! - Commands and keys are paired with selectors (`(...)`), never in one flat rule
@@ -114,6 +118,25 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             ));
             let parks = config.bridge(name).is_ok_and(|b| b.approval.required);
             if parks {
+                // Decisions and edits the operators and the page ask for
+                // (`crate::request`): read in a group, answered, applied here;
+                // TIME dates a request against the server's clock.
+                sels.push(selector(
+                    &[format!("~{}", keys::requests(name, "*"))],
+                    "+xreadgroup +xack +xgroup|create",
+                ));
+                sels.push(selector(
+                    &[format!("%W~{}", keys::replies(name, "*"))],
+                    "+xadd",
+                ));
+                sels.push(selector(
+                    &[
+                        format!("%W~{}", keys::decisions(name)),
+                        format!("%W~{}", keys::worker_decisions_pattern(name)),
+                    ],
+                    "+xadd",
+                ));
+                sels.push("+time".to_string());
                 let notify = keys::outbox(config.notify_bridge(name));
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
@@ -163,19 +186,13 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     )
 }
 
-/// The rules of the approval page: read what it shows (records, the pending
-/// index, the trail, the entries behind approvals, what metrics count), decide
-/// and edit through the broker's scripts, wake requesters, write cards to the
-/// notify bridges' outboxes (an edit asks again). Nothing else: no `XACK`,
-/// `XTRIM`, `XDEL` or `DEL`, and no sending on a bridge nobody notifies through
-/// (an `XADD` it may run can still trim: Redis cannot limit its arguments).
-pub fn web_rules(config: &Config, hash: &str) -> String {
+/// What the page and the exporter read: records, the pending index, the
+/// trails, the entries behind approvals, and what metrics count. Read-only.
+fn reader_selectors(config: &Config) -> Vec<String> {
     let agents: Vec<&str> = config.agent_names().collect();
     let mut read = Vec::new();
     let mut status = Vec::new();
-    let mut wake = Vec::new();
     let mut trails = Vec::new();
-    let mut notify = std::collections::BTreeSet::new();
     for name in config.bridges.keys() {
         read.push(format!("~{}", keys::outbox(name)));
         read.extend(
@@ -193,30 +210,82 @@ pub fn web_rules(config: &Config, hash: &str) -> String {
         status.push(format!("~{}", keys::uncertain(name)));
         status.push(format!("~{}", keys::heartbeat(name)));
         status.push(format!("~{}", keys::pending(name)));
-        wake.push(format!("%W~{}", keys::decisions(name)));
-        wake.push(format!("%W~{}", keys::worker_decisions_pattern(name)));
         trails.push(format!("~{}", keys::audit(name)));
-        if config.bridge(name).is_ok_and(|b| b.approval.required) {
-            notify.insert(format!("%W~{}", keys::outbox(config.notify_bridge(name))));
-        }
     }
-    let mut sels = vec![
+    vec![
         selector(&read, "+xrange +xinfo|groups +xlen"),
         selector(&status, "+xinfo|groups +xlen +hlen +hgetall +zrange +zcard"),
-        selector(&trails, "+xrange +xread +xadd +evalsha +eval +script|load"),
+        selector(&trails, "+xrange +xread"),
         selector(
             &[format!("~{}*", keys::APPROVAL_PREFIX)],
-            "+hgetall +hget +hmget +hset +hdel +exists +evalsha +eval +script|load",
+            "+hgetall +hget +hmget +exists",
         ),
-    ];
-    if !wake.is_empty() {
-        sels.push(selector(&wake, "+xadd"));
+    ]
+}
+
+/// Appending to `requester`'s request streams of every bridge that parks, and
+/// reading its reply streams ([`crate::request`]): the only way the page and
+/// an operator change an approval.
+fn request_selectors(config: &Config, requester: &crate::request::Requester) -> Vec<String> {
+    let suffix = requester.suffix();
+    let parking: Vec<&String> = config
+        .bridges
+        .iter()
+        .filter(|(_, b)| b.approval.required)
+        .map(|(n, _)| n)
+        .collect();
+    if parking.is_empty() {
+        return Vec::new();
     }
-    if !notify.is_empty() {
-        sels.push(selector(&notify.into_iter().collect::<Vec<_>>(), "+xadd"));
-    }
+    let requests: Vec<String> = parking
+        .iter()
+        .map(|b| format!("%W~{}", keys::requests(b, &suffix)))
+        .collect();
+    let replies: Vec<String> = parking
+        .iter()
+        .map(|b| format!("%R~{}", keys::replies(b, &suffix)))
+        .collect();
+    vec![
+        selector(&requests, "+xadd"),
+        selector(&replies, "+xread +xrevrange"),
+    ]
+}
+
+/// The rules of the approval page: read what it shows (see
+/// [`reader_selectors`]) and ask, on its own request streams, for the
+/// decisions and edits its users make. It writes no record, wake-up stream,
+/// trail or card: the requesting bridge's outbox does, for `web:` identities
+/// only. Nothing else: no `XACK`, `XTRIM`, `XDEL`, `DEL` or scripts.
+pub fn web_rules(config: &Config, hash: &str) -> String {
+    let mut sels = reader_selectors(config);
+    sels.extend(request_selectors(config, &crate::request::Requester::Web));
     format!(
         "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        sels.join(" ")
+    )
+}
+
+/// The rules of `cowboy exporter`: what the metrics read, and nothing it
+/// could change anything with.
+pub fn exporter_rules(config: &Config, hash: &str) -> String {
+    format!(
+        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        reader_selectors(config).join(" ")
+    )
+}
+
+/// The rules of operator NAME: read what `cowboy approvals` shows (the page's
+/// reads), and ask for decisions and edits as `cli:NAME` on its own request
+/// streams. No write on a record, a wake-up stream, a trail, another user's
+/// stream; no `ACL`, `CONFIG` or scripts: one operator cannot act as another.
+pub fn operator_rules(config: &Config, name: &str, hash: &str) -> String {
+    let mut sels = reader_selectors(config);
+    sels.extend(request_selectors(
+        config,
+        &crate::request::Requester::Operator(name.to_string()),
+    ));
+    format!(
+        "on #{hash} resetkeys resetchannels -@all {BASE} +acl|whoami {}",
         sels.join(" ")
     )
 }
@@ -286,10 +355,7 @@ pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
         let key = format!("operators.{name}.password_file");
         users.push(User {
             name: name.clone(),
-            rules: format!(
-                "on #{} ~* &* +@all",
-                password_hash(&key, &op.password_file)?
-            ),
+            rules: operator_rules(config, name, &password_hash(&key, &op.password_file)?),
         });
     }
     if let Some(web) = &config.web {
@@ -303,6 +369,12 @@ pub fn users(config: &Config) -> Result<Vec<User>, ConfigError> {
             name: keys::WEB_USER.into(),
             rules: web_rules(config, &password_hash("web.redis_password_file", file)?),
         });
+        if let Some(file) = &web.exporter_password_file {
+            users.push(User {
+                name: keys::EXPORTER_USER.into(),
+                rules: exporter_rules(config, &password_hash("web.exporter_password_file", file)?),
+            });
+        }
     }
     for (agent, a) in &config.agents {
         let key = format!("agents.{agent}.password_file");
@@ -750,6 +822,102 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
     p
 }
 
+/// What a user that must never change an approval by itself (an operator,
+/// the page, the exporter) is refused: writing records, wake-ups, trails, the
+/// cards' stream, administration and scripts. `asks` is its request stream
+/// (allowed), `other` another requester's (refused).
+fn decider_probes(
+    config: &Config,
+    user: &str,
+    asks: Option<(&str, &str)>,
+    other: Option<&str>,
+) -> Vec<Probe> {
+    use Expect::*;
+    let rec = keys::approval("00000000-0000-4000-8000-000000000000");
+    let mut p = vec![
+        probe(user, Allowed, false, &["HGETALL", &rec]),
+        probe(user, Refused, true, &["HSET", &rec, "status", "approved"]),
+        probe(user, Refused, true, &["DEL", &rec]),
+        probe(
+            user,
+            Refused,
+            true,
+            &[
+                "EVAL",
+                "return redis.call('HSET', KEYS[1], 'status', 'approved')",
+                "1",
+                &rec,
+            ],
+        ),
+        probe(
+            user,
+            Refused,
+            true,
+            &["ACL", "SETUSER", "cowboy-acl-probe", "on", ">x"],
+        ),
+        probe(user, Refused, true, &["CONFIG", "SET", "maxmemory", "1"]),
+        probe(user, Refused, true, &["FLUSHALL"]),
+    ];
+    for (name, bridge) in &config.bridges {
+        p.push(probe(
+            user,
+            Refused,
+            true,
+            &["XADD", &keys::decisions(name), "*", "approval_id", "x"],
+        ));
+        p.push(probe(
+            user,
+            Refused,
+            true,
+            &["XADD", &keys::audit(name), "*", "acl_check", "1"],
+        ));
+        p.push(probe(
+            user,
+            Refused,
+            true,
+            &["XADD", &keys::outbox(name), "*", "acl_check", "1"],
+        ));
+        if !bridge.approval.required {
+            continue;
+        }
+        if let Some((requests, _)) = asks {
+            p.push(probe(
+                user,
+                Allowed,
+                true,
+                &[
+                    "XADD",
+                    &keys::requests(name, requests),
+                    "*",
+                    "acl_check",
+                    "1",
+                ],
+            ));
+            p.push(probe(
+                user,
+                Refused,
+                true,
+                &[
+                    "XADD",
+                    &keys::replies(name, requests),
+                    "*",
+                    "acl_check",
+                    "1",
+                ],
+            ));
+        }
+        if let Some(other) = other {
+            p.push(probe(
+                user,
+                Refused,
+                true,
+                &["XADD", &keys::requests(name, other), "*", "acl_check", "1"],
+            ));
+        }
+    }
+    p
+}
+
 /// Every probe of the deployment.
 pub fn all_probes(config: &Config) -> Vec<Probe> {
     let mut probes = Vec::new();
@@ -772,6 +940,36 @@ pub fn all_probes(config: &Config) -> Vec<Probe> {
     for name in config.bridges.keys() {
         for service in Service::ALL {
             probes.extend(service_probes(config, name, service));
+        }
+    }
+    let operators: Vec<&String> = config.operators.keys().collect();
+    for (i, name) in operators.iter().enumerate() {
+        let own = format!("cli:{name}");
+        let other = operators
+            .get(i + 1)
+            .or(operators.first())
+            .filter(|o| *o != name)
+            .map(|o| format!("cli:{o}"))
+            .unwrap_or_else(|| "web".to_string());
+        probes.extend(decider_probes(config, name, Some((&own, "")), Some(&other)));
+    }
+    if let Some(web) = &config.web {
+        if web.redis_password_file.is_some() {
+            let other = operators.first().map(|o| format!("cli:{o}"));
+            probes.extend(decider_probes(
+                config,
+                keys::WEB_USER,
+                Some(("web", "")),
+                other.as_deref(),
+            ));
+        }
+        if web.exporter_password_file.is_some() {
+            probes.extend(decider_probes(
+                config,
+                keys::EXPORTER_USER,
+                None,
+                Some("web"),
+            ));
         }
     }
     probes
@@ -926,6 +1124,12 @@ pub fn password_file_of(config: &Config, user: &str) -> Option<std::path::PathBu
     }
     if user == keys::WEB_USER {
         return config.web.as_ref()?.redis_password_file.clone();
+    }
+    if user == keys::EXPORTER_USER {
+        return config.web.as_ref()?.exporter_password_file.clone();
+    }
+    if let Some(op) = config.operators.get(user) {
+        return Some(op.password_file.clone());
     }
     for (name, bridge) in &config.bridges {
         for service in Service::ALL {

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::config::{Config, Service};
 use crate::error::{ConfigError, Result};
 use crate::ingest::Ingest;
+use crate::keys;
 use crate::outbox::{OutboxService, Sender};
 use crate::ping::{PingService, Probe};
 use crate::shutdown::Shutdown;
@@ -69,10 +70,31 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
     match service {
         Service::Outbox => {
             let sender = bridge.sender(&name)?;
-            OutboxService::new(config, &name, sender, store, shutdown)?
+            // The operators' and the page's decisions on this bridge's approvals
+            // are applied here, beside the engine (see `crate::request`).
+            let requests = config.bridge(&name)?.approval.required.then(|| {
+                tokio::spawn(crate::request::serve(
+                    store.clone(),
+                    config.clone(),
+                    name.clone(),
+                    worker
+                        .clone()
+                        .unwrap_or_else(|| keys::DEFAULT_WORKER.to_string()),
+                    shutdown.clone(),
+                ))
+            });
+            let result = OutboxService::new(config, &name, sender, store, shutdown)?
                 .with_worker(worker.as_deref())?
                 .run()
-                .await
+                .await;
+            if let Some(task) = requests {
+                match task.await {
+                    Ok(Err(e)) if result.is_ok() => return Err(e),
+                    Ok(Err(e)) => tracing::error!(error = %e, "decision requests stopped"),
+                    _ => {}
+                }
+            }
+            result
         }
         Service::Ingest => {
             let ingest = Ingest::new(config, &name, store)?;

@@ -3,7 +3,9 @@
 //!
 //! The CLI is an approval surface like any other: its decisions go through
 //! [`approval::decide`] with the approver `cli:{operator}`, which must be on the
-//! requesting bridge's `approval.approvers`.
+//! requesting bridge's `approval.approvers`. With `[operators]` declared, the
+//! operator's Redis user can write no record: its decisions and edits are
+//! requests the requesting bridge's outbox applies ([`crate::request`]).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -268,11 +270,36 @@ pub async fn approvals_decide(
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let approver = format!("cli:{operator}");
+    if seen.is_none() && verdict == Verdict::Approved {
+        // A blind approval counts for whatever version exists when it lands:
+        // under a quorum a colleague's edit would be approved unseen.
+        if let Some(r) = Approvals::on(store).load(&id).await? {
+            let why = if r.quorum() > 1 {
+                Some("it needs a quorum of approvals")
+            } else if r.original_sha256.is_some() {
+                Some("it was edited")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(Error::Request(format!(
+                    "{id}: {why}, so an approval must name the version it approves: \
+                     pass --digest SHA256 as `cowboy approvals show {id}` prints it (nothing decided)"
+                )));
+            }
+        }
+    }
     let mut answer = Answer::new(&Clock::system(), verdict, &approver, reason);
     if let Some(digest) = seen {
         answer = answer.seeing(digest);
     }
-    match approval::decide(store, config, &id, answer).await? {
+    let outcome = if config.operators.is_empty() {
+        approval::decide(store, config, &id, answer).await?
+    } else {
+        let requester = crate::request::Requester::Operator(operator.to_string());
+        crate::request::decide(store, &requester, &id, answer).await?
+    };
+    match outcome {
         Outcome::Decided => Ok(format!("{id} {} by {approver}\n", verdict.as_str())),
         Outcome::Counted {
             have,
@@ -290,6 +317,9 @@ pub async fn approvals_decide(
         Outcome::Late(state) if state == "superseded" => Err(Error::Request(format!(
             "{id} was edited since it was shown: nothing decided; look at it again"
         ))),
+        Outcome::EditorNotCounted => Err(Error::Request(format!(
+            "{approver} edited {id}: under a quorum the editor's approval does not count; the other approvers decide"
+        ))),
         Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
         Outcome::Unknown => Err(Error::Request(format!("no approval {id}"))),
     }
@@ -306,7 +336,12 @@ pub async fn approvals_edit(
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let editor = format!("cli:{operator}");
-    let e = approval::edit::edit(store, config, &Clock::system(), &id, change, &editor).await?;
+    let e = if config.operators.is_empty() {
+        approval::edit::edit(store, config, &Clock::system(), &id, change, &editor).await?
+    } else {
+        let requester = crate::request::Requester::Operator(operator.to_string());
+        crate::request::edit(store, &requester, &id, change, &editor).await?
+    };
     Ok(format!(
         "{id} edited by {editor} (edit {}): sha256 {} -> {}; any decision is revoked and approvers are asked again\n",
         e.revision, e.old_digest, e.new_digest

@@ -36,6 +36,8 @@ pub struct Config {
     pub bridges: BTreeMap<String, BridgeConfig>,
     /// Operators who decide through the CLI as `cli:NAME`, each its own Redis user.
     pub operators: BTreeMap<String, OperatorConfig>,
+    /// `[people.NAME]`: the humans behind approver identities (a quorum counts people).
+    pub people: BTreeMap<String, PersonConfig>,
     /// `[audit]`: how long the audit trail keeps its entries.
     pub audit: AuditConfig,
     /// `[web]`: the approval page and metrics, when configured.
@@ -68,6 +70,10 @@ pub struct WebConfig {
     /// The password of the page's own Redis user `cowboy-web`.
     #[serde(default)]
     pub redis_password_file: Option<PathBuf>,
+    /// The password of `cowboy exporter`'s own Redis user `cowboy-exporter`,
+    /// which only reads; without it the exporter connects as `[redis]`.
+    #[serde(default)]
+    pub exporter_password_file: Option<PathBuf>,
 }
 
 /// `[web.users.NAME]`.
@@ -127,6 +133,9 @@ pub struct RawConfig {
     /// `[operators.NAME]`.
     #[serde(default)]
     pub operators: BTreeMap<String, OperatorConfig>,
+    /// `[people.NAME]`.
+    #[serde(default)]
+    pub people: BTreeMap<String, PersonConfig>,
     /// `[audit]`.
     #[serde(default)]
     pub audit: AuditConfig,
@@ -143,6 +152,16 @@ pub struct RawConfig {
 pub struct OperatorConfig {
     /// File holding the operator's Redis password (`cowboy acl` renders the user).
     pub password_file: PathBuf,
+}
+
+/// `[people.NAME]`: one human and every identity they answer with, on every
+/// surface (`cli:ann`, `web:ann`, `discord:1234`, `email:ann@example.org`).
+/// A quorum counts people, not identities, so one human who answers on two
+/// surfaces counts once.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PersonConfig {
+    pub identities: Vec<String>,
 }
 
 /// `[redis]`.
@@ -403,9 +422,14 @@ pub struct ApprovalConfig {
     /// `console:ann`, `cli:ann`). Empty: nobody can approve.
     #[serde(default)]
     pub approvers: Vec<String>,
-    /// How many distinct approvers must approve; one rejection rejects.
+    /// How many distinct people must approve; one rejection rejects.
     #[serde(default = "default_quorum")]
     pub quorum: u32,
+    /// Under a quorum above 1, whether an approver who edited the message
+    /// counts toward its quorum. Off by default: the editor proposes, others
+    /// dispose.
+    #[serde(default)]
+    pub editors_count: bool,
 }
 
 fn default_quorum() -> u32 {
@@ -421,6 +445,7 @@ impl Default for ApprovalConfig {
             timeout: default_timeout(),
             approvers: Vec::new(),
             quorum: default_quorum(),
+            editors_count: false,
         }
     }
 }
@@ -486,6 +511,7 @@ impl Config {
             agents: raw.agents,
             bridges,
             operators: raw.operators,
+            people: raw.people,
             audit: raw.audit,
             web: raw.web,
         };
@@ -528,13 +554,13 @@ impl Config {
         for (name, op) in &self.operators {
             let at = format!("operators.{name}");
             check_name(&at, name)?;
-            // Rendered once: as the operator user of `[redis]`.
-            if Some(name) == self.redis.username.as_ref()
-                && self.redis.password_file.as_ref() != Some(&op.password_file)
-            {
+            // The `[redis]` user administers (it renders and loads the ACL):
+            // as an approver it could act as every other operator.
+            let _ = op;
+            if Some(name) == self.redis.username.as_ref() {
                 return Err(ConfigError::invalid(
-                    format!("{at}.password_file"),
-                    "this operator is the [redis] user: give it the same password_file",
+                    at,
+                    "the [redis] user is the administrator (it can change every other user): it cannot also be an operator who decides; give the operator a Redis user of its own",
                 ));
             }
             if self.agents.contains_key(name) || self.bridges.contains_key(name) {
@@ -542,6 +568,35 @@ impl Config {
                     at,
                     "an operator cannot share a name with an agent or a bridge",
                 ));
+            }
+        }
+        let mut claimed: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, person) in &self.people {
+            let at = format!("people.{name}");
+            check_name(&at, name)?;
+            if person.identities.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.identities"),
+                    "a person needs at least one identity",
+                ));
+            }
+            for (i, who) in person.identities.iter().enumerate() {
+                let key = format!("{at}.identities[{i}]");
+                if !well_formed_identity(who) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!(
+                            "`{who}` is not `type:id` with type one of {}",
+                            APPROVER_KINDS.join(", ")
+                        ),
+                    ));
+                }
+                if let Some(other) = claimed.insert(canonical_identity(who), name) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("`{who}` is claimed by [people.{other}] already: an identity is one person's"),
+                    ));
+                }
             }
         }
         for (name, bridge) in &self.bridges {
@@ -608,12 +663,7 @@ impl Config {
                 ));
             }
             for (i, who) in approval.approvers.iter().enumerate() {
-                // No control characters: a quorum keeps identities one per line.
-                let ok = who.split_once(':').is_some_and(|(kind, id)| {
-                    APPROVER_KINDS.contains(&kind)
-                        && !id.is_empty()
-                        && !id.chars().any(char::is_control)
-                });
+                let ok = well_formed_identity(who);
                 let unproven = who.strip_prefix("cli:").is_some_and(|op| {
                     !self.operators.is_empty() && !self.operators.contains_key(op)
                 });
@@ -668,12 +718,18 @@ impl Config {
                     "an approver is listed twice",
                 ));
             }
-            if approval.quorum == 0 || approval.quorum as usize > distinct.len().max(1) {
+            // A quorum counts people: two identities of one person are one.
+            let people: std::collections::BTreeSet<String> = approval
+                .approvers
+                .iter()
+                .map(|a| self.counting_key(a))
+                .collect();
+            if approval.quorum == 0 || approval.quorum as usize > people.len().max(1) {
                 return Err(ConfigError::invalid(
                     format!("{at}.approval.quorum"),
                     format!(
-                        "must be between 1 and the number of approvers ({})",
-                        distinct.len()
+                        "must be between 1 and the number of distinct people among the approvers ({})",
+                        people.len()
                     ),
                 ));
             }
@@ -683,6 +739,19 @@ impl Config {
                     format!("{at}.approval.quorum"),
                     "with cli: approvers, a quorum above 1 needs [operators]: without them a cli: name is a label anyone at the shell can give, so one person could count twice",
                 ));
+            }
+            if approval.quorum > 1 {
+                if let Some((i, who)) = approval
+                    .approvers
+                    .iter()
+                    .enumerate()
+                    .find(|(_, a)| self.person_of(a).is_none())
+                {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.approvers[{i}]"),
+                        format!("`{who}` belongs to no [people.NAME] entry: under a quorum above 1 every approver must be a declared person, so one human with two identities cannot count twice"),
+                    ));
+                }
             }
             if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
                 return Err(ConfigError::invalid(
@@ -702,6 +771,28 @@ impl Config {
     }
 
     /// The bridge that carries `name`'s approval notifications.
+    /// The `[people]` entry `identity` belongs to (emails compare without case).
+    pub fn person_of(&self, identity: &str) -> Option<&str> {
+        let identity = canonical_identity(identity);
+        self.people
+            .iter()
+            .find(|(_, p)| {
+                p.identities
+                    .iter()
+                    .any(|i| canonical_identity(i) == identity)
+            })
+            .map(|(name, _)| name.as_str())
+    }
+
+    /// What a quorum counts an answer as: its person (`person:NAME`), or the
+    /// identity itself when no person claims it (`identity:TYPE:ID`).
+    pub fn counting_key(&self, identity: &str) -> String {
+        match self.person_of(identity) {
+            Some(name) => format!("person:{name}"),
+            None => format!("identity:{}", canonical_identity(identity)),
+        }
+    }
+
     pub fn notify_bridge<'a>(&'a self, name: &'a str) -> &'a str {
         self.bridges
             .get(name)
@@ -787,6 +878,14 @@ impl ApprovalConfig {
 /// Identities compare exactly, except email addresses, which compare case-insensitively.
 fn identity_eq(a: &str, b: &str) -> bool {
     canonical_identity(a) == canonical_identity(b)
+}
+
+/// `type:id` with a known type, a non-empty id and no control characters (a
+/// quorum keeps identities one per line).
+fn well_formed_identity(who: &str) -> bool {
+    who.split_once(':').is_some_and(|(kind, id)| {
+        APPROVER_KINDS.contains(&kind) && !id.is_empty() && !id.chars().any(char::is_control)
+    })
 }
 
 /// One person, one spelling: `email:Ann@Example.org` is `email:ann@example.org`;
@@ -938,10 +1037,33 @@ mod tests {
         );
         let labels = err(&bridge(r#"approvers = ["cli:a", "cli:b"], quorum = 2"#));
         assert!(labels.contains("[operators]"), "{labels}");
-        Config::parse(&bridge(
+        let strangers = err(&bridge(
             r#"approvers = ["console:a", "discord:1"], quorum = 2"#,
+        ));
+        assert!(
+            strangers.contains("approvers[0]") && strangers.contains("[people"),
+            "{strangers}"
+        );
+        let people = "[people.a]\nidentities = [\"console:a\", \"discord:9\"]\n[people.b]\nidentities = [\"discord:1\"]\n";
+        Config::parse(&format!(
+            "{people}{}",
+            bridge(r#"approvers = ["console:a", "discord:1"], quorum = 2"#)
         ))
         .unwrap();
+        // One person on two surfaces is one: a quorum of two needs another.
+        let one = err(&format!(
+            "{people}{}",
+            bridge(r#"approvers = ["console:a", "discord:9"], quorum = 2"#)
+        ));
+        assert!(
+            one.contains("approval.quorum") && one.contains("people"),
+            "{one}"
+        );
+        let claimed = err("[people.a]\nidentities = [\"email:A@x.org\"]\n[people.b]\nidentities = [\"email:a@x.org\"]\n");
+        assert!(
+            claimed.contains("people.b.identities[0]") && claimed.contains("people.a"),
+            "{claimed}"
+        );
         let retention = err("[audit]\nretention_days = 0\n");
         assert!(retention.contains("audit.retention_days"), "{retention}");
     }

@@ -40,8 +40,20 @@ pub struct Message {
 }
 
 impl Message {
-    /// Parses and validates an agent's entry.
+    /// Parses and validates an agent's entry, its destination taken as written.
     pub fn from_entry(entry: &Entry, bridge: &BridgeConfig) -> Result<Message, String> {
+        Message::from_entry_with(entry, bridge, |raw| Ok(raw.to_string()))
+    }
+
+    /// Parses and validates an agent's entry, its destination put in the
+    /// sender's canonical form (see `Sender::canonical_destination`) before it
+    /// is checked against `destinations`. When the agent wrote it differently,
+    /// approvers are told both spellings in the message's context.
+    pub fn from_entry_with(
+        entry: &Entry,
+        bridge: &BridgeConfig,
+        canonical: impl Fn(&str) -> Result<String, String>,
+    ) -> Result<Message, String> {
         let mut seen = std::collections::HashSet::new();
         for (name, _) in &entry.fields {
             if NOTIFICATION_FIELDS.contains(&name.as_str())
@@ -91,11 +103,17 @@ impl Message {
                 ));
             }
         }
+        let written = channel_id;
+        let channel_id = canonical(&written)
+            .map_err(|why| format!("destination `{}`: {why}", written.escape_debug()))?;
         if !bridge.allows_destination(&channel_id) {
             return Err(format!(
                 "destination `{channel_id}` is not on this bridge's `destinations` allow-list"
             ));
         }
+        let context = (channel_id != written).then(|| {
+            format!("The agent wrote the destination as `{written}`; it is delivered to `{channel_id}`.")
+        });
         Ok(Message {
             channel_id,
             content,
@@ -104,7 +122,7 @@ impl Message {
             request_id,
             approval_id: None,
             approval_content: None,
-            context: None,
+            context,
         })
     }
 

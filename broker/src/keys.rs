@@ -99,6 +99,18 @@ pub fn uncertain(bridge: &str) -> String {
     format!("{bridge}:uncertain")
 }
 
+/// Decision requests for a requesting bridge's approvals from one requester
+/// (`cli:NAME` for an operator, `web` for the page): only that requester's Redis
+/// user may append, only the bridge's outbox reads (see [`crate::request`]).
+pub fn requests(bridge: &str, requester: &str) -> String {
+    format!("{bridge}:requests:{requester}")
+}
+
+/// The outbox's answers to [`requests`], read by that requester alone.
+pub fn replies(bridge: &str, requester: &str) -> String {
+    format!("{bridge}:replies:{requester}")
+}
+
 /// The prefix every approval key starts with.
 pub const APPROVAL_PREFIX: &str = "approval:";
 
@@ -196,6 +208,9 @@ pub fn agent_group(agent: &str) -> String {
 
 /// Redis ACL user of the approval page and exporter (`cowboy web`).
 pub const WEB_USER: &str = "cowboy-web";
+
+/// Redis ACL user of `cowboy exporter`: reads what the metrics count, nothing else.
+pub const EXPORTER_USER: &str = "cowboy-exporter";
 
 /// Redis ACL user of one service of a bridge.
 pub fn service_user(bridge: &str, service: &str) -> String {

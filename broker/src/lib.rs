@@ -19,6 +19,7 @@
 //! - [`outbox`]: the outbox service (park, notify, settle, deliver).
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
 //! - [`ping`]: the inbox-side wake-up service and liveness.
+//! - [`request`]: decisions and edits asked by the operators and the page, applied by the outbox.
 //! - [`cli`]: the operator commands behind `cowboy`.
 //! - [`clock`]: the clock every decision about time reads (injectable for tests).
 //! - [`schema`]: the config schema as data (key names read from serde).
@@ -40,6 +41,7 @@ pub mod ingest;
 pub mod keys;
 pub mod outbox;
 pub mod ping;
+pub mod request;
 pub mod schema;
 pub mod service;
 pub mod shutdown;

@@ -48,6 +48,7 @@ pub fn key_paths() -> Vec<String> {
     add("redis.", field_names::<RedisConfig>());
     add("agents.*.", field_names::<AgentConfig>());
     add("operators.*.", field_names::<OperatorConfig>());
+    add("people.*.", field_names::<PersonConfig>());
     add("audit.", field_names::<AuditConfig>());
     for f in field_names::<WebConfig>() {
         match *f {

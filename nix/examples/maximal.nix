@@ -4,6 +4,7 @@
   redis = { url = "redis://127.0.0.1:6390"; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
   agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
   operators.root.passwordFile = "/etc/cowboy/secrets/root";
+  people.root.identities = [ "cli:root" "web:root" ];
   audit.retentionDays = 30;
   web = {
     listen = "127.0.0.1:8787";
@@ -12,6 +13,7 @@
     secureCookies = true;
     sessionKeyFile = "/etc/cowboy/secrets/web-session";
     redisPasswordFile = "/etc/cowboy/secrets/web-redis";
+    exporterRedisPasswordFile = "/etc/cowboy/secrets/exporter-redis";
     users.root.passwordFile = "/etc/cowboy/secrets/web-root.hash";
   };
   bridges.all = {
@@ -28,7 +30,7 @@
     dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
-    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; };
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
     redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
     secrets = { "token_file" = "/etc/cowboy/secrets/token"; };

@@ -39,10 +39,16 @@ pub fn classify(e: serenity::Error) -> SendError {
     }
 }
 
+/// The one spelling of a snowflake: ASCII digits, no sign, no leading zero,
+/// not zero, within 64 bits. `u64::from_str` also takes `+123` and `0123`,
+/// which would name channel 123 behind a string that differs from it.
+pub fn canonical_snowflake(id: &str) -> Option<u64> {
+    let n = id.parse::<u64>().ok().filter(|n| *n != 0)?;
+    (n.to_string() == id).then_some(n)
+}
+
 fn channel(id: &str) -> Result<ChannelId, SendError> {
-    id.parse::<u64>()
-        .ok()
-        .filter(|n| *n != 0)
+    canonical_snowflake(id)
         .map(ChannelId::new)
         .ok_or_else(|| SendError::Permanent(format!("`{id}` is not a Discord channel id")))
 }
@@ -112,6 +118,14 @@ impl DiscordSender {
 }
 
 impl Sender for DiscordSender {
+    fn canonical_destination(&self, raw: &str) -> Result<String, String> {
+        canonical_snowflake(raw)
+            .map(|n| n.to_string())
+            .ok_or_else(|| {
+                "not a Discord channel id (decimal digits, no sign or leading zero)".to_string()
+            })
+    }
+
     async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
         self.deliver(out).await.map(Sent::from)
     }
@@ -172,6 +186,28 @@ impl DiscordSender {
                     .await?;
                 Ok(id.get().to_string())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_snowflake_has_one_spelling() {
+        assert_eq!(
+            super::canonical_snowflake("222222222222222222"),
+            Some(222222222222222222)
+        );
+        for raw in [
+            "+222222222222222222",
+            "0222222222222222222",
+            "0",
+            " 1",
+            "1 ",
+            "١٢",
+            "18446744073709551616",
+        ] {
+            assert_eq!(super::canonical_snowflake(raw), None, "{raw}");
         }
     }
 }

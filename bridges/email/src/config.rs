@@ -55,6 +55,11 @@ pub struct EmailSettings {
     /// Words and phrases that reject; replace the defaults (`answer::REJECT`).
     #[serde(default)]
     pub reject_words: Option<Vec<String>>,
+    /// Accept destinations with non-ASCII characters (internationalized
+    /// addresses). Off by default: look-alike letters pass a glob and read as
+    /// another address to approvers.
+    #[serde(default)]
+    pub allow_unicode_addresses: bool,
 }
 
 impl EmailSettings {

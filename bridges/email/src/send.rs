@@ -239,10 +239,57 @@ pub fn approval_body(record: &Record, content: &str) -> String {
     body
 }
 
+/// The mailbox a destination names, as the SMTP envelope will carry it
+/// (`local@domain`, the domain in lower case, any display name dropped), or
+/// why it is refused: what a mail system may read differently from how an
+/// allow-list glob or an approver reads it. Refused: quoted local parts (lettre
+/// unquotes `"approvals"@x` into `approvals@x`), `%` and `!` (source routing
+/// that relays such as Postfix's `allow_percent_hack` and `swap_bangpath`
+/// forward elsewhere), comments, address literals, and, unless
+/// `allow_unicode` is set, any non-ASCII character (Cyrillic `о` looks like `o`).
+pub fn canonical_address(raw: &str, allow_unicode: bool) -> Result<String, String> {
+    let raw = raw.trim();
+    // The addr-spec part, as written: inside the last <...> when there is one.
+    let spec = match (raw.rfind('<'), raw.rfind('>')) {
+        (Some(i), Some(j)) if i < j => &raw[i + 1..j],
+        _ => raw,
+    };
+    for (c, why) in [
+        ('"', "a quoted local part"),
+        ('%', "`%` routing"),
+        ('!', "`!` (bang path) routing"),
+        ('(', "a comment"),
+        ('\\', "an escaped character"),
+        ('[', "an address literal"),
+    ] {
+        if spec.contains(c) {
+            return Err(format!(
+                "holds {why}, which a mail system may deliver elsewhere than it reads"
+            ));
+        }
+    }
+    if !allow_unicode && !raw.is_ascii() {
+        return Err(
+            "holds non-ASCII characters (look-alike letters); set allow_unicode_addresses to allow them"
+                .into(),
+        );
+    }
+    let mailbox: Mailbox = raw
+        .parse()
+        .map_err(|e| format!("not an email address: {e}"))?;
+    let user = mailbox.email.user();
+    let domain = mailbox.email.domain().to_lowercase();
+    Ok(format!("{user}@{domain}"))
+}
+
 impl Sender for EmailSender {
     const DEDUPLICATES: bool = false;
     /// One delivery is one mail.
     const SPLITS: bool = false;
+
+    fn canonical_destination(&self, raw: &str) -> Result<String, String> {
+        canonical_address(raw, self.settings.allow_unicode_addresses)
+    }
 
     async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
         self.deliver(out).await.map(Sent::from)
@@ -307,5 +354,34 @@ impl EmailSender {
                 .await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical_address;
+
+    #[test]
+    fn destinations_are_the_mailbox_the_envelope_will_carry() {
+        let ok = |raw: &str| canonical_address(raw, false).unwrap();
+        assert_eq!(ok("bob@Example.ORG"), "bob@example.org");
+        assert_eq!(ok("Bob <bob@example.org>"), "bob@example.org");
+        assert_eq!(ok("\"Bob B.\" <bob@example.org>"), "bob@example.org");
+        for raw in [
+            "\"approvals\"@example.org",
+            "eve%evil.com@example.org",
+            "evil.com!eve@example.org",
+            "eve(comment)@example.org",
+            "eve@[127.0.0.1]",
+            "b\u{043e}b@example.org",
+            "bob@ex\u{0430}mple.org",
+            "not an address",
+        ] {
+            assert!(canonical_address(raw, false).is_err(), "{raw}");
+        }
+        assert_eq!(
+            canonical_address("b\u{043e}b@example.org", true).unwrap(),
+            "b\u{043e}b@example.org"
+        );
     }
 }

@@ -196,8 +196,9 @@ pub async fn edit(
     if let Some(subject) = &next.subject {
         pairs.push((field::SUBJECT, subject.clone()));
     }
+    let editor_counts_as = config.counting_key(editor);
     let (answer, old_card) = Approvals::on(store)
-        .edit(id, &record.message_sha256, now, &pairs)
+        .edit(id, &record.message_sha256, now, &editor_counts_as, &pairs)
         .await?;
     if answer != "ok" {
         let why = match answer.as_str() {

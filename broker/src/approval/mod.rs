@@ -63,6 +63,9 @@ pub enum Outcome {
     Unknown,
     /// The answerer is not on the requesting bridge's approvers list.
     NotAllowed,
+    /// Under a quorum, an approval from a person who edited the message: not
+    /// counted (the editor proposes, others dispose); the card stays armed.
+    EditorNotCounted,
     /// Too late: the record is decided (`approved`/`rejected`), `expired` or `missing`.
     Late(String),
 }
@@ -83,6 +86,11 @@ pub struct Answer<'a> {
     /// The whole-message digest the approver was shown, when the surface knows
     /// it (review, the web page): an answer to a version since edited is late.
     pub seen: Option<&'a str>,
+    /// What a quorum counts the approver as (its person); set by [`decide`]
+    /// from the config, never by a surface.
+    pub counts_as: Option<&'a str>,
+    /// Whether an editor's approval counts toward a quorum (set by [`decide`]).
+    pub editors_count: bool,
 }
 
 impl<'a> Answer<'a> {
@@ -95,6 +103,8 @@ impl<'a> Answer<'a> {
             at: clock.now_secs_f64(),
             card: None,
             seen: None,
+            counts_as: None,
+            editors_count: false,
         }
     }
 
@@ -138,7 +148,10 @@ pub async fn resolve_approval(
     };
     let outcome = decide(store, config, &id, answer).await?;
     // A counted approval keeps the card armed for the rest of the quorum.
-    let disarm = !matches!(outcome, Outcome::NotAllowed | Outcome::Counted { .. });
+    let disarm = !matches!(
+        outcome,
+        Outcome::NotAllowed | Outcome::Counted { .. } | Outcome::EditorNotCounted
+    );
     if disarm {
         Approvals::on(store).map_delete(source, external_id).await?;
     }
@@ -159,11 +172,19 @@ pub async fn decide(
     };
     // Email addresses compare without case: one person is one identity.
     let approver = crate::config::canonical_identity(answer.approver);
+    // A quorum counts people: every identity of one person counts as one.
+    let counts_as = config.counting_key(&approver);
+    let editors_count = config
+        .bridges
+        .get(record.source())
+        .is_some_and(|b| b.approval.editors_count);
     // Bound to the version read here when the surface did not say which it
     // showed: an edit landing between this read and the decision wins.
     let answer = Answer {
         approver: &approver,
         seen: answer.seen.or(Some(&record.message_sha256)),
+        counts_as: Some(&counts_as),
+        editors_count,
         ..answer
     };
     let allowed = config
@@ -300,6 +321,12 @@ async fn apply(
             );
             let event = ignored(&format!("late: already {state}"));
             (vec![event], Outcome::Late(state.to_string()), Some(state))
+        }
+        "editor" => {
+            tracing::info!(approval = id, approver, "an editor's approval not counted");
+            let event =
+                ignored("edited this message: under a quorum the editor's approval does not count");
+            (vec![event], Outcome::EditorNotCounted, None)
         }
         "superseded" => {
             tracing::info!(approval = id, "answer to an edited version ignored");

@@ -46,6 +46,10 @@ pub mod field {
     pub const OUTCOME_SENT: &str = "outcome_sent";
     pub const QUORUM: &str = "quorum";
     pub const APPROVALS: &str = "approvals";
+    /// What a quorum counted each approval as (its person), one per line.
+    pub const APPROVAL_PEOPLE: &str = "approval_people";
+    /// Who edited the message (as a quorum counts them), one per line.
+    pub const EDITORS: &str = "editors";
     pub const REVISION: &str = "revision";
     pub const EDITED_MESSAGE: &str = "edited_message";
     pub const EDITED_BY: &str = "edited_by";
@@ -58,6 +62,8 @@ pub mod field {
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
+        APPROVAL_PEOPLE,
+        EDITORS,
         STATUS,
         SOURCE,
         AGENT,

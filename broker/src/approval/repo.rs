@@ -33,16 +33,20 @@ return 1
 "#;
 
 /// Decides a pending record inside its window. ARGV: verdict, approver, reason,
-/// now (fractional seconds), now (whole seconds), the approver list's separator,
-/// the card answered (its external id, or empty), the digest the approver saw
-/// (or empty). Returns `superseded` for an answer to an earlier version (a card
-/// the record lists as superseded, or a digest it no longer has), `decided`, `counted` (an approval short of the record's quorum, kept
-/// in `approvals`), `counted-again` (this approver's approval is counted
-/// already), or why nothing changed (`missing`, `expired`, `settled`, the
-/// decided status); the record's worker; and the approvals so far. One
-/// rejection rejects whatever was counted.
+/// now (fractional seconds), now (whole seconds), the list separator, the card
+/// answered (its external id, or empty), the digest the approver saw (or
+/// empty), what a quorum counts the approver as (its person, see
+/// [`crate::config::Config::counting_key`]), and `1` when editors count toward
+/// a quorum. Returns `superseded` for an answer to an earlier version (a card
+/// the record lists as superseded, or a digest it no longer has), `decided`,
+/// `counted` (an approval short of the record's quorum, kept in `approvals`,
+/// its person in `approval_people`), `counted-again` (this person's approval
+/// is counted already, whichever identity gave it), `editor` (under a quorum,
+/// a person who edited the message approves it: not counted), or why nothing
+/// changed (`missing`, `expired`, `settled`, the decided status); the record's
+/// worker; and the approvals so far. One rejection rejects whatever was counted.
 const DECIDE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256', 'approval_people', 'editors')
 if not f[1] then return {'missing', '', ''} end
 local worker = f[3] or ''
 local have = f[6] or ''
@@ -50,8 +54,9 @@ local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', '', have} end
 -- HMGET, not HEXISTS: the notify outbox's Redis user has no HEXISTS.
 if f[4] then return {'settled', '', have} end
+local sep = '[^' .. ARGV[6] .. ']+'
 if ARGV[7] ~= '' and f[7] then
-  for card in string.gmatch(f[7], '[^' .. ARGV[6] .. ']+') do
+  for card in string.gmatch(f[7], sep) do
     if card == ARGV[7] then return {'superseded', '', have} end
   end
 end
@@ -59,19 +64,27 @@ if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
 if f[1] ~= 'pending' then return {f[1], worker, have} end
 local quorum = tonumber(f[5]) or 1
 if ARGV[1] == 'approved' and quorum > 1 then
-  local n = 0
-  for who in string.gmatch(have, '[^' .. ARGV[6] .. ']+') do
-    n = n + 1
-    if who == ARGV[2] then return {'counted-again', worker, have} end
+  if ARGV[10] ~= '1' and f[10] then
+    for editor in string.gmatch(f[10], sep) do
+      if editor == ARGV[9] then return {'editor', worker, have} end
+    end
   end
+  local people = f[9] or ''
+  local n = 0
+  for who in string.gmatch(people, sep) do
+    n = n + 1
+    if who == ARGV[9] then return {'counted-again', worker, have} end
+  end
+  if people ~= '' then people = people .. ARGV[6] end
+  people = people .. ARGV[9]
   if have ~= '' then have = have .. ARGV[6] end
   have = have .. ARGV[2]
   if n + 1 < quorum then
-    redis.call('HSET', KEYS[1], 'approvals', have)
+    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people)
     return {'counted', worker, have}
   end
   local all = string.gsub(have, ARGV[6], ', ')
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
@@ -80,7 +93,9 @@ return {'decided', worker, have}
 
 /// Replaces the message of a record an approver edited, revoking any decision.
 /// ARGV: the digest the editor saw, now (fractional seconds), the list
-/// separator, then the field pairs of the new version. Only while the record is
+/// separator, what a quorum counts the editor as (kept in `editors`: under a
+/// quorum an editor's own approval does not count), then the field pairs of
+/// the new version. Only while the record is
 /// pending or approved, inside its window, not settled, its send not started,
 /// and still at that digest; otherwise returns why not (`missing`, `settled`,
 /// `expired`, `sending`, `changed`, the status). Keeps the agent's version on
@@ -104,9 +119,12 @@ if card ~= '' then
   if list ~= '' then list = list .. ARGV[3] end
   redis.call('HSET', KEYS[1], 'superseded', list .. card)
 end
-redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'subject')
+redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'subject')
+local editors = redis.call('HGET', KEYS[1], 'editors') or ''
+if editors ~= '' then editors = editors .. ARGV[3] end
+redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
 local fields = {}
-for i = 4, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', card}
 "#;
@@ -476,11 +494,15 @@ impl<'a> Approvals<'a> {
         id: &str,
         seen: &str,
         now: f64,
+        editor_counts_as: &str,
         fields: &[(&str, String)],
     ) -> Result<(String, String)> {
         let key = keys::approval(id);
         let mut inv = EDIT_SCRIPT.key(&key);
-        inv.arg(seen).arg(now).arg(APPROVALS_SEPARATOR);
+        inv.arg(seen)
+            .arg(now)
+            .arg(APPROVALS_SEPARATOR)
+            .arg(editor_counts_as);
         for (k, v) in fields {
             inv.arg(*k).arg(v);
         }
@@ -520,6 +542,8 @@ impl<'a> Approvals<'a> {
             .arg(APPROVALS_SEPARATOR)
             .arg(a.card.unwrap_or(""))
             .arg(a.seen.unwrap_or(""))
+            .arg(a.counts_as.unwrap_or(approver))
+            .arg(if a.editors_count { "1" } else { "0" })
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
@@ -776,6 +800,7 @@ mod tests {
                     "approved",
                     "counted",
                     "counted-again",
+                    "editor",
                 ]
                 .contains(&quoted);
                 // A pattern piece such as `[^`, not a name.

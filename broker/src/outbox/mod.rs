@@ -160,8 +160,18 @@ pub trait Sender: Send + Sync + 'static {
         entry: &Entry,
         bridge: &BridgeConfig,
     ) -> impl Future<Output = std::result::Result<Message, String>> + Send {
-        let parsed = Message::from_entry(entry, bridge);
+        let parsed = Message::from_entry_with(entry, bridge, |raw| self.canonical_destination(raw));
         async move { parsed }
+    }
+
+    /// The destination as this platform will deliver to it, or why the sender
+    /// would reinterpret it (and so refuses it): Discord ids as the one decimal
+    /// spelling of a snowflake, email as the bare mailbox with its domain in
+    /// lower case and no routing, quoting or look-alike characters. Every check
+    /// (`destinations`, the approval channels) and the digest use this form.
+    /// The default takes a destination as written.
+    fn canonical_destination(&self, raw: &str) -> std::result::Result<String, String> {
+        Ok(raw.to_string())
     }
 
     /// Delivers one message and returns its id on the platform (the external id).

@@ -374,10 +374,14 @@ impl<S: Sender> OutboxService<S> {
             return self.handle_notification(idx, &entry, deliveries).await;
         }
         let message = self.sender.request(&entry, &self.bridge).await.and_then(|m| {
-            if self
-                .config
-                .approval_channels(&self.name)
-                .any(|c| same_destination(c, &m.channel_id))
+            // Both sides as the platform reads them: `+123` is channel 123.
+            if self.config.approval_channels(&self.name).any(|c| {
+                let c = self
+                    .sender
+                    .canonical_destination(c)
+                    .unwrap_or_else(|_| c.to_string());
+                same_destination(&c, &m.channel_id)
+            })
             {
                 Err(format!(
                     "destination `{}` is where approval requests are shown; agents may not post there",

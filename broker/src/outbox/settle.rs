@@ -115,6 +115,15 @@ impl<S: Sender> OutboxService<S> {
             .await
             // An approver's edit is what was approved, and what is sent.
             .and_then(|m| approval::edit::apply(m, &record))
+            // An edited destination too must be one the platform reads as written.
+            .and_then(|m| match self.sender.canonical_destination(&m.channel_id) {
+                Ok(c) if c == m.channel_id => Ok(m),
+                Ok(c) => Err(format!(
+                    "destination `{}` would be delivered to `{c}`; not sent",
+                    m.channel_id
+                )),
+                Err(why) => Err(format!("destination `{}`: {why}; not sent", m.channel_id)),
+            })
             .and_then(|m| {
                 let sha = m.sha256();
                 if sha == record.message_sha256 {

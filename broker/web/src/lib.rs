@@ -13,6 +13,9 @@
 //!   its pre-login cookie), or it is refused before anything is read.
 //! - A logged-in user decides as approver `web:NAME` through the broker's own
 //!   functions ([`broker::approval::decide`], [`broker::approval::edit::edit`]),
+//!   applied by the requesting bridge's outbox from the page's request stream
+//!   ([`broker::request`]): the page's Redis user cannot write a record,
+//!   a decision or a trail,
 //!   so the approvers list, the window, quorum and edits apply exactly as on
 //!   every other surface; a decision is bound to the digest the page showed.
 //! - Every response carries a strict Content-Security-Policy (no inline script,
@@ -41,18 +44,37 @@ use broker::{audit, keys, Clock, Shutdown, Store};
 
 use session::{Keys, Session, LOGIN_COOKIE, SESSION_COOKIE};
 
+/// What a process of this crate serves, which decides its Redis user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The page (`cowboy-web`): reads, and asks for decisions.
+    Page,
+    /// `/metrics` alone (`cowboy-exporter`): reads only. Never the page's
+    /// user, whose password asks for decisions.
+    Exporter,
+}
+
 /// The Redis connection settings of the page: its own user when it has one;
 /// `COWBOY_REDIS_USERNAME` / `COWBOY_REDIS_PASSWORD_FILE` override, as for
 /// every service.
 pub fn redis_config(config: &Config) -> RedisConfig {
-    let mut redis = match config
-        .web
-        .as_ref()
-        .and_then(|w| w.redis_password_file.clone())
-    {
-        Some(file) => RedisConfig {
+    redis_config_for(config, Role::Page)
+}
+
+/// The Redis connection settings of `role`: its own user when it has one,
+/// else `[redis]`; the environment overrides as for every service.
+pub fn redis_config_for(config: &Config, role: Role) -> RedisConfig {
+    let own = config.web.as_ref().and_then(|w| match role {
+        Role::Page => w.redis_password_file.clone().map(|f| (keys::WEB_USER, f)),
+        Role::Exporter => w
+            .exporter_password_file
+            .clone()
+            .map(|f| (keys::EXPORTER_USER, f)),
+    });
+    let mut redis = match own {
+        Some((user, file)) => RedisConfig {
             url: config.redis.url.clone(),
-            username: Some(keys::WEB_USER.to_string()),
+            username: Some(user.to_string()),
             password_file: Some(file),
         },
         None => config.redis.clone(),
@@ -74,6 +96,8 @@ pub struct App {
     pub users: auth::Users,
     pub clock: Clock,
     pub counters: metrics::Counters,
+    /// Whose Redis user it connects as.
+    pub role: Role,
     secure: bool,
     session_secs: u64,
     /// Live-update streams at once: each holds a Redis connection.
@@ -93,13 +117,18 @@ impl App {
     /// Loads users and keys from the config's `[web]` (refusing a bad one
     /// with the key named) and connects to Redis.
     pub async fn new(config: Arc<Config>, clock: Clock) -> Result<App, String> {
+        App::new_for(config, clock, Role::Page).await
+    }
+
+    /// As [`App::new`], connecting as `role`'s Redis user.
+    pub async fn new_for(config: Arc<Config>, clock: Clock, role: Role) -> Result<App, String> {
         let web = config
             .web
             .clone()
             .ok_or("no [web] table in the config: nothing to serve")?;
         let keys = Keys::load(web.session_key_file.as_deref())?;
         let users = auth::Users::load(&web)?;
-        let store = Store::connect(&redis_config(&config))
+        let store = Store::connect(&redis_config_for(&config, role))
             .await
             .map_err(|e| e.to_string())?;
         Ok(App {
@@ -109,6 +138,7 @@ impl App {
             users,
             clock,
             counters: metrics::Counters::default(),
+            role,
             secure: web.secure_cookies,
             session_secs: web.session_hours * 3600,
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
@@ -201,6 +231,7 @@ pub async fn serve(
         app.config.clone(),
         app.counters.clone(),
         shutdown.clone(),
+        app.role,
     ));
     let router = if with_page {
         router(app)
@@ -623,7 +654,11 @@ async fn decide(
     };
     let answer = Answer::new(&app.clock, verdict, &identity, reason).seeing(digest);
     let mut store = app.store.clone();
-    let (message, status) = match approval::decide(&mut store, &app.config, &id, answer).await {
+    // The page's Redis user writes no record: the requesting bridge's outbox
+    // applies the decision (see `broker::request`).
+    let decided =
+        broker::request::decide(&mut store, &broker::request::Requester::Web, &id, answer).await;
+    let (message, status) = match decided {
         Ok(Outcome::Decided) => (
             format!("{} by {identity}.", verdict.as_str()),
             StatusCode::OK,
@@ -649,6 +684,11 @@ async fn decide(
                 .to_string(),
             StatusCode::CONFLICT,
         ),
+        Ok(Outcome::EditorNotCounted) => (
+            "Not counted: you edited this message, and under a quorum the editor's approval does not count; the other approvers decide."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
         Ok(Outcome::Late(state)) if state == "missing" => (
             "Nothing decided: it is settled and gone.".to_string(),
             StatusCode::CONFLICT,
@@ -661,6 +701,7 @@ async fn decide(
             "Nothing decided: no such approval.".to_string(),
             StatusCode::NOT_FOUND,
         ),
+        Err(broker::Error::Request(why)) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
         Err(e) => return failed(e),
     };
     render_detail(&app, &s, &id, Some(message), status).await
@@ -691,10 +732,9 @@ async fn edit(
         seen: Some(seen),
     };
     let editor = format!("web:{}", s.user);
-    let (message, status) = match approval::edit::edit(
+    let (message, status) = match broker::request::edit(
         &mut store,
-        &app.config,
-        &app.clock,
+        &broker::request::Requester::Web,
         &id,
         &change,
         &editor,

@@ -144,12 +144,17 @@ impl Counters {
 
 /// Follows every bridge's audit trail from now on, counting as it goes.
 /// Returns when `stop` fires; reconnects after an error.
-pub async fn tail(config: Arc<Config>, counters: Counters, stop: broker::Shutdown) {
+pub async fn tail(
+    config: Arc<Config>,
+    counters: Counters,
+    stop: broker::Shutdown,
+    role: crate::Role,
+) {
     let names: Vec<String> = config.bridges.keys().cloned().collect();
     let streams: Vec<String> = names.iter().map(|b| keys::audit(b)).collect();
     let mut last: Vec<String> = vec!["$".into(); streams.len()];
     loop {
-        let mut store = match Store::connect(&crate::redis_config(&config)).await {
+        let mut store = match Store::connect(&crate::redis_config_for(&config, role)).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: cannot connect; retrying");

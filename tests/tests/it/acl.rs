@@ -25,6 +25,8 @@ struct Secrets {
     approvers: String,
     /// More config (e.g. `[operators]` tables).
     extra: String,
+    /// More keys of `mail`'s approval table (e.g. `, quorum = 2`).
+    approval_extra: String,
 }
 
 impl Secrets {
@@ -57,6 +59,7 @@ impl Secrets {
                 .into(),
             approvers: format!("\"{approver}\""),
             extra: String::new(),
+            approval_extra: String::new(),
         }
     }
 
@@ -91,7 +94,7 @@ password_file = "{bob}"
 [bridges.mail]
 {mail_settings}
 destinations = ["*"]
-approval = {{ required = true, notify = "desk", notify_channel = "{channel}", timeout = 0, approvers = [{approvers}] }}
+approval = {{ required = true, notify = "desk", notify_channel = "{channel}", timeout = 0, approvers = [{approvers}]{approval_extra} }}
 {mail}
 
 [bridges.desk]
@@ -109,6 +112,7 @@ destinations = ["*"]
             desk_settings = self.desk,
             mail_settings = self.mail,
             approvers = self.approvers,
+            approval_extra = self.approval_extra,
             channel = if self.desk.contains("discord") {
                 "222222222222222222"
             } else {
@@ -734,4 +738,265 @@ actions = { publish-site = { repo = "{dir}/work", command = ["git", "-C", "{dir}
     for s in services {
         s.stop().await.unwrap();
     }
+}
+
+/// Tries `args` as the user behind `conn`; true when the ACL refused it.
+async fn refused_by_acl(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> bool {
+    let mut cmd = redis::cmd(args[0]);
+    cmd.arg(&args[1..]);
+    let r: redis::RedisResult<redis::Value> = cmd.query_async(conn).await;
+    matches!(r, Err(e) if acl::is_refusal(&e))
+}
+
+/// Writes one decision request as the user behind `conn` and returns the
+/// outbox's reply to it.
+async fn request_as(
+    conn: &mut redis::aio::MultiplexedConnection,
+    requester: &str,
+    request: serde_json::Value,
+) -> serde_json::Value {
+    let nonce = request["nonce"].as_str().unwrap().to_string();
+    let _: String = redis::cmd("XADD")
+        .arg(keys::requests("mail", requester))
+        .arg("*")
+        .arg("request")
+        .arg(request.to_string())
+        .query_async(conn)
+        .await
+        .unwrap();
+    wait_until("the outbox's reply", SOON, || {
+        let mut conn = conn.clone();
+        let nonce = nonce.clone();
+        async move {
+            let all: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XREVRANGE")
+                .arg(keys::replies("mail", requester))
+                .arg("+")
+                .arg("-")
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            all.into_iter()
+                .find(|(_, f)| f.get("nonce") == Some(&nonce))
+                .map(|(_, f)| serde_json::from_str(&f["reply"]).unwrap())
+        }
+    })
+    .await
+}
+
+/// Under the rendered ACL, no password but a broker service's changes an
+/// approval by itself. Operator olga cannot give herself oscar's user, write a
+/// record, a wake-up or a trail, run a script, or write oscar's request stream;
+/// a request on her own stream that claims to be oscar is refused and audited;
+/// the page's user and the exporter's cannot decide either (the exporter only
+/// reads). A quorum of two operators needs both, each naming the version they
+/// saw, and then the message is sent once. `cowboy acl check` finds no surprise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
+    let mut secrets = Secrets::with_desk(
+        "type = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"",
+        "cli:olga",
+    );
+    secrets.approvers = "\"cli:olga\", \"cli:oscar\", \"web:boss\"".into();
+    secrets.approval_extra = ", quorum = 2".into();
+    for user in ["olga", "oscar", "web", "exporter"] {
+        std::fs::write(secrets.dir.path().join(user), format!("pw-{user}\n")).unwrap();
+    }
+    secrets.extra = format!(
+        "[operators.olga]\npassword_file = \"{}\"\n\n[operators.oscar]\npassword_file = \"{}\"\n\n[web]\nredis_password_file = \"{}\"\nexporter_password_file = \"{}\"\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[people.olga]\nidentities = [\"cli:olga\"]\n\n[people.oscar]\nidentities = [\"cli:oscar\"]\n\n[people.boss]\nidentities = [\"web:boss\"]\n",
+        secrets.file("olga"),
+        secrets.file("oscar"),
+        secrets.file("web"),
+        secrets.file("exporter"),
+    );
+    let (d, aclfile) = secrets.deployment();
+    assert!(
+        !aclfile.contains("+@all") || aclfile.matches("+@all").count() == 1,
+        "only the administrator holds everything: {aclfile}"
+    );
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let mut admin = d.store().await;
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "channel_id",
+            "bob@example.org",
+            "content",
+            "needs two",
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    let id = wait_until("the notification", SOON, || async {
+        d.delivered("desk.out")
+            .first()
+            .and_then(|l| l.approval_id.clone())
+    })
+    .await;
+    let rec = keys::approval(&id);
+    let digest = harness::hash(&mut admin, &rec).await["message_sha256"].clone();
+    let request = |identity: &str| {
+        json!({
+            "nonce": uuid::Uuid::new_v4().simple().to_string(),
+            "approval_id": id,
+            "identity": identity,
+            "action": "decide",
+            "approved": true,
+            "reason": "",
+            "seen": digest,
+        })
+    };
+
+    let mut olga = acl::connect_as(&d.config, "olga", Path::new(&secrets.file("olga")))
+        .await
+        .unwrap();
+    let other_requests = keys::requests("mail", "cli:oscar");
+    for args in [
+        vec!["ACL", "SETUSER", "oscar", ">x"],
+        vec!["CONFIG", "SET", "maxmemory", "1"],
+        vec!["HSET", rec.as_str(), "status", "approved"],
+        vec![
+            "EVAL",
+            "return redis.call('HSET', KEYS[1], 'status', 'approved')",
+            "1",
+            rec.as_str(),
+        ],
+        vec![
+            "XADD",
+            "mail:decisions",
+            "*",
+            "approval_id",
+            id.as_str(),
+            "status",
+            "approved",
+        ],
+        vec!["XADD", "mail:audit", "*", "event", "decided"],
+        vec!["XADD", other_requests.as_str(), "*", "request", "{}"],
+        vec!["XADD", "desk:outbox", "*", "content", "a look-alike card"],
+    ] {
+        assert!(
+            refused_by_acl(&mut olga, &args).await,
+            "olga may not run {args:?}"
+        );
+    }
+    let reply = request_as(&mut olga, "cli:olga", request("cli:oscar")).await;
+    assert_eq!(reply["reply"], "refused", "{reply}");
+    assert!(
+        reply["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot act as cli:oscar"),
+        "{reply}"
+    );
+    let trail = stream(&mut admin, &keys::audit("mail")).await;
+    assert!(
+        trail
+            .iter()
+            .any(|e| e.get("by").map(String::as_str) == Some("cli:oscar")
+                && e.get("event").map(String::as_str) == Some("ignored")),
+        "the forged request is in the trail: {trail:?}"
+    );
+
+    let mut page = acl::connect_as(&d.config, keys::WEB_USER, Path::new(&secrets.file("web")))
+        .await
+        .unwrap();
+    for args in [
+        vec!["HSET", rec.as_str(), "status", "approved"],
+        vec![
+            "XADD",
+            "mail:decisions",
+            "*",
+            "approval_id",
+            id.as_str(),
+            "status",
+            "approved",
+        ],
+        vec!["XADD", "mail:audit", "*", "event", "decided"],
+        vec!["XADD", "desk:outbox", "*", "content", "a look-alike card"],
+    ] {
+        assert!(
+            refused_by_acl(&mut page, &args).await,
+            "the page may not run {args:?}"
+        );
+    }
+    let reply = request_as(&mut page, "web", request("cli:olga")).await;
+    assert_eq!(reply["reply"], "refused", "{reply}");
+    let mut exporter = acl::connect_as(
+        &d.config,
+        keys::EXPORTER_USER,
+        Path::new(&secrets.file("exporter")),
+    )
+    .await
+    .unwrap();
+    let web_requests = keys::requests("mail", "web");
+    assert!(
+        refused_by_acl(
+            &mut exporter,
+            &["XADD", &web_requests, "*", "request", "{}"]
+        )
+        .await
+    );
+    assert!(!refused_by_acl(&mut exporter, &["HGETALL", &rec]).await);
+    assert_eq!(harness::hash(&mut admin, &rec).await["status"], "pending");
+
+    // The genuine flow: both operators, each naming what they saw.
+    let cli = |args: &[&str]| {
+        let out = d.cowboy(args);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = cli(&["approvals", "approve", &id, "--as", "olga"]);
+    assert!(
+        !ok && out.contains("--digest"),
+        "a blind approval under a quorum: {out}"
+    );
+    let (ok, out) = cli(&[
+        "approvals",
+        "approve",
+        &id,
+        "--as",
+        "olga",
+        "--digest",
+        &digest,
+    ]);
+    assert!(ok && out.contains("1 of 2"), "{out}");
+    let (ok, out) = cli(&[
+        "approvals",
+        "approve",
+        &id,
+        "--as",
+        "olga",
+        "--digest",
+        &digest,
+    ]);
+    assert!(!ok && out.contains("already"), "{out}");
+    assert_eq!(harness::hash(&mut admin, &rec).await["status"], "pending");
+    assert!(d.delivered("mail.out").is_empty());
+    let (ok, out) = cli(&[
+        "approvals",
+        "approve",
+        &id,
+        "--as",
+        "oscar",
+        "--digest",
+        &digest,
+    ]);
+    assert!(ok, "{out}");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "needs two");
+    let (ok, table) = cli(&["acl", "check"]);
+    assert!(ok && !table.contains("SURPRISE"), "{table}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
 }

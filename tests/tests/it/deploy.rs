@@ -134,7 +134,8 @@ fn rendered_examples_load() {
 fn key_paths(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {
     for (k, v) in table {
         // Names chosen by the user become `*`, as in broker::schema::key_paths.
-        let k = if ["agents.", "bridges.", "operators.", "web.users."].contains(&prefix) {
+        let k = if ["agents.", "bridges.", "operators.", "people.", "web.users."].contains(&prefix)
+        {
             "*"
         } else {
             k.as_str()

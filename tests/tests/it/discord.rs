@@ -255,6 +255,49 @@ async fn an_unknown_channel_is_dead_lettered() {
     assert_eq!(stream(&mut store, "dc:dead").await.len(), 1);
 }
 
+/// The approval channel under another spelling is still the approval channel:
+/// `+id` and `0id` (which serenity's id parsing reads as `id`) are refused as
+/// not a channel id, the exact id as where approvals are shown; nothing is
+/// posted there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_channel_has_one_spelling() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED, "");
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    let spellings = [
+        (format!("+{OPS}"), "not a Discord channel id"),
+        (format!("0{OPS}"), "not a Discord channel id"),
+        (format!("{OPS}"), "where approval requests are shown"),
+    ];
+    for (to, _) in &spellings {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", to.as_bytes()),
+                    ("content", b"Approval requested"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let notices = wait_until("three refusals", SOON, || async {
+        let n = inbox(&d, "ann:dc:inbox").await;
+        (n.len() >= 3).then_some(n)
+    })
+    .await;
+    for ((to, why), n) in spellings.iter().zip(&notices) {
+        assert_eq!(n["status"], "invalid", "{to}: {n:?}");
+        assert!(n["reason"].contains(why), "{to}: {n:?}");
+    }
+    assert_eq!(outbox.stop(), Some(0));
+    assert!(
+        fake.with(|r| r.posted.is_empty()),
+        "nothing was posted anywhere"
+    );
+}
+
 /// The card shows the full content and sha256 and carries the bot's ✅ ❌; the
 /// bot's own ✅ and a stranger's ✅ change nothing (the stranger's is removed);
 /// the approver's ✅ delivers once and closes the card.

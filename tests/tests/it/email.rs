@@ -1169,3 +1169,70 @@ imap = {{ host = "localhost", port = {imaps}, tls = "implicit", ca_file = "{ca}"
         "{err}"
     );
 }
+
+/// Destinations are compared as the mail system will read them: a quoted
+/// local part, `%` and `!` routing, and look-alike letters are refused (a glob
+/// such as `*@bridge.test` would pass them); the approval address in another
+/// case is still the approval address; a display name and an upper-case
+/// domain are the plain mailbox, and approvers see both spellings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destinations_are_compared_as_the_mail_system_reads_them() {
+    let stack = MailStack::start();
+    let d = deployment(&stack, APPROVAL, "");
+    let outbox = d.process("cowboy-email-outbox", "mail");
+    let mut store = d.store().await;
+    let refused = [
+        ("\"approver\"@bridge.test", "quoted"),
+        ("APPROVER@bridge.test", "where approval requests are shown"),
+        ("bob%elsewhere.test@bridge.test", "`%` routing"),
+        ("elsewhere.test!bob@bridge.test", "bang path"),
+        ("b\u{043e}b@bridge.test", "non-ASCII"),
+    ];
+    for (to, _) in refused {
+        store
+            .xadd(
+                "ann:mail:outbox",
+                &[("channel_id", to.as_bytes()), ("content", b"look-alike")],
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", "Bob <bob@BRIDGE.test>".as_bytes()),
+                ("content", b"plain"),
+            ],
+        )
+        .await
+        .unwrap();
+    let notices = wait_until("five refusals", MAIL, || async {
+        let n = inbox(&d, "ann:mail:inbox").await;
+        (n.len() >= refused.len()).then_some(n)
+    })
+    .await;
+    for ((to, why), notice) in refused.iter().zip(&notices) {
+        assert_eq!(notice["status"], "invalid", "{to}: {notice:?}");
+        assert!(notice["reason"].contains(why), "{to}: {notice:?}");
+    }
+    let asked = wait_mails(&stack, "approver", 1).await;
+    assert!(
+        asked[0].body.contains("bob@bridge.test"),
+        "{}",
+        asked[0].body
+    );
+    assert!(
+        asked[0]
+            .body
+            .contains("wrote the destination as `Bob <bob@BRIDGE.test>`"),
+        "{}",
+        asked[0].body
+    );
+    assert_eq!(outbox.stop(), Some(0));
+    assert_eq!(stack.mails("approver").len(), 1, "only the approval email");
+    assert!(
+        stack.mails("bob").is_empty(),
+        "nothing approved, nothing sent"
+    );
+}

@@ -2,7 +2,7 @@
 //! uncertain deliveries, on a real Redis with console bridges.
 
 use broker::audit::{self, Entry, Filter};
-use broker::{approval, keys};
+use broker::{approval, keys, Clock};
 use harness::{hash, wait_until, Deployment};
 
 use crate::approval::{agent_sends, inbox_notices, notification, react};
@@ -204,6 +204,98 @@ async fn retention_trims_old_audit_entries() {
     assert!(kept[0]["at"].parse::<f64>().unwrap() > now + 88.0 * 86_400.0);
 }
 
+/// The people behind the approvers of the quorum tests: boss answers on two
+/// surfaces (two console names), amy and carl on one.
+const QUORUM_PEOPLE: &str = "\n[people.boss]\nidentities = [\"console:boss\", \"console:bigboss\"]\n\n[people.amy]\nidentities = [\"console:amy\"]\n\n[people.carl]\nidentities = [\"console:carl\"]\n";
+
+/// The last card shown for approval `id` (a new one after each edit), once
+/// there are `n` cards for it.
+async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
+    wait_until(&format!("card {n} of {id}"), SOON, || async {
+        let cards: Vec<String> = d
+            .delivered("desk.out")
+            .into_iter()
+            .filter(|l| l.approval_id.as_deref() == Some(id))
+            .map(|l| l.external_id)
+            .collect();
+        (cards.len() >= n).then(|| cards[n - 1].clone())
+    })
+    .await
+}
+
+/// A quorum counts people: boss approving as `console:boss` and again as
+/// `console:bigboss` is one approval. Under a quorum the editor proposes and
+/// others dispose: boss edits, boss's approval of the edit is not counted,
+/// amy's and carl's are, and the edited version is sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_person_counts_once_and_an_editor_does_not_count() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "console:bigboss", "console:amy", "console:carl"], quorum = 2 }"#,
+    ) + QUORUM_PEOPLE;
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "the secret is hunter2", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    react(&d, &card, "✅", "boss", "");
+    react(&d, &card, "✅", "bigboss", "");
+    let h = history_of_len(&d, &id, 4).await;
+    assert_eq!(h[2].get("count"), Some("1/2"), "{h:#?}");
+    assert_eq!(h[3].get("by"), Some("console:bigboss"), "{h:#?}");
+    assert_eq!(h[3].get("why"), Some("already counted for this approver"));
+    let mut store = d.store().await;
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["status"],
+        "pending"
+    );
+
+    // boss edits: the counted approval is revoked, and boss proposes only.
+    let digest = hash(&mut store, &keys::approval(&id)).await["message_sha256"].clone();
+    let change = approval::edit::Change {
+        content: Some("the secret is [redacted]".into()),
+        seen: Some(digest),
+        ..Default::default()
+    };
+    approval::edit::edit(
+        &mut store,
+        &d.config,
+        &Clock::system(),
+        &id,
+        &change,
+        "console:boss",
+    )
+    .await
+    .unwrap();
+    let card = card_of(&d, &id, 2).await;
+    // Answerable once recorded as shown (its map entry and `notified` go together).
+    let h = history_of_len(&d, &id, 6).await;
+    assert_eq!(events(&h)[4..], ["edited", "notified"], "{h:#?}");
+    react(&d, &card, "✅", "bigboss", "");
+    let h = history_of_len(&d, &id, 7).await;
+    assert_eq!(h[6].get("by"), Some("console:bigboss"), "{h:#?}");
+    assert!(h[6].get("why").unwrap().contains("editor"), "{h:#?}");
+    react(&d, &card, "✅", "amy", "");
+    history_of_len(&d, &id, 8).await;
+    assert!(
+        d.delivered("mail.out").is_empty(),
+        "the editor and one other are not two"
+    );
+    react(&d, &card, "✅", "carl", "");
+    let sent = wait_until("the edited message is sent", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "the secret is [redacted]");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
 /// Quorum 2: one approval sends nothing, the same approver twice counts once,
 /// a second approver sends once; one rejection rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,7 +303,7 @@ async fn a_quorum_needs_distinct_approvers_and_one_rejection_rejects() {
     let config = approval_config(3600).replace(
         r#"approvers = ["console:boss", "cli:op"] }"#,
         r#"approvers = ["console:boss", "console:amy"], quorum = 2 }"#,
-    );
+    ) + QUORUM_PEOPLE;
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),

@@ -67,7 +67,12 @@ async fn main() -> ExitCode {
     } else {
         web.exporter_listen
     };
-    let app = match web::App::new(config, broker::Clock::system()).await {
+    let role = if page {
+        web::Role::Page
+    } else {
+        web::Role::Exporter
+    };
+    let app = match web::App::new_for(config, broker::Clock::system(), role).await {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");

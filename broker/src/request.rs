@@ -1,0 +1,669 @@
+//! Decision requests: how the surfaces whose Redis users hold no write rights
+//! on approvals (an operator's CLI, the approval page) have a decision or an
+//! edit made for them by the requesting bridge's outbox service.
+//!
+//! A Redis script runs with its caller's rights, so a user allowed to run the
+//! DECIDE script on a record may as well `HSET` it. The only users with write
+//! rights on records, `{bridge}:decisions` and the trails are therefore the
+//! broker's services; an operator or the page writes a request to a stream of
+//! its own and reads the answer from another:
+//!
+//! ```text
+//! {bridge}:requests:cli:NAME   XADD by Redis user NAME only      -> read by the bridge's outbox
+//! {bridge}:requests:web        XADD by the page's user only      -> read by the bridge's outbox
+//! {bridge}:replies:cli:NAME    XADD by the outbox; NAME reads
+//! {bridge}:replies:web         XADD by the outbox; the page reads
+//! ```
+//!
+//! Invariants:
+//! - The identity a request acts as is bound to the stream it was read from,
+//!   never taken from its fields alone: a request on `requests:cli:NAME` acts as
+//!   `cli:NAME` only (Redis proved who wrote it), one on `requests:web` only as
+//!   a `web:` identity (the page authenticates its own users). Anything else is
+//!   refused and audited.
+//! - A request is applied by one worker of the bridge (a consumer group), under
+//!   the same rules as every surface ([`approval::decide`], [`edit::edit`]), at
+//!   the time the outbox reads it: the writer cannot date its answer.
+//! - A request older than [`LAPSE`] when read (by Redis's clock) is refused
+//!   unapplied: a requester that stopped waiting ([`WAIT`]) never has its
+//!   request applied behind its back.
+//! - Only requests for the bridge's own approvals are applied.
+//! - Request and reply streams are capped ([`KEPT`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::approval::edit::{self, Change, Edited};
+use crate::approval::{self, Answer, Approvals, Outcome, Verdict};
+use crate::audit;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::shutdown::Shutdown;
+use crate::store::Store;
+
+/// How long a requester waits for its reply.
+pub const WAIT: Duration = Duration::from_secs(15);
+/// A request read later than this after it was written is refused unapplied.
+pub const LAPSE: Duration = Duration::from_secs(20);
+/// About how many entries a request or reply stream keeps.
+const KEPT: u64 = 1000;
+/// How long one blocking read of the server waits before looking at shutdown.
+const BLOCK_MS: u64 = 5000;
+
+/// Who writes a request stream, and so whom its requests may act as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requester {
+    /// An `[operators.NAME]` person, over Redis user NAME: acts as `cli:NAME`.
+    Operator(String),
+    /// The approval page: acts as its logged-in users, `web:USER`.
+    Web,
+}
+
+impl Requester {
+    /// The suffix of its request and reply streams.
+    pub fn suffix(&self) -> String {
+        match self {
+            Requester::Operator(name) => format!("cli:{name}"),
+            Requester::Web => "web".to_string(),
+        }
+    }
+
+    /// Whether a request read from this requester's stream may act as `identity`.
+    pub fn may_act_as(&self, identity: &str) -> bool {
+        match self {
+            Requester::Operator(name) => identity == format!("cli:{name}"),
+            Requester::Web => identity
+                .strip_prefix("web:")
+                .is_some_and(|user| !user.is_empty()),
+        }
+    }
+
+    /// Every requester the config declares (the operators, the page).
+    pub fn all(config: &Config) -> Vec<Requester> {
+        let mut all: Vec<Requester> = config
+            .operators
+            .keys()
+            .map(|n| Requester::Operator(n.clone()))
+            .collect();
+        if config.web.is_some() {
+            all.push(Requester::Web);
+        }
+        all
+    }
+}
+
+/// What a request asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    Decide {
+        approved: bool,
+        reason: String,
+        /// The digest the approver was shown.
+        seen: Option<String>,
+    },
+    Edit {
+        content: Option<String>,
+        subject: Option<String>,
+        channel_id: Option<String>,
+        seen: Option<String>,
+    },
+}
+
+/// One request, as written to the stream (one JSON field).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    /// Pairs the reply with the request.
+    pub nonce: String,
+    pub approval_id: String,
+    /// Whom it acts as (checked against the stream it was read from).
+    pub identity: String,
+    #[serde(flatten)]
+    pub action: Action,
+}
+
+/// The outbox's answer to a request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    Decided,
+    Counted {
+        have: usize,
+        need: usize,
+        again: bool,
+    },
+    NotAllowed,
+    EditorNotCounted,
+    Late {
+        state: String,
+    },
+    Unknown,
+    Edited {
+        old_digest: String,
+        new_digest: String,
+        revision: u32,
+    },
+    /// Not applied, and why (refused edits, lapsed requests, wrong streams).
+    Refused {
+        message: String,
+    },
+}
+
+impl From<Outcome> for Reply {
+    fn from(o: Outcome) -> Reply {
+        match o {
+            Outcome::Decided => Reply::Decided,
+            Outcome::Counted { have, need, again } => Reply::Counted { have, need, again },
+            Outcome::NotAllowed => Reply::NotAllowed,
+            Outcome::EditorNotCounted => Reply::EditorNotCounted,
+            Outcome::Late(state) => Reply::Late { state },
+            Outcome::Unknown => Reply::Unknown,
+        }
+    }
+}
+
+impl Reply {
+    fn into_outcome(self) -> Result<Outcome> {
+        match self {
+            Reply::Decided => Ok(Outcome::Decided),
+            Reply::Counted { have, need, again } => Ok(Outcome::Counted { have, need, again }),
+            Reply::NotAllowed => Ok(Outcome::NotAllowed),
+            Reply::EditorNotCounted => Ok(Outcome::EditorNotCounted),
+            Reply::Late { state } => Ok(Outcome::Late(state)),
+            Reply::Unknown => Ok(Outcome::Unknown),
+            Reply::Refused { message } => Err(Error::Request(message)),
+            Reply::Edited { .. } => Err(Error::Request("an edit's reply to a decision".into())),
+        }
+    }
+
+    fn into_edited(self) -> Result<Edited> {
+        match self {
+            Reply::Edited {
+                old_digest,
+                new_digest,
+                revision,
+            } => Ok(Edited {
+                old_digest,
+                new_digest,
+                revision,
+            }),
+            Reply::Refused { message } => Err(Error::Request(message)),
+            other => Err(Error::Request(format!(
+                "unexpected reply to an edit: {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The bridge whose outbox applies requests for approval `id` (its requester).
+async fn bridge_of(store: &mut Store, id: &str) -> Result<Option<String>> {
+    Ok(Approvals::on(store)
+        .load(id)
+        .await?
+        .map(|r| r.source().to_string()))
+}
+
+/// Decides approval `id` as `identity` through the requesting bridge's outbox.
+pub async fn decide(
+    store: &mut Store,
+    requester: &Requester,
+    id: &str,
+    answer: Answer<'_>,
+) -> Result<Outcome> {
+    let Some(bridge) = bridge_of(store, id).await? else {
+        return Ok(Outcome::Late("missing".into()));
+    };
+    let action = Action::Decide {
+        approved: answer.verdict == Verdict::Approved,
+        reason: answer.reason.to_string(),
+        seen: answer.seen.map(str::to_string),
+    };
+    submit(store, requester, &bridge, id, answer.approver, action)
+        .await?
+        .into_outcome()
+}
+
+/// Edits approval `id` as `identity` through the requesting bridge's outbox.
+pub async fn edit(
+    store: &mut Store,
+    requester: &Requester,
+    id: &str,
+    change: &Change,
+    identity: &str,
+) -> Result<Edited> {
+    let Some(bridge) = bridge_of(store, id).await? else {
+        return Err(Error::Request(format!("no approval {id}")));
+    };
+    let action = Action::Edit {
+        content: change.content.clone(),
+        subject: change.subject.clone(),
+        channel_id: change.channel_id.clone(),
+        seen: change.seen.clone(),
+    };
+    submit(store, requester, &bridge, id, identity, action)
+        .await?
+        .into_edited()
+}
+
+/// Writes one request and waits (at most [`WAIT`]) for its reply, on a
+/// connection of its own (the wait blocks it).
+async fn submit(
+    store: &mut Store,
+    requester: &Requester,
+    bridge: &str,
+    id: &str,
+    identity: &str,
+    action: Action,
+) -> Result<Reply> {
+    let suffix = requester.suffix();
+    let (requests, replies) = (
+        keys::requests(bridge, &suffix),
+        keys::replies(bridge, &suffix),
+    );
+    let request = Request {
+        nonce: uuid::Uuid::new_v4().simple().to_string(),
+        approval_id: id.to_string(),
+        identity: identity.to_string(),
+        action,
+    };
+    let json = serde_json::to_string(&request).map_err(|e| Error::Request(e.to_string()))?;
+    let mut conn = store.blocking().await?;
+    // Replies after this one are candidates: read the stream's end first.
+    let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
+        .arg(&replies)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XREVRANGE {replies}"), e))?;
+    let mut after = last
+        .into_iter()
+        .next()
+        .map(|(id, _)| id)
+        .unwrap_or_else(|| "0-0".into());
+    let _: String = redis::cmd("XADD")
+        .arg(&requests)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(KEPT)
+        .arg("*")
+        .arg("request")
+        .arg(&json)
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XADD {requests}"), e))?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(Error::Request(format!(
+                "no answer from the outbox service of bridge `{bridge}` within {} s \
+                 (is it running?); the request lapses unread after {} s, so nothing is \
+                 decided by it then: look with `cowboy approvals show {id}`",
+                WAIT.as_secs(),
+                LAPSE.as_secs()
+            )));
+        }
+        let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
+            .arg("COUNT")
+            .arg(100)
+            .arg("BLOCK")
+            .arg(left.as_millis().max(1) as u64)
+            .arg("STREAMS")
+            .arg(&replies)
+            .arg(&after)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XREAD {replies}"), e))?;
+        for key in read.keys {
+            for entry in key.ids {
+                after = entry.id.clone();
+                let nonce: Option<String> = entry.get("nonce");
+                if nonce.as_deref() != Some(request.nonce.as_str()) {
+                    continue;
+                }
+                let reply: String = entry.get("reply").unwrap_or_default();
+                return serde_json::from_str(&reply)
+                    .map_err(|e| Error::Request(format!("unreadable reply on {replies}: {e}")));
+            }
+        }
+    }
+}
+
+/// The consumer group the outbox workers of `bridge` read requests in.
+fn group(bridge: &str) -> String {
+    format!("{bridge}-requests")
+}
+
+/// Serves the requests of every declared requester for `bridge`'s approvals
+/// until shutdown, as `worker`. Runs beside the outbox service of a bridge that
+/// parks. Returns on shutdown, or with an error only a restart can fix.
+pub async fn serve(
+    mut store: Store,
+    config: Arc<Config>,
+    bridge: String,
+    worker: String,
+    shutdown: Shutdown,
+) -> Result<()> {
+    let requesters = Requester::all(&config);
+    if requesters.is_empty() {
+        return Ok(());
+    }
+    let streams: Vec<String> = requesters
+        .iter()
+        .map(|r| keys::requests(&bridge, &r.suffix()))
+        .collect();
+    let group = group(&bridge);
+    for s in &streams {
+        store.ensure_group(s, &group).await?;
+    }
+    let clock = Clock::system();
+    // This worker's own unacknowledged requests first (a crash mid-request).
+    let mut backlog = true;
+    let mut failures = 0u32;
+    let mut conn = None;
+    while !shutdown.is_set() {
+        let reader = match &mut conn {
+            Some(c) => c,
+            None => match store.blocking().await {
+                Ok(c) => conn.insert(c),
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, "connecting for decision requests failed; retrying");
+                    if !shutdown
+                        .sleep(crate::outbox::backoff(failures.min(10)))
+                        .await
+                    {
+                        break;
+                    }
+                    continue;
+                }
+            },
+        };
+        let step = serve_once(
+            reader,
+            &mut store,
+            &config,
+            &clock,
+            &bridge,
+            &worker,
+            &requesters,
+            &streams,
+            &group,
+            backlog,
+        )
+        .await;
+        match step {
+            Ok(more) => {
+                failures = 0;
+                backlog = more && backlog;
+            }
+            Err(e) if e.is_retriable() => {
+                failures += 1;
+                tracing::warn!(error = %e, "reading decision requests failed; retrying");
+                backlog = true;
+                conn = None;
+                if !shutdown
+                    .sleep(crate::outbox::backoff(failures.min(10)))
+                    .await
+                {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, bridge = %bridge, "cannot serve decision requests");
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One read and what it brought. With `backlog`, reads this worker's pending
+/// requests (without blocking); returns whether there may be more of them.
+#[allow(clippy::too_many_arguments)]
+async fn serve_once(
+    conn: &mut redis::aio::MultiplexedConnection,
+    store: &mut Store,
+    config: &Config,
+    clock: &Clock,
+    bridge: &str,
+    worker: &str,
+    requesters: &[Requester],
+    streams: &[String],
+    group: &str,
+    backlog: bool,
+) -> Result<bool> {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP").arg(group).arg(worker).arg("COUNT").arg(50);
+    if !backlog {
+        cmd.arg("BLOCK").arg(BLOCK_MS);
+    }
+    cmd.arg("STREAMS").arg(streams);
+    for _ in streams {
+        cmd.arg(if backlog { "0" } else { ">" });
+    }
+    let read: Option<redis::streams::StreamReadReply> = cmd
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::from_redis("XREADGROUP decision requests", e))?;
+    let Some(read) = read else {
+        return Ok(false);
+    };
+    let now_ms = server_millis(store).await?;
+    let mut any = false;
+    for key in read.keys {
+        let Some(requester) = streams
+            .iter()
+            .position(|s| *s == key.key)
+            .map(|i| &requesters[i])
+        else {
+            continue;
+        };
+        for entry in key.ids {
+            any = true;
+            let written_ms = entry
+                .id
+                .split('-')
+                .next()
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .unwrap_or(0);
+            let json: Option<String> = entry.get("request");
+            let (nonce, reply) = match json.as_deref().map(serde_json::from_str::<Request>) {
+                Some(Ok(request)) => {
+                    let lapsed = now_ms.saturating_sub(written_ms) > LAPSE.as_millis() as u64;
+                    let reply = if lapsed {
+                        Reply::Refused {
+                            message: format!(
+                                "the request waited more than {} s unread and lapsed: nothing was applied",
+                                LAPSE.as_secs()
+                            ),
+                        }
+                    } else {
+                        apply(store, config, clock, bridge, requester, &request).await?
+                    };
+                    (request.nonce, reply)
+                }
+                _ => (
+                    String::new(),
+                    Reply::Refused {
+                        message: "unreadable request".into(),
+                    },
+                ),
+            };
+            let replies = keys::replies(bridge, &requester.suffix());
+            let reply = serde_json::to_string(&reply).map_err(|e| Error::Request(e.to_string()))?;
+            let _: String = redis::cmd("XADD")
+                .arg(&replies)
+                .arg("MAXLEN")
+                .arg("~")
+                .arg(KEPT)
+                .arg("*")
+                .arg("nonce")
+                .arg(&nonce)
+                .arg("reply")
+                .arg(&reply)
+                .query_async(&mut store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("XADD {replies}"), e))?;
+            store.ack(&key.key, group, &[entry.id.as_str()]).await?;
+        }
+    }
+    Ok(any)
+}
+
+/// Redis's clock, in milliseconds (the clock stream ids are made with).
+async fn server_millis(store: &mut Store) -> Result<u64> {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis("TIME", e))?;
+    Ok(secs * 1000 + micros / 1000)
+}
+
+/// Applies one request of `requester` under the rules every surface follows.
+/// Errors that waiting may cure are returned (the request stays pending);
+/// every other failure is the reply.
+async fn apply(
+    store: &mut Store,
+    config: &Config,
+    clock: &Clock,
+    bridge: &str,
+    requester: &Requester,
+    request: &Request,
+) -> Result<Reply> {
+    let id = request.approval_id.as_str();
+    let record = Approvals::on(store).load(id).await?;
+    let Some(record) = record else {
+        return Ok(Reply::Late {
+            state: "missing".into(),
+        });
+    };
+    if record.source() != bridge {
+        return Ok(Reply::Refused {
+            message: format!("approval {id} is not bridge `{bridge}`'s"),
+        });
+    }
+    if !requester.may_act_as(&request.identity) {
+        tracing::warn!(
+            approval = id,
+            identity = %request.identity,
+            stream = %requester.suffix(),
+            "a request claimed an identity its stream does not prove; refused"
+        );
+        let event = audit::Event::new(bridge, audit::Kind::Ignored, id, clock.now_secs_f64())
+            .with(
+                audit::field::BY,
+                request.identity.chars().take(200).collect::<String>(),
+            )
+            .with(
+                audit::field::WHY,
+                format!(
+                    "claimed by a request on requests:{} that cannot act as it",
+                    requester.suffix()
+                ),
+            );
+        audit::append(store, config, &[event]).await?;
+        return Ok(Reply::Refused {
+            message: format!(
+                "a request from {} cannot act as {}",
+                requester.suffix(),
+                request.identity
+            ),
+        });
+    }
+    let result = match &request.action {
+        Action::Decide {
+            approved,
+            reason,
+            seen,
+        } => {
+            let verdict = if *approved {
+                Verdict::Approved
+            } else {
+                Verdict::Rejected
+            };
+            let mut answer = Answer::new(clock, verdict, &request.identity, reason);
+            if let Some(seen) = seen {
+                answer = answer.seeing(seen);
+            }
+            approval::decide(store, config, id, answer)
+                .await
+                .map(Reply::from)
+        }
+        Action::Edit {
+            content,
+            subject,
+            channel_id,
+            seen,
+        } => {
+            let change = Change {
+                content: content.clone(),
+                subject: subject.clone(),
+                channel_id: channel_id.clone(),
+                seen: seen.clone(),
+            };
+            edit::edit(store, config, clock, id, &change, &request.identity)
+                .await
+                .map(|e| Reply::Edited {
+                    old_digest: e.old_digest,
+                    new_digest: e.new_digest,
+                    revision: e.revision,
+                })
+        }
+    };
+    match result {
+        Ok(reply) => Ok(reply),
+        Err(e) if e.is_retriable() => Err(e),
+        Err(e) => Ok(Reply::Refused {
+            message: e.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_proves_only_its_own_identity() {
+        let ann = Requester::Operator("ann".into());
+        assert!(ann.may_act_as("cli:ann"));
+        for other in ["cli:bob", "cli:ann2", "web:ann", "cli:", "discord:1"] {
+            assert!(!ann.may_act_as(other), "{other}");
+        }
+        assert!(Requester::Web.may_act_as("web:boss"));
+        for other in ["web:", "cli:boss", "console:boss", "email:boss@example.org"] {
+            assert!(!Requester::Web.may_act_as(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip_as_json() {
+        let r = Request {
+            nonce: "n".into(),
+            approval_id: "id".into(),
+            identity: "cli:ann".into(),
+            action: Action::Decide {
+                approved: true,
+                reason: String::new(),
+                seen: Some("d".into()),
+            },
+        };
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Request>(&json).unwrap(), r);
+        let reply = Reply::Counted {
+            have: 1,
+            need: 2,
+            again: false,
+        };
+        let json = serde_json::to_string(&reply).unwrap();
+        assert_eq!(serde_json::from_str::<Reply>(&json).unwrap(), reply);
+    }
+}
