@@ -102,7 +102,7 @@ let
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
     audit = { inherit (cfg.audit) retentionDays; };
     web = if cfg.web.enable || cfg.web.exporter.enable then {
-      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile exporterRedisPasswordFile;
+      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile exporterRedisPasswordFile trustedProxies;
       users = mapAttrs (_: u: { inherit (u) passwordFile; }) cfg.web.users;
     } else null;
     bridges = mapAttrs bridgeInput enabledBridges;
@@ -237,6 +237,7 @@ in
       sessionKeyFile = mkOption { type = types.nullOr types.path; default = null; description = "Key (32+ bytes) sessions are signed with; null: a random key per start (a restart logs everyone out)."; };
       secureCookies = mkOption { type = types.bool; default = false; description = "Mark cookies Secure (set it when a TLS proxy serves the page)."; };
       redisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the page's Redis user cowboy-web (needed with redis.acl)."; };
+      trustedProxies = mkOption { type = types.listOf types.str; default = [ ]; example = [ "127.0.0.1" ]; description = "Addresses of the reverse proxies in front of the page; from them the client is the X-Forwarded-For address (failed logins are counted per client)."; };
       exporterRedisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the exporter's read-only Redis user cowboy-exporter (needed with redis.acl and exporter.enable)."; };
     };
 

@@ -94,6 +94,7 @@ let
       session_key_file = webFile "web-session-key" (web.sessionKeyFile or null);
       redis_password_file = webFile "web-redis-password" (web.redisPasswordFile or null);
       exporter_password_file = webFile "web-exporter-password" (web.exporterRedisPasswordFile or null);
+      trusted_proxies = web.trustedProxies or null;
     }
     + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in

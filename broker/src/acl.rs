@@ -101,9 +101,10 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             ];
             write.extend(each(&|a| format!("~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&write, "+xadd +xtrim +xinfo|groups +xpending"));
+            // In-flight marks and the send gate, through their scripts.
             sels.push(selector(
                 &[format!("~{}", keys::in_flight(name))],
-                "+hset +hdel +hexists",
+                "+hget +hset +hdel +hexists +evalsha +eval +script|load",
             ));
             // Its own audit trail and uncertain deliveries: append and add only.
             sels.push(audit_selector(&[name]));
@@ -258,6 +259,11 @@ fn request_selectors(config: &Config, requester: &crate::request::Requester) -> 
 /// only. Nothing else: no `XACK`, `XTRIM`, `XDEL`, `DEL` or scripts.
 pub fn web_rules(config: &Config, hash: &str) -> String {
     let mut sels = reader_selectors(config);
+    // The sessions it issued: made at login, read per request, deleted at logout.
+    sels.push(selector(
+        &[format!("~{}", keys::web_session("*"))],
+        "+set +get +del",
+    ));
     sels.extend(request_selectors(config, &crate::request::Requester::Web));
     format!(
         "on #{hash} resetkeys resetchannels -@all {BASE} {}",
@@ -265,12 +271,38 @@ pub fn web_rules(config: &Config, hash: &str) -> String {
     )
 }
 
-/// The rules of `cowboy exporter`: what the metrics read, and nothing it
-/// could change anything with.
+/// The rules of `cowboy exporter`: exactly what a scrape and the trail's
+/// tail read (group metadata, lengths, heartbeats, the pending index's ids and
+/// times, the trails), never a message or a record, and nothing it could
+/// change anything with.
 pub fn exporter_rules(config: &Config, hash: &str) -> String {
+    let agents: Vec<&str> = config.agent_names().collect();
+    let (mut streams, mut dead, mut uncertain, mut beats, mut pending, mut trails) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for name in config.bridges.keys() {
+        streams.push(format!("~{}", keys::outbox(name)));
+        streams.push(format!("~{}", keys::inbox(name)));
+        for a in &agents {
+            streams.push(format!("~{}", keys::agent_outbox(a, name)));
+            streams.push(format!("~{}", keys::agent_inbox(a, name)));
+        }
+        dead.push(format!("~{}", keys::dead(name)));
+        uncertain.push(format!("~{}", keys::uncertain(name)));
+        beats.push(format!("~{}", keys::heartbeat(name)));
+        pending.push(format!("~{}", keys::pending(name)));
+        trails.push(format!("~{}", keys::audit(name)));
+    }
+    let sels = [
+        selector(&streams, "+xinfo|groups"),
+        selector(&dead, "+xlen"),
+        selector(&uncertain, "+hlen"),
+        selector(&beats, "+hgetall"),
+        selector(&pending, "+zcard +zrange"),
+        selector(&trails, "+xread"),
+    ];
     format!(
         "on #{hash} resetkeys resetchannels -@all {BASE} {}",
-        reader_selectors(config).join(" ")
+        sels.join(" ")
     )
 }
 
@@ -964,12 +996,22 @@ pub fn all_probes(config: &Config) -> Vec<Probe> {
             ));
         }
         if web.exporter_password_file.is_some() {
-            probes.extend(decider_probes(
-                config,
-                keys::EXPORTER_USER,
-                None,
-                Some("web"),
-            ));
+            let mut p = decider_probes(config, keys::EXPORTER_USER, None, Some("web"));
+            // Metrics never read a record or a message.
+            for probe in &mut p {
+                if probe.args[0] == "HGETALL" {
+                    probe.expect = Expect::Refused;
+                }
+            }
+            if let Some(bridge) = config.bridges.keys().next() {
+                p.push(probe(
+                    keys::EXPORTER_USER,
+                    Expect::Refused,
+                    false,
+                    &["XRANGE", &keys::outbox(bridge), "-", "+"],
+                ));
+            }
+            probes.extend(p);
         }
     }
     probes

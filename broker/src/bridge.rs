@@ -71,30 +71,44 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
         Service::Outbox => {
             let sender = bridge.sender(&name)?;
             // The operators' and the page's decisions on this bridge's approvals
-            // are applied here, beside the engine (see `crate::request`).
-            let requests = config.bridge(&name)?.approval.required.then(|| {
-                tokio::spawn(crate::request::serve(
-                    store.clone(),
-                    config.clone(),
-                    name.clone(),
-                    worker
-                        .clone()
-                        .unwrap_or_else(|| keys::DEFAULT_WORKER.to_string()),
-                    shutdown.clone(),
-                ))
+            // are applied here, beside the engine (see `crate::request`). If that
+            // stops for good, the whole service stops (and says why): an outbox
+            // that delivers while ignoring decisions would fail silently.
+            if !config.bridge(&name)?.approval.required {
+                return OutboxService::new(config, &name, sender, store, shutdown)?
+                    .with_worker(worker.as_deref())?
+                    .run()
+                    .await;
+            }
+            let (trigger, engine) = Shutdown::new();
+            let requests = tokio::spawn({
+                let (store, config, name) = (store.clone(), config.clone(), name.clone());
+                let worker = worker
+                    .clone()
+                    .unwrap_or_else(|| keys::DEFAULT_WORKER.to_string());
+                async move {
+                    let result =
+                        crate::request::serve(store, config, name, worker, shutdown.clone()).await;
+                    if result.is_ok() {
+                        shutdown.wait().await;
+                    }
+                    trigger.fire();
+                    result
+                }
             });
-            let result = OutboxService::new(config, &name, sender, store, shutdown)?
+            let result = OutboxService::new(config, &name, sender, store, engine)?
                 .with_worker(worker.as_deref())?
                 .run()
                 .await;
-            if let Some(task) = requests {
-                match task.await {
-                    Ok(Err(e)) if result.is_ok() => return Err(e),
-                    Ok(Err(e)) => tracing::error!(error = %e, "decision requests stopped"),
-                    _ => {}
-                }
+            // Stopped, or failed by itself: the request task goes with it (a
+            // request cut short stays pending and lapses unapplied).
+            if !requests.is_finished() {
+                requests.abort();
             }
-            result
+            match requests.await {
+                Ok(Err(e)) => Err(e),
+                _ => result,
+            }
         }
         Service::Ingest => {
             let ingest = Ingest::new(config, &name, store)?;

@@ -227,12 +227,13 @@ pub async fn deliveries_reconcile(
 }
 
 /// The connection a CLI decision is made on. Without `[operators]`, `cli:NAME`
-/// is a label and the given store is used. With operators declared, NAME must be
-/// one of them, and the decision is made over a connection as Redis user NAME
-/// with its password, which `ACL WHOAMI` confirms.
-pub async fn decision_store(config: &Config, operator: &str, store: Store) -> Result<Store> {
+/// is a label and the CLI connects as `[redis]`. With operators declared, NAME
+/// must be one of them, and everything is done over a connection as Redis user
+/// NAME with its password (confirmed with `ACL WHOAMI`); the administrator's
+/// password is never read.
+pub async fn decision_store(config: &Config, operator: &str) -> Result<Store> {
     if config.operators.is_empty() {
-        return Ok(store);
+        return Store::connect(&config.redis).await;
     }
     let op = config.operators.get(operator).ok_or_else(|| {
         Error::Request(format!(
@@ -258,6 +259,16 @@ pub async fn decision_store(config: &Config, operator: &str, store: Store) -> Re
     Ok(store)
 }
 
+/// The connection `approvals list` and `show` read over: as the operator when
+/// NAME is a declared one, else as `[redis]`.
+pub async fn reading_store(config: &Config, operator: &str) -> Result<Store> {
+    if config.operators.contains_key(operator) {
+        decision_store(config, operator).await
+    } else {
+        Store::connect(&config.redis).await
+    }
+}
+
 /// `cowboy approvals approve|reject ID`.
 pub async fn approvals_decide(
     store: &mut Store,
@@ -270,10 +281,11 @@ pub async fn approvals_decide(
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
     let approver = format!("cli:{operator}");
+    let record = Approvals::on(store).load(&id).await?;
     if seen.is_none() && verdict == Verdict::Approved {
         // A blind approval counts for whatever version exists when it lands:
         // under a quorum a colleague's edit would be approved unseen.
-        if let Some(r) = Approvals::on(store).load(&id).await? {
+        if let Some(r) = &record {
             let why = if r.quorum() > 1 {
                 Some("it needs a quorum of approvals")
             } else if r.original_sha256.is_some() {
@@ -289,8 +301,13 @@ pub async fn approvals_decide(
             }
         }
     }
+    // Always bound: to the digest given, or to the version read just now, so a
+    // decision applied later (by the outbox) never lands on an edit made since.
+    let digest = seen
+        .map(str::to_string)
+        .or_else(|| record.as_ref().map(|r| r.message_sha256.clone()));
     let mut answer = Answer::new(&Clock::system(), verdict, &approver, reason);
-    if let Some(digest) = seen {
+    if let Some(digest) = &digest {
         answer = answer.seeing(digest);
     }
     let outcome = if config.operators.is_empty() {
@@ -316,6 +333,9 @@ pub async fn approvals_decide(
         ))),
         Outcome::Late(state) if state == "superseded" => Err(Error::Request(format!(
             "{id} was edited since it was shown: nothing decided; look at it again"
+        ))),
+        Outcome::SharedProofCounted => Err(Error::Request(format!(
+            "{id}: another approval came through the same shared proof; not counted"
         ))),
         Outcome::EditorNotCounted => Err(Error::Request(format!(
             "{approver} edited {id}: under a quorum the editor's approval does not count; the other approvers decide"

@@ -70,6 +70,11 @@ pub struct WebConfig {
     /// The password of the page's own Redis user `cowboy-web`.
     #[serde(default)]
     pub redis_password_file: Option<PathBuf>,
+    /// Addresses of the reverse proxies in front of the page: from them the
+    /// client is the rightmost `X-Forwarded-For` address that is not one of
+    /// them (failed logins are counted per client).
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
     /// The password of `cowboy exporter`'s own Redis user `cowboy-exporter`,
     /// which only reads; without it the exporter connects as `[redis]`.
     #[serde(default)]
@@ -524,6 +529,14 @@ impl Config {
             for name in web.users.keys() {
                 check_name(&format!("web.users.{name}"), name)?;
             }
+            for (i, p) in web.trusted_proxies.iter().enumerate() {
+                if p.parse::<std::net::IpAddr>().is_err() {
+                    return Err(ConfigError::invalid(
+                        format!("web.trusted_proxies[{i}]"),
+                        format!("`{p}` is not an IP address"),
+                    ));
+                }
+            }
             for (key, addr) in [
                 ("web.listen", &web.listen),
                 ("web.exporter_listen", &web.exporter_listen),
@@ -964,6 +977,12 @@ fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
             "names starting with `cowboy-` are reserved for service users",
         ));
     }
+    if name == "default" {
+        return Err(ConfigError::invalid(
+            key,
+            "`default` is Redis's own user (turned off by the rendered ACL): choose another name",
+        ));
+    }
     let ok = !name.is_empty()
         && name
             .chars()
@@ -1064,6 +1083,8 @@ mod tests {
             claimed.contains("people.b.identities[0]") && claimed.contains("people.a"),
             "{claimed}"
         );
+        let reserved = err("[operators.default]\npassword_file = \"/x\"\n");
+        assert!(reserved.contains("operators.default"), "{reserved}");
         let retention = err("[audit]\nretention_days = 0\n");
         assert!(retention.contains("audit.retention_days"), "{retention}");
     }

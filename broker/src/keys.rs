@@ -209,6 +209,12 @@ pub fn agent_group(agent: &str) -> String {
 /// Redis ACL user of the approval page and exporter (`cowboy web`).
 pub const WEB_USER: &str = "cowboy-web";
 
+/// The record of one session the approval page issued (`user|fingerprint`,
+/// expiring with the session); logout deletes it.
+pub fn web_session(nonce: &str) -> String {
+    format!("{WEB_USER}:session:{nonce}")
+}
+
 /// Redis ACL user of `cowboy exporter`: reads what the metrics count, nothing else.
 pub const EXPORTER_USER: &str = "cowboy-exporter";
 

@@ -138,6 +138,7 @@ pub enum Reply {
     },
     NotAllowed,
     EditorNotCounted,
+    SharedProofCounted,
     Late {
         state: String,
     },
@@ -160,6 +161,7 @@ impl From<Outcome> for Reply {
             Outcome::Counted { have, need, again } => Reply::Counted { have, need, again },
             Outcome::NotAllowed => Reply::NotAllowed,
             Outcome::EditorNotCounted => Reply::EditorNotCounted,
+            Outcome::SharedProofCounted => Reply::SharedProofCounted,
             Outcome::Late(state) => Reply::Late { state },
             Outcome::Unknown => Reply::Unknown,
         }
@@ -173,6 +175,7 @@ impl Reply {
             Reply::Counted { have, need, again } => Ok(Outcome::Counted { have, need, again }),
             Reply::NotAllowed => Ok(Outcome::NotAllowed),
             Reply::EditorNotCounted => Ok(Outcome::EditorNotCounted),
+            Reply::SharedProofCounted => Ok(Outcome::SharedProofCounted),
             Reply::Late { state } => Ok(Outcome::Late(state)),
             Reply::Unknown => Ok(Outcome::Unknown),
             Reply::Refused { message } => Err(Error::Request(message)),
@@ -404,6 +407,16 @@ pub async fn serve(
                 failures = 0;
                 backlog = more && backlog;
             }
+            // A request stream deleted under the read (an administrator
+            // clearing it): its group comes back with it.
+            Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => {
+                tracing::warn!("a request stream lost its group; creating it again");
+                for s in &streams {
+                    store.ensure_group(s, &group).await?;
+                }
+                backlog = true;
+                conn = None;
+            }
             Err(e) if e.is_retriable() => {
                 failures += 1;
                 tracing::warn!(error = %e, "reading decision requests failed; retrying");
@@ -478,7 +491,13 @@ async fn serve_once(
             let (nonce, reply) = match json.as_deref().map(serde_json::from_str::<Request>) {
                 Some(Ok(request)) => {
                     let lapsed = now_ms.saturating_sub(written_ms) > LAPSE.as_millis() as u64;
-                    let reply = if lapsed {
+                    // The id is the writer's to choose: one dated ahead would never lapse.
+                    let ahead = written_ms > now_ms + 1000;
+                    let reply = if ahead {
+                        Reply::Refused {
+                            message: "the request's stream id is dated ahead of the server's clock: write it with `*`; nothing was applied".into(),
+                        }
+                    } else if lapsed {
                         Reply::Refused {
                             message: format!(
                                 "the request waited more than {} s unread and lapsed: nothing was applied",
@@ -589,9 +608,18 @@ async fn apply(
             } else {
                 Verdict::Rejected
             };
-            let mut answer = Answer::new(clock, verdict, &request.identity, reason);
-            if let Some(seen) = seen {
-                answer = answer.seeing(seen);
+            // Bound to the version the requester showed, always: applied later
+            // than it was asked, a request must not approve an edit made since.
+            let Some(seen) = seen.as_deref().filter(|s| !s.is_empty()) else {
+                return Ok(Reply::Refused {
+                    message:
+                        "a decision request must name the digest of the version it decides (`seen`)"
+                            .into(),
+                });
+            };
+            let mut answer = Answer::new(clock, verdict, &request.identity, reason).seeing(seen);
+            if *requester == Requester::Web {
+                answer.proof = Some("page");
             }
             approval::decide(store, config, id, answer)
                 .await

@@ -14,6 +14,7 @@
     sessionKeyFile = "/etc/cowboy/secrets/web-session";
     redisPasswordFile = "/etc/cowboy/secrets/web-redis";
     exporterRedisPasswordFile = "/etc/cowboy/secrets/exporter-redis";
+    trustedProxies = [ "127.0.0.1" ];
     users.root.passwordFile = "/etc/cowboy/secrets/web-root.hash";
   };
   bridges.all = {

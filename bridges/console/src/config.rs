@@ -16,6 +16,11 @@ pub struct ConsoleSettings {
     /// platform's round trip (benchmarks and tests of deliveries side by side).
     #[serde(default)]
     pub latency_ms: u64,
+    /// Milliseconds each delivery waits after writing, standing in for a
+    /// platform's reply on its way back (the message is delivered, the sender
+    /// does not know it yet: tests of takeovers while replies are under way).
+    #[serde(default)]
+    pub reply_latency_ms: u64,
     /// The first this many deliveries of each outbox process are not written
     /// and end as if the platform's reply had been lost (`uncertain`): a stand-in
     /// for a timed-out platform, for tests and for trying `cowboy deliveries`.

@@ -40,7 +40,10 @@ impl Bridge for Console {
         let latency = std::time::Duration::from_millis(self.settings.latency_ms);
         Ok(
             ConsoleSender::with_latency(self.settings.output.clone(), latency)
-                .losing_replies(self.settings.lose_replies),
+                .losing_replies(self.settings.lose_replies)
+                .with_reply_latency(std::time::Duration::from_millis(
+                    self.settings.reply_latency_ms,
+                )),
         )
     }
 

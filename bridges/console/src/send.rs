@@ -33,6 +33,8 @@ pub struct ConsoleSender {
     /// The open output file, opened on the first delivery.
     file: tokio::sync::Mutex<Option<std::fs::File>>,
     latency: std::time::Duration,
+    /// Waited after the write, before the delivery is reported.
+    reply_latency: std::time::Duration,
     /// Deliveries still to lose (see `lose_replies` in the settings).
     lose: std::sync::atomic::AtomicU64,
 }
@@ -49,8 +51,15 @@ impl ConsoleSender {
             output,
             file: tokio::sync::Mutex::new(None),
             latency,
+            reply_latency: std::time::Duration::ZERO,
             lose: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Every delivery is reported `latency` after its line is written.
+    pub fn with_reply_latency(mut self, latency: std::time::Duration) -> Self {
+        self.reply_latency = latency;
+        self
     }
 
     /// The first `n` deliveries are not written and end uncertain.
@@ -74,7 +83,17 @@ impl Sender for ConsoleSender {
     const SPLITS: bool = false;
 
     async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
-        self.deliver(out).await.map(Sent::from)
+        let sent = self.deliver(out).await.map(Sent::from);
+        if !self.reply_latency.is_zero() {
+            tokio::time::sleep(self.reply_latency).await;
+        }
+        sent
+    }
+
+    /// The file is the platform: a line with the delivery's external id proves it.
+    async fn delivered_already(&self, out: Outgoing<'_>) -> Option<String> {
+        let id = external_id(out.delivery_key);
+        matches!(already_written(&self.output, &id), Ok(true)).then_some(id)
     }
 }
 

@@ -66,6 +66,10 @@ pub enum Outcome {
     /// Under a quorum, an approval from a person who edited the message: not
     /// counted (the editor proposes, others dispose); the card stays armed.
     EditorNotCounted,
+    /// Under a quorum, a second approval through one shared proof (the page's
+    /// Redis password): not counted, since one password cannot stand for two
+    /// people; the others answer on a surface of their own.
+    SharedProofCounted,
     /// Too late: the record is decided (`approved`/`rejected`), `expired` or `missing`.
     Late(String),
 }
@@ -91,6 +95,10 @@ pub struct Answer<'a> {
     pub counts_as: Option<&'a str>,
     /// Whether an editor's approval counts toward a quorum (set by [`decide`]).
     pub editors_count: bool,
+    /// The shared proof the answer came through (`page`: the approval page's
+    /// one Redis password proves all its users), set by whoever read it from
+    /// that channel; under a quorum one such proof counts once.
+    pub proof: Option<&'a str>,
 }
 
 impl<'a> Answer<'a> {
@@ -105,6 +113,7 @@ impl<'a> Answer<'a> {
             seen: None,
             counts_as: None,
             editors_count: false,
+            proof: None,
         }
     }
 
@@ -150,7 +159,10 @@ pub async fn resolve_approval(
     // A counted approval keeps the card armed for the rest of the quorum.
     let disarm = !matches!(
         outcome,
-        Outcome::NotAllowed | Outcome::Counted { .. } | Outcome::EditorNotCounted
+        Outcome::NotAllowed
+            | Outcome::Counted { .. }
+            | Outcome::EditorNotCounted
+            | Outcome::SharedProofCounted
     );
     if disarm {
         Approvals::on(store).map_delete(source, external_id).await?;
@@ -321,6 +333,15 @@ async fn apply(
             );
             let event = ignored(&format!("late: already {state}"));
             (vec![event], Outcome::Late(state.to_string()), Some(state))
+        }
+        "same-proof" => {
+            tracing::info!(
+                approval = id,
+                approver,
+                "a second approval through the page not counted"
+            );
+            let event = ignored("under a quorum only one approval counts through the page (its one Redis password proves every web: user)");
+            (vec![event], Outcome::SharedProofCounted, None)
         }
         "editor" => {
             tracing::info!(approval = id, approver, "an editor's approval not counted");

@@ -50,6 +50,8 @@ pub mod field {
     pub const APPROVAL_PEOPLE: &str = "approval_people";
     /// Who edited the message (as a quorum counts them), one per line.
     pub const EDITORS: &str = "editors";
+    /// The shared proofs counted approvals came through (`page`), one per line.
+    pub const APPROVAL_PROOFS: &str = "approval_proofs";
     pub const REVISION: &str = "revision";
     pub const EDITED_MESSAGE: &str = "edited_message";
     pub const EDITED_BY: &str = "edited_by";
@@ -63,6 +65,7 @@ pub mod field {
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
         APPROVAL_PEOPLE,
+        APPROVAL_PROOFS,
         EDITORS,
         STATUS,
         SOURCE,

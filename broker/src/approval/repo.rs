@@ -36,17 +36,21 @@ return 1
 /// now (fractional seconds), now (whole seconds), the list separator, the card
 /// answered (its external id, or empty), the digest the approver saw (or
 /// empty), what a quorum counts the approver as (its person, see
-/// [`crate::config::Config::counting_key`]), and `1` when editors count toward
-/// a quorum. Returns `superseded` for an answer to an earlier version (a card
+/// [`crate::config::Config::counting_key`]), `1` when editors count toward
+/// a quorum, and the shared proof the answer came through (`page` for the
+/// approval page, whose one Redis password proves every `web:` user; empty for
+/// a proof of its own). Returns `superseded` for an answer to an earlier version (a card
 /// the record lists as superseded, or a digest it no longer has), `decided`,
 /// `counted` (an approval short of the record's quorum, kept in `approvals`,
 /// its person in `approval_people`), `counted-again` (this person's approval
 /// is counted already, whichever identity gave it), `editor` (under a quorum,
-/// a person who edited the message approves it: not counted), or why nothing
+/// a person who edited the message approves it: not counted), `same-proof`
+/// (under a quorum, a second approval through the same shared proof: one
+/// password cannot stand for two people), or why nothing
 /// changed (`missing`, `expired`, `settled`, the decided status); the record's
 /// worker; and the approvals so far. One rejection rejects whatever was counted.
 const DECIDE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256', 'approval_people', 'editors')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256', 'approval_people', 'editors', 'approval_proofs')
 if not f[1] then return {'missing', '', ''} end
 local worker = f[3] or ''
 local have = f[6] or ''
@@ -75,16 +79,24 @@ if ARGV[1] == 'approved' and quorum > 1 then
     n = n + 1
     if who == ARGV[9] then return {'counted-again', worker, have} end
   end
+  local proofs = f[11] or ''
+  if ARGV[11] ~= '' then
+    for p in string.gmatch(proofs, sep) do
+      if p == ARGV[11] then return {'same-proof', worker, have} end
+    end
+    if proofs ~= '' then proofs = proofs .. ARGV[6] end
+    proofs = proofs .. ARGV[11]
+  end
   if people ~= '' then people = people .. ARGV[6] end
   people = people .. ARGV[9]
   if have ~= '' then have = have .. ARGV[6] end
   have = have .. ARGV[2]
   if n + 1 < quorum then
-    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people)
+    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs)
     return {'counted', worker, have}
   end
   local all = string.gsub(have, ARGV[6], ', ')
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
@@ -119,7 +131,7 @@ if card ~= '' then
   if list ~= '' then list = list .. ARGV[3] end
   redis.call('HSET', KEYS[1], 'superseded', list .. card)
 end
-redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'subject')
+redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject')
 local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
@@ -544,6 +556,7 @@ impl<'a> Approvals<'a> {
             .arg(a.seen.unwrap_or(""))
             .arg(a.counts_as.unwrap_or(approver))
             .arg(if a.editors_count { "1" } else { "0" })
+            .arg(a.proof.unwrap_or(""))
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
@@ -801,6 +814,7 @@ mod tests {
                     "counted",
                     "counted-again",
                     "editor",
+                    "same-proof",
                 ]
                 .contains(&quoted);
                 // A pattern piece such as `[^`, not a name.

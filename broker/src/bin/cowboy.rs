@@ -311,105 +311,118 @@ async fn main() -> ExitCode {
         };
     }
     let result = async {
-        let mut store = Store::connect(&config.redis).await?;
-        match args.command {
-            Command::Approvals { command } => match command {
-                Approvals::List { all } => cli::approvals_list(&mut store, &config, all).await,
-                Approvals::Show { id } => cli::approvals_show(&mut store, &config, &id).await,
-                Approvals::Review {
-                    bridge,
-                    agent,
-                    operator: who,
-                } => {
-                    let who = operator(who);
-                    let mut store = cli::decision_store(&config, &who, store).await?;
-                    let filter = cli::ReviewFilter { bridge, agent };
-                    let stdin = std::io::stdin();
-                    let mut input = stdin.lock();
-                    let mut output = std::io::stdout();
-                    cli::approvals_review(
-                        &mut store,
-                        &config,
-                        &filter,
-                        &who,
-                        &mut input,
-                        &mut output,
-                    )
-                    .await
-                }
-                Approvals::Approve {
-                    id,
-                    digest,
-                    operator: who,
-                } => {
-                    let who = operator(who);
-                    let mut store = cli::decision_store(&config, &who, store).await?;
-                    cli::approvals_decide(
-                        &mut store,
-                        &config,
-                        &id,
-                        Verdict::Approved,
-                        &who,
-                        "",
-                        digest.as_deref(),
-                    )
-                    .await
-                }
-                Approvals::Edit {
-                    id,
-                    content,
-                    content_file,
-                    subject,
-                    channel,
-                    operator: who,
-                } => {
-                    let who = operator(who);
-                    let mut store = cli::decision_store(&config, &who, store).await?;
-                    let mut seen = None;
-                    let content = match (content, content_file) {
-                        (Some(c), _) => Some(c),
-                        (None, Some(path)) => {
-                            Some(std::fs::read_to_string(&path).map_err(|e| {
-                                broker::Error::Request(format!("{}: {e}", path.display()))
-                            })?)
-                        }
-                        (None, None) if subject.is_none() && channel.is_none() => {
-                            let (now, digest) =
-                                cli::approval_content(&mut store, &config, &id).await?;
-                            // Another edit while the editor was open: refused, not lost.
-                            seen = Some(digest);
-                            Some(in_editor(&now)?)
-                        }
-                        (None, None) => None,
-                    };
-                    let change = broker::approval::edit::Change {
+        // `cowboy approvals` connects as the operator alone (with [operators]),
+        // never reading the administrator's password; everything else as [redis].
+        let command = match args.command {
+            Command::Approvals { command } => {
+                return match command {
+                    Approvals::List { all } => {
+                        let mut store = cli::reading_store(&config, &operator(None)).await?;
+                        cli::approvals_list(&mut store, &config, all).await
+                    }
+                    Approvals::Show { id } => {
+                        let mut store = cli::reading_store(&config, &operator(None)).await?;
+                        cli::approvals_show(&mut store, &config, &id).await
+                    }
+                    Approvals::Review {
+                        bridge,
+                        agent,
+                        operator: who,
+                    } => {
+                        let who = operator(who);
+                        let mut store = cli::decision_store(&config, &who).await?;
+                        let filter = cli::ReviewFilter { bridge, agent };
+                        let stdin = std::io::stdin();
+                        let mut input = stdin.lock();
+                        let mut output = std::io::stdout();
+                        cli::approvals_review(
+                            &mut store,
+                            &config,
+                            &filter,
+                            &who,
+                            &mut input,
+                            &mut output,
+                        )
+                        .await
+                    }
+                    Approvals::Approve {
+                        id,
+                        digest,
+                        operator: who,
+                    } => {
+                        let who = operator(who);
+                        let mut store = cli::decision_store(&config, &who).await?;
+                        cli::approvals_decide(
+                            &mut store,
+                            &config,
+                            &id,
+                            Verdict::Approved,
+                            &who,
+                            "",
+                            digest.as_deref(),
+                        )
+                        .await
+                    }
+                    Approvals::Edit {
+                        id,
                         content,
+                        content_file,
                         subject,
-                        channel_id: channel,
-                        seen,
-                    };
-                    cli::approvals_edit(&mut store, &config, &id, &change, &who).await
-                }
-                Approvals::Reject {
-                    id,
-                    reason,
-                    digest,
-                    operator: who,
-                } => {
-                    let who = operator(who);
-                    let mut store = cli::decision_store(&config, &who, store).await?;
-                    cli::approvals_decide(
-                        &mut store,
-                        &config,
-                        &id,
-                        Verdict::Rejected,
-                        &who,
-                        &reason,
-                        digest.as_deref(),
-                    )
-                    .await
-                }
-            },
+                        channel,
+                        operator: who,
+                    } => {
+                        let who = operator(who);
+                        let mut store = cli::decision_store(&config, &who).await?;
+                        let mut seen = None;
+                        let content = match (content, content_file) {
+                            (Some(c), _) => Some(c),
+                            (None, Some(path)) => {
+                                Some(std::fs::read_to_string(&path).map_err(|e| {
+                                    broker::Error::Request(format!("{}: {e}", path.display()))
+                                })?)
+                            }
+                            (None, None) if subject.is_none() && channel.is_none() => {
+                                let (now, digest) =
+                                    cli::approval_content(&mut store, &config, &id).await?;
+                                // Another edit while the editor was open: refused, not lost.
+                                seen = Some(digest);
+                                Some(in_editor(&now)?)
+                            }
+                            (None, None) => None,
+                        };
+                        let change = broker::approval::edit::Change {
+                            content,
+                            subject,
+                            channel_id: channel,
+                            seen,
+                        };
+                        cli::approvals_edit(&mut store, &config, &id, &change, &who).await
+                    }
+                    Approvals::Reject {
+                        id,
+                        reason,
+                        digest,
+                        operator: who,
+                    } => {
+                        let who = operator(who);
+                        let mut store = cli::decision_store(&config, &who).await?;
+                        cli::approvals_decide(
+                            &mut store,
+                            &config,
+                            &id,
+                            Verdict::Rejected,
+                            &who,
+                            &reason,
+                            digest.as_deref(),
+                        )
+                        .await
+                    }
+                };
+            }
+            other => other,
+        };
+        let mut store = Store::connect(&config.redis).await?;
+        match command {
             Command::Send {
                 bridge,
                 agent,
@@ -457,13 +470,15 @@ async fn main() -> ExitCode {
                     evidence,
                     operator: who,
                 } => {
+                    // Writes the entry back and the uncertain list: the administrator's
+                    // job (an operator's Redis user writes nothing).
                     let who = operator(who);
-                    let mut store = cli::decision_store(&config, &who, store).await?;
                     cli::deliveries_reconcile(&mut store, &config, &id, &outcome, &evidence, &who)
                         .await
                 }
             },
-            Command::Acl { command: None, .. }
+            Command::Approvals { .. }
+            | Command::Acl { command: None, .. }
             | Command::Service { .. }
             | Command::Web { .. }
             | Command::Exporter => {

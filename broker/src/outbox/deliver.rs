@@ -27,6 +27,7 @@
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
+use super::inflight::{self, Gate};
 use super::*;
 
 impl<S: Sender> OutboxService<S> {
@@ -66,11 +67,8 @@ impl<S: Sender> OutboxService<S> {
         }
         // This is now the destination's current delivery.
         self.retries.waiting.entry(channel).or_default();
-        let mut retry = retry;
-        if !S::DEDUPLICATES {
-            retry = retry && self.in_flight(&key).await?;
-            self.mark_in_flight(&key).await?;
-        }
+        let prior = self.mark_in_flight(&key).await?;
+        let (gate, retry) = self.gate_for(prior, retry && S::DEDUPLICATES);
         let flight = Flight {
             source: idx,
             entry: entry.clone(),
@@ -78,6 +76,8 @@ impl<S: Sender> OutboxService<S> {
             retry,
             key,
             purpose: Purpose::Plain,
+            gate,
+            fenced: false,
         };
         self.take_off(flight);
         Ok(())
@@ -134,10 +134,29 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// Starts one send beside the others.
-    fn launch(&mut self, flight: Flight) {
+    /// Starts one send beside the others; its gate is passed inside the task,
+    /// right before the platform call (see [`super::inflight`]).
+    fn launch(&mut self, mut flight: Flight) {
         let sender = self.sender.clone();
+        let mut conn = self.store.conn.clone();
+        let bridge = self.name.clone();
         self.flights.spawn(async move {
+            let passed = match &flight.gate {
+                Gate::Mine(worker) => {
+                    inflight::pass(&mut conn, &bridge, &flight.key, worker).await
+                }
+                Gate::Open | Gate::Taken(_) => Ok(true),
+            };
+            match passed {
+                Ok(true) => {}
+                Ok(false) => {
+                    // Taken over while this worker was away: the taker sends.
+                    flight.fenced = true;
+                    let why = SendError::Transient("taken over by another worker".into());
+                    return (flight, Err(why));
+                }
+                Err(e) => return (flight, Err(e)),
+            }
             let approval = match &flight.purpose {
                 Purpose::Notification { record, .. } => Some(&**record),
                 _ => None,
@@ -148,7 +167,17 @@ impl<S: Sender> OutboxService<S> {
                 retry: flight.retry,
                 approval,
             };
-            let result = sender.send(out).await;
+            let result = match &flight.gate {
+                Gate::Taken(by) => match sender.delivered_already(out).await {
+                    Some(external_id) => Ok(Sent::from(external_id)),
+                    // It never sends a retry: it says why it is uncertain itself.
+                    None if !S::DEDUPLICATES => sender.send(Outgoing { retry: true, ..out }).await,
+                    None => Err(SendError::Uncertain(format!(
+                        "worker `{by}` had started this send when it was taken over, and may still complete it; not sent again"
+                    ))),
+                },
+                Gate::Open | Gate::Mine(_) => sender.send(out).await,
+            };
             (flight, result)
         });
     }
@@ -251,17 +280,8 @@ impl<S: Sender> OutboxService<S> {
         for (stream, ids) in by_stream {
             self.store.ack(stream, &group, &ids).await?;
         }
-        if !S::DEDUPLICATES {
-            let key = keys::in_flight(&self.name);
-            let fields: Vec<&str> = acks.iter().map(|(_, _, k)| k.as_str()).collect();
-            let _: i64 = self
-                .store
-                .conn
-                .hdel(&key, fields)
-                .await
-                .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
-        }
-        Ok(())
+        let fields: Vec<&str> = acks.iter().map(|(_, _, k)| k.as_str()).collect();
+        self.clear_in_flight(&fields).await
     }
 
     /// Records the outcome of one send: delivered (acked with its batch), dead
@@ -271,6 +291,13 @@ impl<S: Sender> OutboxService<S> {
         mut f: Flight,
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
+        if f.fenced {
+            // Another worker holds this delivery now; this one forgets it (and
+            // fences itself once it sees its lease lapsed).
+            tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
+            self.retries.scheduled.remove(&f.key);
+            return self.start_next(&f.message.channel_id).await;
+        }
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
             Purpose::Plain => {}
             Purpose::Approved { record } => {
@@ -284,12 +311,16 @@ impl<S: Sender> OutboxService<S> {
         }
         let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
+        let taken = f.gate.clone();
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id, _) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
-                // Acked with the rest of the batch, then its mark cleared.
+                // Acked with the rest of the batch, then its mark cleared. A
+                // taken-over one was proven on the platform: a restart before
+                // its ack finds it there again, so the other's mark can go now.
                 self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
                 self.acks_since.get_or_insert_with(Instant::now);
+                self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Failed(n) => {
                 if n.as_notice().status == "uncertain" {
@@ -300,16 +331,13 @@ impl<S: Sender> OutboxService<S> {
                 self.dead_letter(f.source, &f.entry, n).await?;
                 // Only once the outcome is recorded: a mark cleared before a
                 // failed ack would let a restart send the message again.
-                if !S::DEDUPLICATES {
-                    self.clear_in_flight(&f.key).await?;
-                }
+                self.clear_in_flight(&[&f.key]).await?;
+                self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Deferred(due) => {
                 // Not delivered: the mark goes, the entry waits (still pending),
                 // and the destination stays busy.
-                if !S::DEDUPLICATES {
-                    self.clear_in_flight(&f.key).await?;
-                }
+                self.clear_in_flight(&[&f.key]).await?;
                 let job = Job::Plain {
                     source: f.source,
                     entry: f.entry,
@@ -322,37 +350,6 @@ impl<S: Sender> OutboxService<S> {
         }
         // The next delivery to this destination starts now.
         self.start_next(&channel).await
-    }
-
-    pub(super) async fn in_flight(&mut self, delivery_key: &str) -> Result<bool> {
-        let key = keys::in_flight(&self.name);
-        self.store
-            .conn
-            .hexists(&key, delivery_key)
-            .await
-            .map_err(|e| Error::from_redis(&format!("HEXISTS {key}"), e))
-    }
-
-    pub(super) async fn mark_in_flight(&mut self, delivery_key: &str) -> Result<()> {
-        let key = keys::in_flight(&self.name);
-        let _: i64 = self
-            .store
-            .conn
-            .hset(&key, delivery_key, crate::now_secs())
-            .await
-            .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
-        Ok(())
-    }
-
-    pub(super) async fn clear_in_flight(&mut self, delivery_key: &str) -> Result<()> {
-        let key = keys::in_flight(&self.name);
-        let _: i64 = self
-            .store
-            .conn
-            .hdel(&key, delivery_key)
-            .await
-            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
-        Ok(())
     }
 
     /// Classifies one attempt's result under the retry policy: a transient
@@ -621,6 +618,10 @@ pub(super) struct Flight {
     pub(super) retry: bool,
     pub(super) key: String,
     pub(super) purpose: Purpose,
+    /// Whether and how the send is gated (see [`super::inflight`]).
+    pub(super) gate: Gate,
+    /// Set by the send task when the gate refused: nothing was sent.
+    pub(super) fenced: bool,
 }
 
 /// What a send is for, and so what its outcome does.

@@ -19,6 +19,7 @@
 
 mod claim;
 mod deliver;
+mod inflight;
 mod parking;
 mod reader;
 mod retention;
@@ -188,6 +189,15 @@ pub trait Sender: Send + Sync + 'static {
     ) -> impl Future<Output = std::result::Result<(), SendError>> + Send {
         let _ = outcome;
         async { Ok(()) }
+    }
+
+    /// Whether the platform already has this delivery, which another worker
+    /// started and may still be completing: its external id when the sender
+    /// can prove it, `None` when it cannot tell. Never sends. The default
+    /// cannot tell, so such a delivery is reported `uncertain`.
+    fn delivered_already(&self, out: Outgoing<'_>) -> impl Future<Output = Option<String>> + Send {
+        let _ = out;
+        async { None }
     }
 }
 
@@ -445,8 +455,10 @@ fn refused_by_stream(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.to_string().contains(" ID")
 }
 
-/// Whether a destination names an approval channel: compared without case and
-/// without an email display name (`Boss <boss@example.org>`).
+/// Whether a destination names an approval channel: compared without case,
+/// without an email display name (`Boss <boss@example.org>`) and without a
+/// subaddress (`boss+x@example.org` reaches `boss@example.org` on most mail
+/// systems).
 fn same_destination(a: &str, b: &str) -> bool {
     let bare = |s: &str| {
         let s = s.trim();
@@ -454,7 +466,14 @@ fn same_destination(a: &str, b: &str) -> bool {
             (Some(i), Some(j)) if i < j => &s[i + 1..j],
             _ => s,
         };
-        inner.trim().to_lowercase()
+        let inner = inner.trim().to_lowercase();
+        match inner.rsplit_once('@') {
+            Some((local, domain)) => {
+                let mailbox = local.split('+').next().unwrap_or(local);
+                format!("{mailbox}@{domain}")
+            }
+            None => inner,
+        }
     };
     bare(a) == bare(b)
 }
@@ -468,4 +487,23 @@ pub fn delivery_key(stream: &str, entry_id: &str) -> String {
 pub fn backoff(attempt: u32) -> Duration {
     let ms = 200u64.saturating_mul(1u64 << attempt.min(8));
     Duration::from_millis(ms.min(30_000))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_destination;
+
+    #[test]
+    fn an_approval_address_has_no_second_spelling() {
+        for other in [
+            "ops@example.org",
+            "OPS@Example.org",
+            "Ops <ops@example.org>",
+            "ops+look-alike@example.org",
+        ] {
+            assert!(same_destination("ops@example.org", other), "{other}");
+        }
+        assert!(!same_destination("ops@example.org", "opsx@example.org"));
+        assert!(same_destination("222222222222222222", "222222222222222222"));
+    }
 }

@@ -154,8 +154,11 @@ impl<S: Sender> OutboxService<S> {
         if self.retries.scheduled.contains(&dkey) {
             return Ok(()); // waits for its retry time
         }
-        let retry = record.delivery_started.is_some();
-        if !retry {
+        // A send another worker started (it may still complete it) is never
+        // made again; one this worker started before a restart is a retry.
+        let prior = self.mark_in_flight(&dkey).await?;
+        let (gate, retry) = self.gate_for(prior, record.delivery_started.is_some());
+        if record.delivery_started.is_none() {
             let started = Approvals::on(&mut self.store)
                 .mark_delivery_started(&id, self.clock.now_secs(), &record.message_sha256)
                 .await?;
@@ -173,6 +176,8 @@ impl<S: Sender> OutboxService<S> {
         // Sent beside the loop; scheduled until its outcome is recorded, so a
         // repeated wake-up, the sweep or a vanished-entry check leaves it alone.
         self.dispatch(Flight {
+            gate,
+            fenced: false,
             source: idx,
             entry,
             message,
@@ -193,6 +198,8 @@ impl<S: Sender> OutboxService<S> {
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
         self.retries.scheduled.remove(&f.key);
+        let mark = f.key.clone();
+        let gate = f.gate.clone();
         let channel = f.message.channel_id.clone();
         let (idx, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
         match self.outcome_of(&f.key, result) {
@@ -270,6 +277,9 @@ impl<S: Sender> OutboxService<S> {
                     .defer(f.key, due, Job::Approved { approval_id: id });
             }
         }
+        // Its outcome is recorded: the mark goes (this worker's, or one it took over).
+        self.clear_in_flight(&[&mark]).await?;
+        self.forget_taken_mark(&gate, &mark).await?;
         // The retry, if any, queues again when it is due: the destination is free.
         self.start_next(&channel).await
     }

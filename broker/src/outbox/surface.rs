@@ -176,6 +176,8 @@ impl<S: Sender> OutboxService<S> {
         let key = delivery_key(&self.sources[idx].key, &entry.id);
         // Shown beside the loop; scheduled until its outcome is recorded.
         self.dispatch(Flight {
+            gate: super::inflight::Gate::Open,
+            fenced: false,
             source: idx,
             entry: entry.clone(),
             message,

@@ -6,8 +6,12 @@
 //! - An unknown user costs the same check as a known one (against a hash made
 //!   at start-up), so the answer's timing does not tell which names exist.
 //! - Every failure answers only after [`FAILURE_DELAY`]; after
-//!   [`LOCK_AFTER`] failures in a row a name is locked for [`LOCK_SECS`],
-//!   during which even the right password is refused.
+//!   [`LOCK_AFTER`] failures in a row from one client address, that address
+//!   is locked for [`LOCK_SECS`], during which even the right password is
+//!   refused. Failures are counted per client, never per name: a stranger
+//!   guessing cannot lock a named approver out of the page.
+//! - A session is tied to the fingerprint of the password hash it was issued
+//!   under ([`Users::fingerprint`]): a changed hash ends every earlier session.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -18,11 +22,11 @@ use argon2::Argon2;
 
 /// How long a failed login waits before it is answered.
 pub const FAILURE_DELAY: Duration = Duration::from_millis(750);
-/// Failures in a row that lock a name.
+/// Failures in a row that lock a client address.
 pub const LOCK_AFTER: u32 = 3;
-/// How long a locked name stays locked.
+/// How long a locked address stays locked.
 pub const LOCK_SECS: f64 = 300.0;
-/// Names whose failures are remembered at most (locked ones are kept first).
+/// Addresses whose failures are remembered at most (locked ones are kept first).
 const MAX_TRACKED: usize = 10_000;
 
 /// The outcome of a login.
@@ -37,7 +41,8 @@ pub enum Login {
 pub struct Users {
     hashes: BTreeMap<String, String>,
     dummy: String,
-    failures: Mutex<HashMap<String, (u32, f64)>>,
+    /// Failures in a row and the lock's end, per client address.
+    failures: Mutex<HashMap<std::net::IpAddr, (u32, f64)>>,
     /// Argon2 checks at once: each takes 19 MiB, so a flood of logins waits
     /// here instead of exhausting memory.
     checks: tokio::sync::Semaphore,
@@ -74,17 +79,31 @@ impl Users {
         })
     }
 
-    /// Checks a login at `now` (unix seconds). The attempt is counted before
-    /// the password is checked, in one step with the lock check, so parallel
-    /// attempts cannot each get a guess past the lock.
-    pub async fn check(&self, user: &str, password: &str, now: f64) -> Login {
+    /// The fingerprint of `user`'s password hash (sessions are tied to it);
+    /// `None` for a user not in the config.
+    pub fn fingerprint(&self, user: &str) -> Option<String> {
+        use sha2::Digest;
+        let phc = self.hashes.get(user)?;
+        Some(hex::encode(&sha2::Sha256::digest(phc.as_bytes())[..16]))
+    }
+
+    /// Checks a login from `client` at `now` (unix seconds). The attempt is
+    /// counted before the password is checked, in one step with the lock
+    /// check, so parallel attempts cannot each get a guess past the lock.
+    pub async fn check(
+        &self,
+        user: &str,
+        password: &str,
+        now: f64,
+        client: std::net::IpAddr,
+    ) -> Login {
         let locked = {
             let mut failures = self.failures.lock().expect("lock");
-            // Bounded: made-up names cannot grow the table without end.
-            if failures.len() >= MAX_TRACKED && !failures.contains_key(user) {
+            // Bounded: many addresses cannot grow the table without end.
+            if failures.len() >= MAX_TRACKED && !failures.contains_key(&client) {
                 failures.retain(|_, (fails, until)| *fails >= LOCK_AFTER && now < *until);
             }
-            let entry = failures.entry(user.to_string()).or_insert((0, 0.0));
+            let entry = failures.entry(client).or_insert((0, 0.0));
             if entry.0 >= LOCK_AFTER && now < entry.1 {
                 Some((entry.1 - now).ceil() as u64)
             } else {
@@ -121,7 +140,7 @@ impl Users {
         .unwrap_or(false)
             && known;
         if ok {
-            self.failures.lock().expect("lock").remove(user);
+            self.failures.lock().expect("lock").remove(&client);
             return Login::Ok;
         }
         tokio::time::sleep(FAILURE_DELAY).await;

@@ -102,6 +102,51 @@ pub struct App {
     session_secs: u64,
     /// Live-update streams at once: each holds a Redis connection.
     streams: Arc<tokio::sync::Semaphore>,
+    /// Live-update streams per user, so no user holds them all.
+    streams_by_user: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+}
+
+/// One user's hold on a live-update stream, released when the stream ends.
+struct UserStream {
+    by_user: Arc<std::sync::Mutex<HashMap<String, usize>>>,
+    user: String,
+}
+
+impl UserStream {
+    /// Takes one of `user`'s streams, if one is free: [`MAX_STREAMS_PER_USER`]
+    /// for an approver of some bridge, one for a user who only looks.
+    fn take(app: &App, user: &str) -> Option<UserStream> {
+        let identity = format!("web:{user}");
+        let approver = app
+            .config
+            .bridges
+            .values()
+            .any(|b| b.approval.allows(&identity));
+        let most = if approver { MAX_STREAMS_PER_USER } else { 1 };
+        let mut by_user = app.streams_by_user.lock().ok()?;
+        let n = by_user.entry(user.to_string()).or_default();
+        if *n >= most {
+            return None;
+        }
+        *n += 1;
+        Some(UserStream {
+            by_user: app.streams_by_user.clone(),
+            user: user.to_string(),
+        })
+    }
+}
+
+impl Drop for UserStream {
+    fn drop(&mut self) {
+        if let Ok(mut by_user) = self.by_user.lock() {
+            if let Some(n) = by_user.get_mut(&self.user) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    by_user.remove(&self.user);
+                }
+            }
+        }
+    }
 }
 
 type Shared = Arc<App>;
@@ -109,6 +154,8 @@ type Shared = Arc<App>;
 /// Live-update streams served at once (each holds a Redis connection); the
 /// page works without them, it only stops updating by itself.
 const MAX_STREAMS: usize = 64;
+/// Live-update streams one user may hold (a few tabs and devices).
+const MAX_STREAMS_PER_USER: usize = 4;
 
 /// The longest reason a page accepts (it goes to the agent and the trail).
 const MAX_REASON_BYTES: usize = 2000;
@@ -142,19 +189,27 @@ impl App {
             secure: web.secure_cookies,
             session_secs: web.session_hours * 3600,
             streams: Arc::new(tokio::sync::Semaphore::new(MAX_STREAMS)),
+            streams_by_user: Arc::default(),
         })
     }
 
-    fn session(&self, headers: &HeaderMap) -> Option<Session> {
+    /// The session a request carries: a cookie that verifies and has not
+    /// expired, of a user still in the config, and issued by this page and not
+    /// revoked since (its record in Redis, which logout deletes, names the user
+    /// and the fingerprint of the password hash it was issued under, so a
+    /// changed password ends every earlier session).
+    async fn session(&self, headers: &HeaderMap) -> Option<Session> {
         let cookies = headers.get(header::COOKIE)?.to_str().ok()?;
         let value = session::cookie(cookies, SESSION_COOKIE)?;
         let s = self.keys.verify(value, self.clock.now_secs_f64())?;
         // A user removed from the config is logged out.
-        self.config
-            .web
-            .as_ref()
-            .is_some_and(|w| w.users.contains_key(&s.user))
-            .then_some(s)
+        let fingerprint = self.users.fingerprint(&s.user)?;
+        let mut store = self.store.clone();
+        let record: Option<String> =
+            redis::AsyncCommands::get(&mut store.conn, keys::web_session(&s.nonce))
+                .await
+                .ok()?;
+        (record? == session_record(&s.user, &fingerprint)).then_some(s)
     }
 
     fn cookie(&self, name: &str, value: &str, max_age: u64) -> HeaderValue {
@@ -239,9 +294,13 @@ pub async fn serve(
         exporter_router(app)
     };
     let stop = shutdown.clone();
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(async move { stop.wait().await })
-        .await;
+    // The peer's address: failed logins are counted per client.
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { stop.wait().await })
+    .await;
     tail.abort();
     served
 }
@@ -267,13 +326,18 @@ fn not_found() -> Response {
 
 /// What every POST about approval `id` passes first: a session, its CSRF
 /// token, an id that can be one. Nothing is read before.
-fn checked_post(
+/// What a session's record in Redis holds.
+fn session_record(user: &str, fingerprint: &str) -> String {
+    format!("{user}|{fingerprint}")
+}
+
+async fn checked_post(
     app: &App,
     headers: &HeaderMap,
     id: &str,
     form: &HashMap<String, String>,
 ) -> Result<Session, Box<Response>> {
-    let Some(s) = app.session(headers) else {
+    let Some(s) = app.session(headers).await else {
         return Err(Box::new(to_login()));
     };
     if !csrf_ok(app, &s, form) {
@@ -310,8 +374,37 @@ struct LoginForm {
     csrf: String,
 }
 
+/// Who is logging in, as far as failed logins are counted: the peer, or the
+/// address a trusted proxy (`[web] trusted_proxies`) says it forwarded for
+/// (the rightmost `X-Forwarded-For` entry that is not a trusted proxy itself).
+fn client_of(app: &App, peer: std::net::IpAddr, headers: &HeaderMap) -> std::net::IpAddr {
+    let trusted = |ip: &std::net::IpAddr| {
+        app.config.web.as_ref().is_some_and(|w| {
+            w.trusted_proxies
+                .iter()
+                .any(|t| t.parse().ok() == Some(*ip))
+        })
+    };
+    if !trusted(&peer) {
+        return peer;
+    }
+    let forwarded: Vec<std::net::IpAddr> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|a| a.trim().parse().ok())
+        .collect();
+    forwarded
+        .into_iter()
+        .rev()
+        .find(|ip| !trusted(ip))
+        .unwrap_or(peer)
+}
+
 async fn login(
     State(app): State<Shared>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<std::net::SocketAddr>,
     headers: HeaderMap,
     Form(f): Form<LoginForm>,
 ) -> Response {
@@ -324,9 +417,26 @@ async fn login(
         return refused("the login form expired or came from elsewhere; open /login again");
     }
     let now = app.clock.now_secs_f64();
-    match app.users.check(&f.user, &f.password, now).await {
+    let client = client_of(&app, peer.ip(), &headers);
+    match app.users.check(&f.user, &f.password, now, client).await {
         auth::Login::Ok => {
             let value = app.keys.session(&f.user, now as u64 + app.session_secs);
+            // Issued here, so revocable: logout and a changed password end it.
+            let Some(s) = app.keys.verify(&value, now) else {
+                return refused("the session could not be made");
+            };
+            let fingerprint = app.users.fingerprint(&f.user).unwrap_or_default();
+            let mut store = app.store.clone();
+            let recorded: redis::RedisResult<()> = redis::AsyncCommands::set_ex(
+                &mut store.conn,
+                keys::web_session(&s.nonce),
+                session_record(&f.user, &fingerprint),
+                app.session_secs.max(1),
+            )
+            .await;
+            if let Err(e) = recorded {
+                return failed(broker::Error::from_redis("SET web session", e));
+            }
             let mut r = Redirect::to("/").into_response();
             r.headers_mut().append(
                 header::SET_COOKIE,
@@ -365,11 +475,18 @@ async fn logout(
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let Some(s) = app.session(&headers) else {
+    let Some(s) = app.session(&headers).await else {
         return to_login();
     };
     if !csrf_ok(&app, &s, &f) {
         return refused("missing or wrong CSRF token");
+    }
+    // The cookie may have been copied: the session ends here, not in the browser.
+    let mut store = app.store.clone();
+    let revoked: redis::RedisResult<()> =
+        redis::AsyncCommands::del(&mut store.conn, keys::web_session(&s.nonce)).await;
+    if let Err(e) = revoked {
+        return failed(broker::Error::from_redis("DEL web session", e));
     }
     let mut r = Redirect::to("/login").into_response();
     r.headers_mut()
@@ -424,7 +541,7 @@ fn failed(e: broker::Error) -> Response {
 }
 
 async fn queue(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    let Some(s) = app.session(&headers) else {
+    let Some(s) = app.session(&headers).await else {
         return to_login();
     };
     match rows(&app).await {
@@ -437,7 +554,7 @@ async fn queue(State(app): State<Shared>, headers: HeaderMap) -> Response {
 }
 
 async fn queue_fragment(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    if app.session(&headers).is_none() {
+    if app.session(&headers).await.is_none() {
         return StatusCode::UNAUTHORIZED.into_response();
     }
     match rows(&app).await {
@@ -449,12 +566,17 @@ async fn queue_fragment(State(app): State<Shared>, headers: HeaderMap) -> Respon
 /// Server-sent events: one `changed` whenever any audit trail grows (an
 /// approval parked, answered, settled).
 async fn events(State(app): State<Shared>, headers: HeaderMap) -> Response {
-    if app.session(&headers).is_none() {
+    let Some(s) = app.session(&headers).await else {
         return StatusCode::UNAUTHORIZED.into_response();
-    }
+    };
+    // Per user first: one user's tabs (or scripts) cannot hold every stream.
+    let Some(mine) = UserStream::take(&app, &s.user) else {
+        return StatusCode::TOO_MANY_REQUESTS.into_response();
+    };
     let Ok(permit) = app.streams.clone().try_acquire_owned() else {
         return StatusCode::SERVICE_UNAVAILABLE.into_response();
     };
+    let permit = (permit, mine);
     let streams: Vec<String> = app.config.bridges.keys().map(|b| keys::audit(b)).collect();
     // Its own connection: a blocking read would hold up everyone else's.
     let store = match Store::connect(&redis_config(&app.config)).await {
@@ -615,7 +737,7 @@ async fn render_detail(
 }
 
 async fn detail(State(app): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> Response {
-    let Some(s) = app.session(&headers) else {
+    let Some(s) = app.session(&headers).await else {
         return to_login();
     };
     if !approval::is_id(&id) {
@@ -630,7 +752,7 @@ async fn decide(
     Path(id): Path<String>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let s = match checked_post(&app, &headers, &id, &f) {
+    let s = match checked_post(&app, &headers, &id, &f).await {
         Ok(s) => s,
         Err(r) => return *r,
     };
@@ -684,6 +806,11 @@ async fn decide(
                 .to_string(),
             StatusCode::CONFLICT,
         ),
+        Ok(Outcome::SharedProofCounted) => (
+            "Not counted: an approval through this page is counted already, and under a quorum the page counts once (its one password proves all its users); the other approvers answer on a surface of their own."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
         Ok(Outcome::EditorNotCounted) => (
             "Not counted: you edited this message, and under a quorum the editor's approval does not count; the other approvers decide."
                 .to_string(),
@@ -713,7 +840,7 @@ async fn edit(
     Path(id): Path<String>,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
-    let s = match checked_post(&app, &headers, &id, &f) {
+    let s = match checked_post(&app, &headers, &id, &f).await {
         Ok(s) => s,
         Err(r) => return *r,
     };

@@ -796,13 +796,13 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
         "type = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"",
         "cli:olga",
     );
-    secrets.approvers = "\"cli:olga\", \"cli:oscar\", \"web:boss\"".into();
+    secrets.approvers = "\"cli:olga\", \"cli:oscar\", \"web:boss\", \"web:bea\"".into();
     secrets.approval_extra = ", quorum = 2".into();
     for user in ["olga", "oscar", "web", "exporter"] {
         std::fs::write(secrets.dir.path().join(user), format!("pw-{user}\n")).unwrap();
     }
     secrets.extra = format!(
-        "[operators.olga]\npassword_file = \"{}\"\n\n[operators.oscar]\npassword_file = \"{}\"\n\n[web]\nredis_password_file = \"{}\"\nexporter_password_file = \"{}\"\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[people.olga]\nidentities = [\"cli:olga\"]\n\n[people.oscar]\nidentities = [\"cli:oscar\"]\n\n[people.boss]\nidentities = [\"web:boss\"]\n",
+        "[operators.olga]\npassword_file = \"{}\"\n\n[operators.oscar]\npassword_file = \"{}\"\n\n[web]\nredis_password_file = \"{}\"\nexporter_password_file = \"{}\"\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[web.users.bea]\npassword_file = \"{{dir}}/bea.hash\"\n\n[people.bea]\nidentities = [\"web:bea\"]\n\n[people.olga]\nidentities = [\"cli:olga\"]\n\n[people.oscar]\nidentities = [\"cli:oscar\"]\n\n[people.boss]\nidentities = [\"web:boss\"]\n",
         secrets.file("olga"),
         secrets.file("oscar"),
         secrets.file("web"),
@@ -924,6 +924,59 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     }
     let reply = request_as(&mut page, "web", request("cli:olga")).await;
     assert_eq!(reply["reply"], "refused", "{reply}");
+    // One password proves every page user: under a quorum it counts once.
+    let reply = request_as(&mut page, "web", request("web:boss")).await;
+    assert_eq!(reply["reply"], "counted", "{reply}");
+    let reply = request_as(&mut page, "web", request("web:bea")).await;
+    assert_eq!(reply["reply"], "shared_proof_counted", "{reply}");
+    // A request must name the version it decides, and cannot date itself.
+    let mut blind = request("web:bea");
+    blind["seen"] = serde_json::Value::Null;
+    let reply = request_as(&mut page, "web", blind).await;
+    assert_eq!(reply["reply"], "refused", "{reply}");
+    let future_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000;
+    let ahead = request("web:bea");
+    let _: String = redis::cmd("XADD")
+        .arg(keys::requests("mail", "web"))
+        .arg(format!("{future_ms}-0"))
+        .arg("request")
+        .arg(ahead.to_string())
+        .query_async(&mut page)
+        .await
+        .unwrap();
+    let nonce = ahead["nonce"].as_str().unwrap().to_string();
+    let reply: serde_json::Value = wait_until("the reply to a request dated ahead", SOON, || {
+        let mut page = page.clone();
+        let nonce = nonce.clone();
+        async move {
+            let all: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XREVRANGE")
+                .arg(keys::replies("mail", "web"))
+                .arg("+")
+                .arg("-")
+                .query_async(&mut page)
+                .await
+                .ok()?;
+            all.into_iter()
+                .find(|(_, f)| f.get("nonce") == Some(&nonce))
+                .map(|(_, f)| serde_json::from_str(&f["reply"]).unwrap())
+        }
+    })
+    .await;
+    assert_eq!(reply["reply"], "refused", "{reply}");
+    assert!(
+        reply["message"].as_str().unwrap().contains("ahead"),
+        "{reply}"
+    );
+    let record = harness::hash(&mut admin, &rec).await;
+    assert_eq!(record["status"], "pending");
+    assert_eq!(
+        record["approvals"], "web:boss",
+        "only the page's first counted"
+    );
     let mut exporter = acl::connect_as(
         &d.config,
         keys::EXPORTER_USER,
@@ -939,12 +992,50 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
         )
         .await
     );
-    assert!(!refused_by_acl(&mut exporter, &["HGETALL", &rec]).await);
+    // The exporter reads no record and no message: only what metrics count.
+    assert!(refused_by_acl(&mut exporter, &["HGETALL", &rec]).await);
+    assert!(refused_by_acl(&mut exporter, &["XRANGE", "ann:mail:outbox", "-", "+"]).await);
+    assert!(!refused_by_acl(&mut exporter, &["XLEN", "mail:dead"]).await);
     assert_eq!(harness::hash(&mut admin, &rec).await["status"], "pending");
 
-    // The genuine flow: both operators, each naming what they saw.
+    // The genuine flow, on a new message: both operators, each naming what
+    // they saw, with nothing but their own passwords (the administrator's
+    // password file unreadable).
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "channel_id",
+            "bob@example.org",
+            "content",
+            "needs two",
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    let id = wait_until("the second notification", SOON, || async {
+        d.delivered("desk.out")
+            .get(1)
+            .and_then(|l| l.approval_id.clone())
+    })
+    .await;
+    let rec = keys::approval(&id);
+    let digest = harness::hash(&mut admin, &rec).await["message_sha256"].clone();
+    let no_admin = d.path("operator.toml");
+    std::fs::write(
+        &no_admin,
+        std::fs::read_to_string(&d.config_path)
+            .unwrap()
+            .replace(&secrets.file("admin"), "/nonexistent/admin-password"),
+    )
+    .unwrap();
     let cli = |args: &[&str]| {
-        let out = d.cowboy(args);
+        let out = Command::new(binary("cowboy"))
+            .arg("--config")
+            .arg(&no_admin)
+            .args(args)
+            .output()
+            .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned()
@@ -993,10 +1084,18 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     })
     .await;
     assert_eq!(sent.content, "needs two");
-    let (ok, table) = cli(&["acl", "check"]);
+    let out = d.cowboy(&["acl", "check"]);
+    let (ok, table) = (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    );
     assert!(ok && !table.contains("SURPRISE"), "{table}");
     for s in services {
         s.stop().await.unwrap();
     }
-    assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
+    assert_eq!(
+        d.delivered("mail.out").len(),
+        1,
+        "sent once, the first never"
+    );
 }

@@ -80,6 +80,20 @@ async fn card(fake: &FakeDiscord, n: usize) -> harness::discord::Posted {
     .await
 }
 
+/// Waits until the card is answerable: its map entry is recorded (just after
+/// the bot's reactions; a human never reacts within those milliseconds).
+async fn answerable(d: &Deployment, card: u64) {
+    let store = d.store().await;
+    wait_until("the card recorded as shown", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let map = harness::hash(&mut store, &keys::approval_map("dc")).await;
+            map.contains_key(&card.to_string()).then_some(())
+        }
+    })
+    .await;
+}
+
 /// Waits for the card's closing edit and returns its text.
 async fn closed(fake: &FakeDiscord, card: u64) -> String {
     wait_until("the card closed", SOON, || async {
@@ -787,6 +801,7 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
     };
     send(QUIET, "stalled".into()).await;
     let first = card(&fake, 0).await;
+    answerable(&d, first.id).await;
     fake.rate_limit_channel_for(QUIET, Duration::from_secs(60));
     let window = std::time::Instant::now();
     fake.user_reaction(OPS, first.id, APPROVER, "✅");
@@ -808,6 +823,7 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
         let content = format!("round {rounds}");
         send(TALK, content.clone()).await;
         let card = card(&fake, rounds).await;
+        answerable(&d, card.id).await;
         let reacted = std::time::Instant::now();
         fake.user_reaction(OPS, card.id, APPROVER, "✅");
         wait_until("the approved delivery", SOON, || async {

@@ -15,7 +15,7 @@ const KEY: &str = "0123456789abcdef0123456789abcdef-session-key";
 
 fn web_config() -> String {
     format!(
-        "{}\n[web]\nsession_key_file = \"{{dir}}/session.key\"\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[web.users.eve]\npassword_file = \"{{dir}}/eve.hash\"\n",
+        "{}\n[web]\nsession_key_file = \"{{dir}}/session.key\"\ntrusted_proxies = [\"127.0.0.1\"]\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[web.users.eve]\npassword_file = \"{{dir}}/eve.hash\"\n",
         approval_config(3600).replace(
             r#"approvers = ["console:boss", "cli:op"] }"#,
             r#"approvers = ["console:boss", "cli:op", "web:boss"] }"#,
@@ -73,13 +73,27 @@ async fn result_of_post(c: &fantoccini::Client) -> String {
 
 /// Logs in; returns the response to the login POST and the session cookie.
 async fn login(web: &WebServer, user: &str, password: &str) -> (reqwest::Response, Option<String>) {
+    login_from(web, user, password, None).await
+}
+
+/// A login through the trusted proxy (127.0.0.1) for client `from`.
+async fn login_from(
+    web: &WebServer,
+    user: &str,
+    password: &str,
+    from: Option<&str>,
+) -> (reqwest::Response, Option<String>) {
     let c = client();
     let form = c.get(web.url("/login")).send().await.unwrap();
     let pre = set_cookie(&form, "cowboy_login").expect("a pre-login cookie");
     let csrf = csrf_of(&form.text().await.unwrap());
-    let r = c
+    let mut req = c
         .post(web.url("/login"))
-        .header("cookie", format!("cowboy_login={pre}"))
+        .header("cookie", format!("cowboy_login={pre}"));
+    if let Some(from) = from {
+        req = req.header("x-forwarded-for", format!("203.0.113.9, {from}"));
+    }
+    let r = req
         .form(&[("user", user), ("password", password), ("csrf", &csrf)])
         .send()
         .await
@@ -263,25 +277,27 @@ async fn posts_need_their_csrf_token_and_gets_change_nothing() {
     web.stop().await;
 }
 
-/// Wrong passwords are refused and answered slowly, a name is locked after
-/// three, and an expired or altered session is refused; a user who is not an
-/// approver sees the approval but cannot decide it.
+/// Wrong passwords are refused and answered slowly; a client address is
+/// locked after three (the client a trusted proxy forwarded for), while the
+/// same name logs in from elsewhere; an expired, altered or never-issued
+/// session is refused, and a logged-out one too even if its cookie was copied;
+/// a user who is not an approver sees the approval but cannot decide it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_are_slowed_and_locked_and_sessions_expire() {
     let (d, web) = deployment().await;
+    let guesser = Some("198.51.100.7");
     let started = Instant::now();
-    let (r, session) = login(&web, "boss", "wrong").await;
+    let (r, session) = login_from(&web, "boss", "wrong", guesser).await;
     assert_eq!(r.status(), 401);
     assert!(session.is_none());
     assert!(
         started.elapsed() >= web::auth::FAILURE_DELAY,
         "a failure is answered slowly"
     );
-    let (r, _) = login(&web, "nobody", "x").await;
+    let (r, _) = login_from(&web, "nobody", "x", guesser).await;
     assert_eq!(r.status(), 401, "an unknown name reads the same");
-    login(&web, "boss", "wrong again").await;
-    login(&web, "boss", "and again").await;
-    let (r, session) = login(&web, "boss", "correct horse").await;
+    login_from(&web, "boss", "wrong again", guesser).await;
+    let (r, session) = login_from(&web, "boss", "correct horse", guesser).await;
     assert_eq!(
         r.status(),
         429,
@@ -289,6 +305,20 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
     );
     assert!(r.headers().get("retry-after").is_some());
     assert!(session.is_none());
+    // The guesser's address is locked, not boss: boss logs in from elsewhere.
+    let (r, session) = login_from(&web, "boss", "correct horse", Some("192.0.2.44")).await;
+    assert_eq!(r.status(), 303, "the name is not locked for everyone");
+    let boss = session.expect("boss logs in");
+    let home = get(&web, &boss, "/").await;
+    assert_eq!(home.status(), 200);
+    let csrf = csrf_of(&home.text().await.unwrap());
+    let out = post(&web, &boss, "/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(out.status(), 303);
+    assert_eq!(
+        get(&web, &boss, "/").await.status(),
+        303,
+        "a copied cookie is refused after logout"
+    );
 
     // A session signed with the page's key but expired, and one altered.
     let keys = web::session::Keys::load(Some(&d.path("session.key"))).unwrap();
@@ -305,7 +335,11 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
         303,
         "altered: back to the login"
     );
-    assert_eq!(get(&web, &fresh, "/").await.status(), 200);
+    assert_eq!(
+        get(&web, &fresh, "/").await.status(),
+        303,
+        "signed with the page's key, but never issued by the page"
+    );
 
     // eve is a user of the page but not an approver of the bridge.
     let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
@@ -319,6 +353,12 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
         .await
         .unwrap();
     assert!(html.contains("for approvers only"), "eve sees it");
+    // Live updates: one stream for a user who only looks, so nobody who is not
+    // an approver can hold the page's streams.
+    let first = get(&web, &eve, "/events").await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(get(&web, &eve, "/events").await.status(), 429);
+    drop(first);
     assert!(
         html.contains("not on the approvers") && !html.contains(r#"id="approve""#),
         "but has no buttons"

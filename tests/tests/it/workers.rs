@@ -9,9 +9,10 @@ use harness::{hash, stream, wait_until, Deployment};
 
 use crate::SOON;
 
-/// `mail` parks (asking through `desk`); `fast` delivers at once but takes 3 s
-/// per send, so a kill finds its sends under way. Both hand a dead worker's
-/// entries over after 2 s.
+/// `mail` parks (asking through `desk`); `fast` delivers at once but hears of
+/// each delivery 3 s later (its reply on the way back), so a kill finds its sends
+/// under way; `slow` waits 3 s before it writes, one send at a time. All hand a
+/// dead worker's entries over after 2 s.
 fn config() -> String {
     r#"
 [agents.ann]
@@ -29,7 +30,16 @@ type = "console"
 output = "{dir}/fast.out"
 input = "{dir}/fast.in"
 destinations = ["*"]
+reply_latency_ms = 3000
+claim_idle_seconds = 2
+
+[bridges.slow]
+type = "console"
+output = "{dir}/slow.out"
+input = "{dir}/slow.in"
+destinations = ["*"]
 latency_ms = 3000
+max_in_flight = 1
 claim_idle_seconds = 2
 
 [bridges.desk]
@@ -124,10 +134,12 @@ async fn a_killed_worker_is_taken_over_and_each_entry_sent_once() {
         (h.get("fast-a") == Some(&4)).then_some(())
     })
     .await;
-    assert!(
-        d.delivered("fast.out").is_empty(),
-        "no send of 3 s has finished yet"
-    );
+    // Delivered, but worker a has not heard back: the taker must find them
+    // there (the platform proves it) rather than send them again.
+    wait_until("the four lines written", SOON, || async {
+        (d.delivered("fast.out").len() == 4).then_some(())
+    })
+    .await;
     a_mail.kill();
     a_fast.kill();
 
@@ -396,6 +408,86 @@ async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
             .count()
             == 0
     );
+    drop(a);
+}
+
+/// A worker paused in the middle of a send (its gate passed, the platform
+/// not yet written) and another waiting behind it are taken over; neither is
+/// sent twice. The taker cannot prove the first did not happen, so it reports
+/// it `uncertain` and sends nothing; it sends the second, which never passed
+/// its gate; when the paused worker wakes it completes the first (the one
+/// send it had begun) and sends nothing else: its gate refuses the second, or
+/// it forgets it on finding its lease lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_mid_send_never_sends_twice() {
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    let stream_key = keys::agent_outbox("ann", "slow");
+    let group = keys::outbox_group("slow");
+    wait_until("worker a's group exists", SOON, || async {
+        let mut s = d.store().await;
+        s.consumers(&stream_key, &group)
+            .await
+            .is_ok_and(|c| !c.is_empty())
+            .then_some(())
+    })
+    .await;
+    send(&mut store, "slow", "dest-0", "begun").await;
+    send(&mut store, "slow", "dest-1", "queued").await;
+    // Both marked by a; the first through its gate, inside its 3 s send.
+    let marks = wait_until("the first send past its gate", SOON, || async {
+        let mut s = d.store().await;
+        let m = hash(&mut s, &keys::in_flight("slow")).await;
+        (m.len() == 2 && m.values().any(|v| v == "writing:a")).then_some(m)
+    })
+    .await;
+    assert!(marks.values().any(|v| v == "started:a"), "{marks:?}");
+    let pid = a.0.id().to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "slow", &["--worker", "b"]);
+    let notice = wait_until("the begun send reported uncertain", SOON, || async {
+        let n = stream(&mut d.store().await, &keys::agent_inbox("ann", "slow")).await;
+        n.into_iter()
+            .find(|n| n.get("status").map(String::as_str) == Some("uncertain"))
+    })
+    .await;
+    assert!(notice["reason"].contains("worker `a`"), "{notice:?}");
+    wait_until("the queued message sent by b", SOON, || async {
+        d.delivered("slow.out")
+            .iter()
+            .any(|l| l.content == "queued")
+            .then_some(())
+    })
+    .await;
+    signal("-CONT");
+    wait_until("a completing the send it had begun", SOON, || async {
+        d.delivered("slow.out")
+            .iter()
+            .any(|l| l.content == "begun")
+            .then_some(())
+    })
+    .await;
+    let log = d.path("cowboy-console-outbox-slow--workera.log");
+    // Refused by its gate, or forgotten when a saw its lease lapsed: either way
+    // a is done with it.
+    wait_until("a letting go of the queued send", SOON, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
+            .then_some(())
+    })
+    .await;
+    let sent = counts(d.delivered("slow.out").into_iter().map(|l| l.content));
+    assert_eq!(sent.get("begun"), Some(&1), "{sent:?}");
+    assert_eq!(sent.get("queued"), Some(&1), "{sent:?}");
     drop(a);
 }
 

@@ -67,6 +67,11 @@ async fn main() -> ExitCode {
     } else {
         web.exporter_listen
     };
+    // Under ACLs the exporter reads as its own user: never as the administrator.
+    if !page && config.redis.username.is_some() && web.exporter_password_file.is_none() {
+        eprintln!("error: invalid config: `web.exporter_password_file`: the exporter reads as its own Redis user cowboy-exporter (render it with `cowboy acl`); it never runs as the [redis] administrator");
+        return ExitCode::from(broker::service::EXIT_CONFIG as u8);
+    }
     let role = if page {
         web::Role::Page
     } else {

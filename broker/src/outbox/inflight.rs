@@ -1,0 +1,214 @@
+//! In-flight marks and the send gate: a send is made by one worker at most,
+//! even when a paused worker wakes up after another took its entries over.
+//!
+//! Every delivery (plain or approved) is marked in `{bridge}:in-flight` before
+//! its send, field = delivery key:
+//!
+//! ```text
+//! started:{worker}   the worker will send; it has not reached the platform
+//! writing:{worker}   the worker passed its gate: the platform may have it
+//! ```
+//!
+//! Invariants:
+//! - The gate ([`GATE`]) turns `started:{me}` into `writing:{me}` in one step
+//!   right before the platform call (keeps `writing:{me}`, a retry after this
+//!   worker's own restart), and refuses when the mark is anything else. A worker that took the entry over wrote `started:{taker}` first, so a
+//!   paused worker that wakes up behind a takeover sends nothing (it is
+//!   *fenced*), whatever its lease says and however long it slept.
+//! - Marking ([`MARK`]) never overwrites `writing:*`: a send that may have
+//!   reached the platform stays known. Seen from another worker it is
+//!   [`Prior::Taken`]: that worker may still complete it, so the taker never
+//!   sends it again and reports it delivered only when the sender can prove it
+//!   (`Sender::delivered_already`), `uncertain` otherwise (a sender that cannot
+//!   deduplicate is handed it as a retry, which it reports uncertain itself,
+//!   with its details).
+//! - `started:*` found when marking means no attempt passed its gate: the send
+//!   is made afresh, not as a retry.
+//! - A mark is removed only by its own worker ([`CLEAR`]), after the outcome
+//!   is recorded (a mark removed before the ack would let a restart send again).
+//! - Each script touches one key (Redis Cluster).
+
+use super::*;
+
+/// Marks a delivery `started:{worker}` unless some attempt passed its gate.
+/// KEYS: the in-flight hash. ARGV: delivery key, worker. Returns the previous
+/// value ('' when none).
+const MARK: &str = r#"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v and string.sub(v, 1, 8) ~= 'started:' then return v end
+redis.call('HSET', KEYS[1], ARGV[1], 'started:' .. ARGV[2])
+return v or ''
+"#;
+
+/// The gate right before the platform call. KEYS: the in-flight hash. ARGV:
+/// delivery key, worker. Returns 1 when this worker may send (now marked
+/// `writing:`; a `writing:` mark of its own is a retry after its restart), 0
+/// when another worker holds the delivery.
+const GATE: &str = r#"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if v ~= 'started:' .. ARGV[2] and v ~= 'writing:' .. ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], 'writing:' .. ARGV[2])
+return 1
+"#;
+
+/// Removes the marks of `worker` among ARGV[2..] (another worker's stay).
+/// KEYS: the in-flight hash. ARGV: worker, delivery keys.
+const CLEAR: &str = r#"
+local n = 0
+for i = 2, #ARGV do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v == 'started:' .. ARGV[1] or v == 'writing:' .. ARGV[1] then
+    redis.call('HDEL', KEYS[1], ARGV[i])
+    n = n + 1
+  end
+end
+return n
+"#;
+
+static MARK_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(MARK));
+static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(GATE));
+static CLEAR_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(CLEAR));
+
+/// What marking a delivery found before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Prior {
+    /// No mark at all (a first attempt, or a mark lost with Redis's data).
+    Unmarked,
+    /// An attempt was marked and never passed its gate: nothing reached the platform.
+    NotSent,
+    /// This worker's own earlier attempt (before a restart) may have.
+    MineMayHaveSent,
+    /// Another worker's attempt may have, and it may still complete it.
+    Taken(String),
+}
+
+impl Prior {
+    fn parse(previous: &str, me: &str) -> Prior {
+        if previous.is_empty() {
+            return Prior::Unmarked;
+        }
+        if previous.starts_with("started:") {
+            return Prior::NotSent;
+        }
+        match previous.strip_prefix("writing:") {
+            Some(w) if w == me => Prior::MineMayHaveSent,
+            Some(w) => Prior::Taken(w.to_string()),
+            // A mark of an older version (a time): an attempt may have been made.
+            None => Prior::Taken("an earlier version of this service".to_string()),
+        }
+    }
+}
+
+/// Whether a send may go ahead.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Gate {
+    /// Not gated (approval notifications: a duplicate card is claimed once).
+    Open,
+    /// Sent only if this worker's `started:` mark still stands.
+    Mine(String),
+    /// Another worker may still complete it: never sent again.
+    Taken(String),
+}
+
+/// The gate of one flight, on its own connection (run inside the send task).
+pub(super) async fn pass(
+    conn: &mut redis::aio::ConnectionManager,
+    bridge: &str,
+    delivery_key: &str,
+    worker: &str,
+) -> std::result::Result<bool, SendError> {
+    let passed: i64 = GATE_SCRIPT
+        .key(keys::in_flight(bridge))
+        .arg(delivery_key)
+        .arg(worker)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
+    Ok(passed == 1)
+}
+
+impl<S: Sender> OutboxService<S> {
+    /// Marks a delivery this worker is about to send; returns what was there.
+    pub(super) async fn mark_in_flight(&mut self, delivery_key: &str) -> Result<Prior> {
+        let key = keys::in_flight(&self.name);
+        let previous: String = MARK_SCRIPT
+            .key(&key)
+            .arg(delivery_key)
+            .arg(&self.worker)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
+        Ok(Prior::parse(&previous, &self.worker))
+    }
+
+    /// Removes this worker's marks of `delivery_keys`.
+    pub(super) async fn clear_in_flight(&mut self, delivery_keys: &[&str]) -> Result<()> {
+        if delivery_keys.is_empty() {
+            return Ok(());
+        }
+        let key = keys::in_flight(&self.name);
+        let _: i64 = CLEAR_SCRIPT
+            .key(&key)
+            .arg(&self.worker)
+            .arg(delivery_keys)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
+        Ok(())
+    }
+
+    /// Removes another worker's mark of a delivery this worker took over, once
+    /// its outcome is recorded (the other's gate was passed already, so it
+    /// only ever clears its own).
+    pub(super) async fn forget_taken_mark(
+        &mut self,
+        gate: &Gate,
+        delivery_key: &str,
+    ) -> Result<()> {
+        if !matches!(gate, Gate::Taken(_)) {
+            return Ok(());
+        }
+        let key = keys::in_flight(&self.name);
+        let _: i64 = self
+            .store
+            .conn
+            .hdel(&key, delivery_key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+        Ok(())
+    }
+
+    /// The gate and `retry` of a delivery from what marking it found: a send a
+    /// previous attempt may have made is a retry (the sender deduplicates or
+    /// reports it uncertain); one another worker may still make is not sent.
+    /// `unmarked_retry` is what to assume when no mark was found.
+    pub(super) fn gate_for(&self, prior: Prior, unmarked_retry: bool) -> (Gate, bool) {
+        match prior {
+            Prior::Unmarked => (Gate::Mine(self.worker.clone()), unmarked_retry),
+            // Deduplicating senders are told of every re-delivery anyway.
+            Prior::NotSent => (
+                Gate::Mine(self.worker.clone()),
+                unmarked_retry && S::DEDUPLICATES,
+            ),
+            Prior::MineMayHaveSent => (Gate::Mine(self.worker.clone()), true),
+            Prior::Taken(by) => (Gate::Taken(by), true),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Prior;
+
+    #[test]
+    fn what_a_mark_says_about_earlier_attempts() {
+        assert_eq!(Prior::parse("", "a"), Prior::Unmarked);
+        assert_eq!(Prior::parse("started:b", "a"), Prior::NotSent);
+        assert_eq!(Prior::parse("writing:a", "a"), Prior::MineMayHaveSent);
+        assert_eq!(Prior::parse("writing:b", "a"), Prior::Taken("b".into()));
+        assert!(matches!(Prior::parse("1796170000", "a"), Prior::Taken(_)));
+    }
+}
