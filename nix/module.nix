@@ -24,6 +24,8 @@ let
       description = "Who may decide, as `type:id`. Empty: nobody can approve.";
     };
     quorum = mkOption { type = types.ints.positive; default = 1; description = "Distinct people (services.cowboy.people) who must approve; one rejection rejects."; };
+    max_parked_per_agent = mkOption { type = types.ints.unsigned; default = 1000; description = "Most approvals one agent may have waiting on this bridge (beyond: refused with limit_reached); 0 = no limit."; };
+    max_parked = mkOption { type = types.ints.unsigned; default = 0; description = "Most approvals waiting on this bridge in all; 0 = no limit."; };
     editors_count = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether an approver who edited the message counts toward it (default: the editor proposes, others dispose)."; };
   };
 

@@ -58,6 +58,8 @@ let
         approvers = approval.approvers or null;
         quorum = approval.quorum or null;
         editors_count = approval.editors_count or null;
+        max_parked_per_agent = approval.max_parked_per_agent or null;
+        max_parked = approval.max_parked or null;
       };
       ping = nonNull {
         command = ping.command or null;

@@ -101,11 +101,16 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             ];
             write.extend(each(&|a| format!("~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&write, "+xadd +xtrim +xinfo|groups +xpending"));
-            // In-flight marks and the send gate, through their scripts.
+            // In-flight marks and the send gate, through their scripts (which
+            // also read the entry's pending state on its stream).
             sels.push(selector(
                 &[format!("~{}", keys::in_flight(name))],
                 "+hget +hset +hdel +hexists +evalsha +eval +script|load",
             ));
+            let mut gated = vec![format!("~{}", keys::in_flight(name))];
+            gated.push(format!("~{}", keys::outbox(name)));
+            gated.extend(each(&|a| format!("~{}", keys::agent_outbox(a, name))));
+            sels.push(selector(&gated, "+evalsha +eval +script|load"));
             // Its own audit trail and uncertain deliveries: append and add only.
             sels.push(audit_selector(&[name]));
             sels.push(selector(
@@ -141,9 +146,14 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 let notify = keys::outbox(config.notify_bridge(name));
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
+                // The pending indexes (the bridge's and each agent's): kept
+                // beside the records, counted against the parking limits.
                 sels.push(selector(
-                    &[format!("~{}", keys::pending(name))],
-                    "+zadd +zrem",
+                    &[
+                        format!("~{}", keys::pending(name)),
+                        format!("~{}", keys::agent_pending(name, "*")),
+                    ],
+                    "+zadd +zrem +zcard +zrange",
                 ));
             }
             // A card the platform refused rejects its approval and wakes the requester.

@@ -430,6 +430,15 @@ pub struct ApprovalConfig {
     /// How many distinct people must approve; one rejection rejects.
     #[serde(default = "default_quorum")]
     pub quorum: u32,
+    /// Most approvals one agent may have waiting on this bridge; beyond it
+    /// its entries are refused (`limit_reached`), so one agent's flood
+    /// cannot fill Redis or bury the others' requests. 0: no limit.
+    #[serde(default = "default_max_parked_per_agent")]
+    pub max_parked_per_agent: u64,
+    /// Most approvals waiting on this bridge in all (agents and the flat
+    /// stream). 0: no limit.
+    #[serde(default)]
+    pub max_parked: u64,
     /// Under a quorum above 1, whether an approver who edited the message
     /// counts toward its quorum. Off by default: the editor proposes, others
     /// dispose.
@@ -441,6 +450,10 @@ fn default_quorum() -> u32 {
     1
 }
 
+fn default_max_parked_per_agent() -> u64 {
+    1000
+}
+
 impl Default for ApprovalConfig {
     fn default() -> Self {
         ApprovalConfig {
@@ -450,6 +463,8 @@ impl Default for ApprovalConfig {
             timeout: default_timeout(),
             approvers: Vec::new(),
             quorum: default_quorum(),
+            max_parked_per_agent: default_max_parked_per_agent(),
+            max_parked: 0,
             editors_count: false,
         }
     }

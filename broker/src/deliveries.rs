@@ -40,6 +40,32 @@ pub struct Uncertain {
     pub at: f64,
     /// The agent's entry, field by field, so it can be put back.
     pub fields: Vec<(String, String)>,
+    /// What was being sent when it differs from the agent's entry (an
+    /// approver's edit): what is put back, so the correction is not lost.
+    #[serde(default)]
+    pub sent: Option<crate::approval::edit::EditedMessage>,
+}
+
+impl Uncertain {
+    /// The entry to put back: the agent's fields, with the destination,
+    /// subject and content of the version that was being sent.
+    fn entry_to_put_back(&self) -> Vec<(String, String)> {
+        let Some(sent) = &self.sent else {
+            return self.fields.clone();
+        };
+        let mut fields: Vec<(String, String)> = self
+            .fields
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "channel_id" | "subject" | "content"))
+            .cloned()
+            .collect();
+        fields.push(("channel_id".into(), sent.channel_id.clone()));
+        if let Some(subject) = &sent.subject {
+            fields.push(("subject".into(), subject.clone()));
+        }
+        fields.push(("content".into(), sent.content.clone()));
+        fields
+    }
 }
 
 impl Uncertain {
@@ -149,8 +175,10 @@ pub async fn reconcile(
     let put_back = match finding {
         Finding::Delivered => None,
         Finding::NotDelivered => {
-            let fields: Vec<(&str, &[u8])> = u
-                .fields
+            // The approvers' version, when they had edited it: asked afresh,
+            // never silently reverted to what the agent first wrote.
+            let back = u.entry_to_put_back();
+            let fields: Vec<(&str, &[u8])> = back
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_bytes()))
                 .collect();

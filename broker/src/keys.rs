@@ -85,6 +85,13 @@ pub fn pending(bridge: &str) -> String {
     format!("{bridge}:pending")
 }
 
+/// The pending approvals of one agent on a requesting bridge (ids scored by
+/// `created_at`), beside [`pending`]: what `approval.max_parked_per_agent`
+/// counts.
+pub fn agent_pending(bridge: &str, agent: &str) -> String {
+    format!("{bridge}:pending:{agent}")
+}
+
 /// The audit trail of a requesting bridge: every step of its approvals and gated
 /// deliveries, appended by the services and the CLI, never read by an agent
 /// (see [`crate::audit`]).

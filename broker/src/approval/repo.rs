@@ -142,11 +142,14 @@ return {'ok', card}
 "#;
 
 /// Marks the approved send started, only while the record is approved at the
-/// digest the requester checked the message against: an edit that landed since
-/// wins, and nothing is sent. ARGV: now, the digest. Returns whether it marked.
+/// digest the requester checked the message against (an edit that landed since
+/// wins, and nothing is sent), not settled, and still names this worker (a
+/// taker re-points it first, so a worker that stalled finds it taken). ARGV:
+/// now, the digest, the worker. Returns whether it marked.
 const START_DELIVERY: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'message_sha256')
-if f[1] ~= 'approved' or f[2] ~= ARGV[2] then return 0 end
+local f = redis.call('HMGET', KEYS[1], 'status', 'message_sha256', 'settled_at', 'worker')
+if f[1] ~= 'approved' or f[2] ~= ARGV[2] or f[3] then return 0 end
+if f[4] and f[4] ~= '' and f[4] ~= ARGV[3] then return 0 end
 redis.call('HSET', KEYS[1], 'delivery_started', ARGV[1])
 return 1
 "#;
@@ -362,6 +365,10 @@ impl<'a> Approvals<'a> {
             pipe.invoke_script(inv);
             pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
                 .ignore();
+            if let Some(agent) = &r.agent {
+                pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
+                    .ignore();
+            }
         }
         let created: Vec<i64> = pipe
             .query_async(&mut self.store.conn)
@@ -379,6 +386,10 @@ impl<'a> Approvals<'a> {
         for r in records.iter().filter(|r| !r.is_settled()) {
             pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
                 .ignore();
+            if let Some(agent) = &r.agent {
+                pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
+                    .ignore();
+            }
             any = true;
         }
         if any {
@@ -408,6 +419,65 @@ impl<'a> Approvals<'a> {
             .zcard(&key)
             .await
             .map_err(|e| Error::from_redis(&format!("ZCARD {key}"), e))
+    }
+
+    /// How many approvals bridge `bridge` has parked, and each of `agents`.
+    pub async fn parked_counts(
+        &mut self,
+        bridge: &str,
+        agents: &[&str],
+    ) -> Result<(usize, Vec<usize>)> {
+        let mut pipe = redis::pipe();
+        pipe.zcard(keys::pending(bridge));
+        for a in agents {
+            pipe.zcard(keys::agent_pending(bridge, a));
+        }
+        let mut counts: Vec<usize> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("ZCARD pending", e))?;
+        let all = counts.remove(0);
+        Ok((all, counts))
+    }
+
+    /// Drops from `agent`'s pending index the ids whose records are gone (a
+    /// crash between a record's deletion and its unindexing leaves them), so a
+    /// count at its limit is a true one. Returns the count left.
+    pub async fn prune_agent(&mut self, bridge: &str, agent: &str) -> Result<usize> {
+        let key = keys::agent_pending(bridge, agent);
+        let ids: Vec<String> = self
+            .store
+            .conn
+            .zrange(&key, 0, -1)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        let mut left = 0;
+        for chunk in ids.chunks(CHUNK) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.exists(keys::approval(id));
+            }
+            let exists: Vec<bool> = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis("EXISTS approvals", e))?;
+            let gone: Vec<&String> = chunk
+                .iter()
+                .zip(&exists)
+                .filter(|(_, e)| !**e)
+                .map(|(id, _)| id)
+                .collect();
+            left += chunk.len() - gone.len();
+            if !gone.is_empty() {
+                let _: i64 = self
+                    .store
+                    .conn
+                    .zrem(&key, gone)
+                    .await
+                    .map_err(|e| Error::from_redis(&format!("ZREM {key}"), e))?;
+            }
+        }
+        Ok(left)
     }
 
     /// Ids of every approval record, by `SCAN` (operator use only).
@@ -487,12 +557,14 @@ impl<'a> Approvals<'a> {
         id: &str,
         now: u64,
         digest: &str,
+        worker: &str,
     ) -> Result<bool> {
         let key = keys::approval(id);
         let marked: i64 = START_SCRIPT
             .key(&key)
             .arg(now)
             .arg(digest)
+            .arg(worker)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA start {key}"), e))?;
@@ -593,6 +665,10 @@ impl<'a> Approvals<'a> {
         let mut pipe = redis::pipe();
         pipe.zrem(keys::pending(&record.source), &record.id)
             .ignore();
+        if let Some(agent) = &record.agent {
+            pipe.zrem(keys::agent_pending(&record.source, agent), &record.id)
+                .ignore();
+        }
         if let Some(external) = &record.notify_external_id {
             pipe.hdel(keys::approval_map(&record.notify), external)
                 .ignore();
@@ -607,13 +683,17 @@ impl<'a> Approvals<'a> {
         Ok(())
     }
 
-    /// A record that vanished: out of `bridge`'s pending index.
-    pub async fn unindex(&mut self, bridge: &str, id: &str) -> Result<()> {
+    /// A record that vanished: out of `bridge`'s pending index (and its
+    /// agent's, when known).
+    pub async fn unindex(&mut self, bridge: &str, agent: Option<&str>, id: &str) -> Result<()> {
         let key = keys::pending(bridge);
-        let _: i64 = self
-            .store
-            .conn
-            .zrem(&key, id)
+        let mut pipe = redis::pipe();
+        pipe.zrem(&key, id).ignore();
+        if let Some(agent) = agent {
+            pipe.zrem(keys::agent_pending(bridge, agent), id).ignore();
+        }
+        let _: () = pipe
+            .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("ZREM {key}"), e))?;
         Ok(())

@@ -67,7 +67,13 @@ impl<S: Sender> OutboxService<S> {
         }
         // This is now the destination's current delivery.
         self.retries.waiting.entry(channel).or_default();
-        let prior = self.mark_in_flight(&key).await?;
+        let prior = self.mark_in_flight(&stream, &entry.id, &key).await?;
+        if prior == inflight::Prior::NotMine {
+            // Taken over while this worker was away: the taker delivers it.
+            tracing::warn!(entry = %entry.id, "not sent: the entry was taken over by another worker");
+            let channel = message.channel_id.clone();
+            return self.start_next(&channel).await;
+        }
         let (gate, retry) = self.gate_for(prior, retry && S::DEDUPLICATES);
         let flight = Flight {
             source: idx,
@@ -139,12 +145,16 @@ impl<S: Sender> OutboxService<S> {
     fn launch(&mut self, mut flight: Flight) {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
-        let bridge = self.name.clone();
+        let holder = inflight::Holder {
+            bridge: self.name.clone(),
+            stream: self.sources[flight.source].key.clone(),
+            group: self.group.clone(),
+            consumer: self.consumer.clone(),
+            entry_id: flight.entry.id.clone(),
+        };
         self.flights.spawn(async move {
             let passed = match &flight.gate {
-                Gate::Mine(worker) => {
-                    inflight::pass(&mut conn, &bridge, &flight.key, worker).await
-                }
+                Gate::Mine(worker) => inflight::pass(&mut conn, &holder, &flight.key, worker).await,
                 Gate::Open | Gate::Taken(_) => Ok(true),
             };
             match passed {
@@ -170,10 +180,9 @@ impl<S: Sender> OutboxService<S> {
             let result = match &flight.gate {
                 Gate::Taken(by) => match sender.delivered_already(out).await {
                     Some(external_id) => Ok(Sent::from(external_id)),
-                    // It never sends a retry: it says why it is uncertain itself.
-                    None if !S::DEDUPLICATES => sender.send(Outgoing { retry: true, ..out }).await,
                     None => Err(SendError::Uncertain(format!(
-                        "worker `{by}` had started this send when it was taken over, and may still complete it; not sent again"
+                        "worker `{by}` had started this send ({}) when it was taken over, and may still complete it; not sent again",
+                        flight.key
                     ))),
                 },
                 Gate::Open | Gate::Mine(_) => sender.send(out).await,

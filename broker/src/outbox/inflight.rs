@@ -26,25 +26,46 @@
 //!   is made afresh, not as a retry.
 //! - A mark is removed only by its own worker ([`CLEAR`]), after the outcome
 //!   is recorded (a mark removed before the ack would let a restart send again).
-//! - Each script touches one key (Redis Cluster).
+//! - Marking and the gate also check, in the same step, that the entry is
+//!   still this worker's in its group's pending list: a taker claims before
+//!   it marks, so a worker that stalled anywhere between reading an entry and
+//!   its platform call (a pause, a deferred retry) sends nothing once taken
+//!   over, even if the taker has finished and cleared its mark.
+//! - The two scripts name two keys (the in-flight hash and the entry's stream):
+//!   on Redis Cluster they need one slot, which the key layout does not give
+//!   yet.
 
 use super::*;
 
-/// Marks a delivery `started:{worker}` unless some attempt passed its gate.
-/// KEYS: the in-flight hash. ARGV: delivery key, worker. Returns the previous
-/// value ('' when none).
+/// Marks a delivery `started:{worker}` unless some attempt passed its gate,
+/// and only while the entry is this worker's in its group's pending list
+/// (a taker `XCLAIM`s before it marks, so a worker that stalled before
+/// marking finds the entry gone from its hands). KEYS: the in-flight hash, the
+/// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
+/// Returns the previous value ('' when none), or `not-mine`.
 const MARK: &str = r#"
+local p = redis.call('XPENDING', KEYS[2], ARGV[3], ARGV[5], ARGV[5], 1)
+if not p[1] or p[1][2] ~= ARGV[4] then return 'not-mine' end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v and string.sub(v, 1, 8) ~= 'started:' then return v end
+if v and string.sub(v, 1, 8) == 'writing:' then return v end
+if v and string.sub(v, 1, 8) ~= 'started:' then
+  -- A mark of an older version (a time): this worker's attempt may have
+  -- reached the platform; it goes on as a retry of its own.
+  redis.call('HSET', KEYS[1], ARGV[1], 'writing:' .. ARGV[2])
+  return v
+end
 redis.call('HSET', KEYS[1], ARGV[1], 'started:' .. ARGV[2])
 return v or ''
 "#;
 
-/// The gate right before the platform call. KEYS: the in-flight hash. ARGV:
-/// delivery key, worker. Returns 1 when this worker may send (now marked
-/// `writing:`; a `writing:` mark of its own is a retry after its restart), 0
-/// when another worker holds the delivery.
+/// The gate right before the platform call. KEYS: the in-flight hash, the
+/// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
+/// Returns 1 when this worker may send (the entry still its own in the
+/// pending list, the mark now `writing:`; a `writing:` mark of its own is a
+/// retry after its restart), 0 when another worker holds the delivery.
 const GATE: &str = r#"
+local p = redis.call('XPENDING', KEYS[2], ARGV[3], ARGV[5], ARGV[5], 1)
+if not p[1] or p[1][2] ~= ARGV[4] then return 0 end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v ~= 'started:' .. ARGV[2] and v ~= 'writing:' .. ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], 'writing:' .. ARGV[2])
@@ -83,6 +104,8 @@ pub(super) enum Prior {
     MineMayHaveSent,
     /// Another worker's attempt may have, and it may still complete it.
     Taken(String),
+    /// The entry is no longer this worker's (taken over): nothing to do.
+    NotMine,
 }
 
 impl Prior {
@@ -93,11 +116,15 @@ impl Prior {
         if previous.starts_with("started:") {
             return Prior::NotSent;
         }
+        if previous == "not-mine" {
+            return Prior::NotMine;
+        }
         match previous.strip_prefix("writing:") {
             Some(w) if w == me => Prior::MineMayHaveSent,
             Some(w) => Prior::Taken(w.to_string()),
-            // A mark of an older version (a time): an attempt may have been made.
-            None => Prior::Taken("an earlier version of this service".to_string()),
+            // A mark of an older version (a time, left by a crash): an attempt
+            // may have been made; a retry, as that version treated it.
+            None => Prior::MineMayHaveSent,
         }
     }
 }
@@ -113,17 +140,31 @@ pub(super) enum Gate {
     Taken(String),
 }
 
+/// Where a flight's entry sits: what the gate checks it still holds.
+#[derive(Debug, Clone)]
+pub(super) struct Holder {
+    pub(super) bridge: String,
+    pub(super) stream: String,
+    pub(super) group: String,
+    pub(super) consumer: String,
+    pub(super) entry_id: String,
+}
+
 /// The gate of one flight, on its own connection (run inside the send task).
 pub(super) async fn pass(
     conn: &mut redis::aio::ConnectionManager,
-    bridge: &str,
+    holder: &Holder,
     delivery_key: &str,
     worker: &str,
 ) -> std::result::Result<bool, SendError> {
     let passed: i64 = GATE_SCRIPT
-        .key(keys::in_flight(bridge))
+        .key(keys::in_flight(&holder.bridge))
+        .key(&holder.stream)
         .arg(delivery_key)
         .arg(worker)
+        .arg(&holder.group)
+        .arg(&holder.consumer)
+        .arg(&holder.entry_id)
         .invoke_async(conn)
         .await
         .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
@@ -131,13 +172,23 @@ pub(super) async fn pass(
 }
 
 impl<S: Sender> OutboxService<S> {
-    /// Marks a delivery this worker is about to send; returns what was there.
-    pub(super) async fn mark_in_flight(&mut self, delivery_key: &str) -> Result<Prior> {
+    /// Marks a delivery this worker is about to send (entry `entry_id` of
+    /// stream `stream`); returns what was there.
+    pub(super) async fn mark_in_flight(
+        &mut self,
+        stream: &str,
+        entry_id: &str,
+        delivery_key: &str,
+    ) -> Result<Prior> {
         let key = keys::in_flight(&self.name);
         let previous: String = MARK_SCRIPT
             .key(&key)
+            .key(stream)
             .arg(delivery_key)
             .arg(&self.worker)
+            .arg(&self.group)
+            .arg(&self.consumer)
+            .arg(entry_id)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
@@ -168,16 +219,18 @@ impl<S: Sender> OutboxService<S> {
         gate: &Gate,
         delivery_key: &str,
     ) -> Result<()> {
-        if !matches!(gate, Gate::Taken(_)) {
+        let Gate::Taken(by) = gate else {
             return Ok(());
-        }
+        };
+        // Only the mark it saw: anything written since is someone's news.
         let key = keys::in_flight(&self.name);
-        let _: i64 = self
-            .store
-            .conn
-            .hdel(&key, delivery_key)
+        let _: i64 = CLEAR_SCRIPT
+            .key(&key)
+            .arg(by)
+            .arg(delivery_key)
+            .invoke_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+            .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
         Ok(())
     }
 
@@ -195,6 +248,8 @@ impl<S: Sender> OutboxService<S> {
             ),
             Prior::MineMayHaveSent => (Gate::Mine(self.worker.clone()), true),
             Prior::Taken(by) => (Gate::Taken(by), true),
+            // Never dispatched: callers stop at `NotMine`.
+            Prior::NotMine => (Gate::Taken("another worker".into()), true),
         }
     }
 }
@@ -209,6 +264,7 @@ mod tests {
         assert_eq!(Prior::parse("started:b", "a"), Prior::NotSent);
         assert_eq!(Prior::parse("writing:a", "a"), Prior::MineMayHaveSent);
         assert_eq!(Prior::parse("writing:b", "a"), Prior::Taken("b".into()));
-        assert!(matches!(Prior::parse("1796170000", "a"), Prior::Taken(_)));
+        assert_eq!(Prior::parse("1796170000", "a"), Prior::MineMayHaveSent);
+        assert_eq!(Prior::parse("not-mine", "a"), Prior::NotMine);
     }
 }

@@ -99,6 +99,15 @@ impl<S: Sender> OutboxService<S> {
                 return self.poison(idx, entry, deliveries, None).await;
             }
             None => {
+                let new = NewPark {
+                    source: idx,
+                    entry: entry.clone(),
+                    message: message.clone(),
+                    id: id.clone(),
+                };
+                if self.admit(vec![new]).await?.is_empty() {
+                    return Ok(());
+                }
                 let (record, _) = self.new_record(&id, &source, entry, message);
                 // Created and indexed in one round trip.
                 let created = Approvals::on(&mut self.store)
@@ -157,6 +166,10 @@ impl<S: Sender> OutboxService<S> {
         if batch.is_empty() {
             return Ok(());
         }
+        let batch = self.admit(batch).await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
         let (records, notes): (Vec<Record>, Vec<_>) = batch
             .iter()
             .map(|p| self.new_record(&p.id, &self.sources[p.source], &p.entry, &p.message))
@@ -212,6 +225,82 @@ impl<S: Sender> OutboxService<S> {
             self.track(p.id, p.source, p.entry.id, record.expires_at);
         }
         Ok(())
+    }
+
+    /// Keeps the fresh entries the bridge's limits allow (`approval.max_parked`,
+    /// `approval.max_parked_per_agent`), in stream order, and refuses the rest
+    /// with a dead letter and a `limit_reached` notice: one agent's flood
+    /// waits in its own queue, never in Redis or ahead of the others. Counted
+    /// from the pending indexes (an agent's at its limit is pruned of records
+    /// gone first); workers side by side may overshoot by a batch each.
+    async fn admit(&mut self, batch: Vec<NewPark>) -> Result<Vec<NewPark>> {
+        let (bridge_limit, agent_limit) = (
+            self.bridge.approval.max_parked as usize,
+            self.bridge.approval.max_parked_per_agent as usize,
+        );
+        if bridge_limit == 0 && agent_limit == 0 {
+            return Ok(batch);
+        }
+        let mut agents: Vec<String> = batch
+            .iter()
+            .filter_map(|p| self.sources[p.source].agent.clone())
+            .collect();
+        agents.sort();
+        agents.dedup();
+        let names: Vec<&str> = agents.iter().map(String::as_str).collect();
+        let (mut all, counts) = Approvals::on(&mut self.store)
+            .parked_counts(&self.name, &names)
+            .await?;
+        let mut per: HashMap<String, usize> = agents.into_iter().zip(counts).collect();
+        if agent_limit > 0 {
+            for (agent, n) in per.iter_mut() {
+                if *n >= agent_limit {
+                    *n = Approvals::on(&mut self.store)
+                        .prune_agent(&self.name, agent)
+                        .await?;
+                }
+            }
+        }
+        let mut kept = Vec::with_capacity(batch.len());
+        for p in batch {
+            let agent = self.sources[p.source].agent.clone();
+            let mine = agent
+                .as_ref()
+                .and_then(|a| per.get(a).copied())
+                .unwrap_or(0);
+            let why = if agent_limit > 0 && agent.is_some() && mine >= agent_limit {
+                Some(format!(
+                    "limit reached: {mine} approvals of this agent are waiting on bridge `{}` (approval.max_parked_per_agent = {agent_limit}); not parked, send it again once some are decided",
+                    self.name
+                ))
+            } else if bridge_limit > 0 && all >= bridge_limit {
+                Some(format!(
+                    "limit reached: {all} approvals are waiting on bridge `{}` (approval.max_parked = {bridge_limit}); not parked, send it again once some are decided",
+                    self.name
+                ))
+            } else {
+                None
+            };
+            match why {
+                Some(reason) => {
+                    let n = Notice {
+                        status: "limit_reached",
+                        reason: &reason,
+                        request_id: p.message.request_id.as_deref(),
+                        ..Notice::default()
+                    };
+                    self.dead_letter(p.source, &p.entry, n).await?;
+                }
+                None => {
+                    all += 1;
+                    if let Some(a) = &agent {
+                        *per.entry(a.clone()).or_default() += 1;
+                    }
+                    kept.push(p);
+                }
+            }
+        }
+        Ok(kept)
     }
 
     /// Reads the records of a page of pending entries in one round trip and puts

@@ -40,8 +40,9 @@ impl<S: Sender> OutboxService<S> {
             self.audit_failed(&id, reason, None).await?;
             self.ack(&self.sources[idx].key.clone(), &parked.entry_id)
                 .await?;
+            let agent = self.sources[idx].agent.clone();
             Approvals::on(&mut self.store)
-                .unindex(&self.name, &id)
+                .unindex(&self.name, agent.as_deref(), &id)
                 .await?;
             self.untrack(&id);
             return Ok(());
@@ -156,11 +157,20 @@ impl<S: Sender> OutboxService<S> {
         }
         // A send another worker started (it may still complete it) is never
         // made again; one this worker started before a restart is a retry.
-        let prior = self.mark_in_flight(&dkey).await?;
+        let prior = self.mark_in_flight(&key, entry_id, &dkey).await?;
+        if prior == super::inflight::Prior::NotMine {
+            tracing::warn!(approval = %id, "not sent: the entry was taken over by another worker");
+            return Ok(());
+        }
         let (gate, retry) = self.gate_for(prior, record.delivery_started.is_some());
         if record.delivery_started.is_none() {
             let started = Approvals::on(&mut self.store)
-                .mark_delivery_started(&id, self.clock.now_secs(), &record.message_sha256)
+                .mark_delivery_started(
+                    &id,
+                    self.clock.now_secs(),
+                    &record.message_sha256,
+                    &self.worker,
+                )
                 .await?;
             if !started {
                 // Edited (or otherwise changed) since it was read: the record

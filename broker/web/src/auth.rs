@@ -6,10 +6,11 @@
 //! - An unknown user costs the same check as a known one (against a hash made
 //!   at start-up), so the answer's timing does not tell which names exist.
 //! - Every failure answers only after [`FAILURE_DELAY`]; after
-//!   [`LOCK_AFTER`] failures in a row from one client address, that address
-//!   is locked for [`LOCK_SECS`], during which even the right password is
-//!   refused. Failures are counted per client, never per name: a stranger
-//!   guessing cannot lock a named approver out of the page.
+//!   [`LOCK_AFTER`] failures in a row for one name from one client (an IPv4
+//!   address or an IPv6 /64), that pair is locked for [`LOCK_SECS`], during
+//!   which even the right password is refused. Never a name for everyone: a
+//!   stranger guessing cannot lock a named approver out of the page; and a
+//!   login under another name does not reset the count.
 //! - A session is tied to the fingerprint of the password hash it was issued
 //!   under ([`Users::fingerprint`]): a changed hash ends every earlier session.
 
@@ -29,6 +30,23 @@ pub const LOCK_SECS: f64 = 300.0;
 /// Addresses whose failures are remembered at most (locked ones are kept first).
 const MAX_TRACKED: usize = 10_000;
 
+/// Whom failed logins are counted against: an IPv4 address, or an IPv6 /64
+/// (one host commonly holds a whole /64). IPv4-mapped IPv6 is IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Client {
+    V4(std::net::Ipv4Addr),
+    V6Net(u64),
+}
+
+impl Client {
+    pub fn of(ip: std::net::IpAddr) -> Client {
+        match ip.to_canonical() {
+            std::net::IpAddr::V4(v4) => Client::V4(v4),
+            std::net::IpAddr::V6(v6) => Client::V6Net((u128::from(v6) >> 64) as u64),
+        }
+    }
+}
+
 /// The outcome of a login.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Login {
@@ -41,8 +59,8 @@ pub enum Login {
 pub struct Users {
     hashes: BTreeMap<String, String>,
     dummy: String,
-    /// Failures in a row and the lock's end, per client address.
-    failures: Mutex<HashMap<std::net::IpAddr, (u32, f64)>>,
+    /// Failures in a row and the lock's end, per (client, name).
+    failures: Mutex<HashMap<(Client, String), (u32, f64)>>,
     /// Argon2 checks at once: each takes 19 MiB, so a flood of logins waits
     /// here instead of exhausting memory.
     checks: tokio::sync::Semaphore,
@@ -97,13 +115,14 @@ impl Users {
         now: f64,
         client: std::net::IpAddr,
     ) -> Login {
+        let key = (Client::of(client), user.to_string());
         let locked = {
             let mut failures = self.failures.lock().expect("lock");
             // Bounded: many addresses cannot grow the table without end.
-            if failures.len() >= MAX_TRACKED && !failures.contains_key(&client) {
+            if failures.len() >= MAX_TRACKED && !failures.contains_key(&key) {
                 failures.retain(|_, (fails, until)| *fails >= LOCK_AFTER && now < *until);
             }
-            let entry = failures.entry(client).or_insert((0, 0.0));
+            let entry = failures.entry(key.clone()).or_insert((0, 0.0));
             if entry.0 >= LOCK_AFTER && now < entry.1 {
                 Some((entry.1 - now).ceil() as u64)
             } else {
@@ -140,7 +159,9 @@ impl Users {
         .unwrap_or(false)
             && known;
         if ok {
-            self.failures.lock().expect("lock").remove(&client);
+            // Only this name from this client: logging in as oneself never
+            // resets the count against someone else's name.
+            self.failures.lock().expect("lock").remove(&key);
             return Login::Ok;
         }
         tokio::time::sleep(FAILURE_DELAY).await;

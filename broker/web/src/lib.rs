@@ -378,28 +378,44 @@ struct LoginForm {
 /// address a trusted proxy (`[web] trusted_proxies`) says it forwarded for
 /// (the rightmost `X-Forwarded-For` entry that is not a trusted proxy itself).
 fn client_of(app: &App, peer: std::net::IpAddr, headers: &HeaderMap) -> std::net::IpAddr {
+    // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d.
+    let peer = peer.to_canonical();
     let trusted = |ip: &std::net::IpAddr| {
         app.config.web.as_ref().is_some_and(|w| {
             w.trusted_proxies
                 .iter()
-                .any(|t| t.parse().ok() == Some(*ip))
+                .filter_map(|t| t.parse::<std::net::IpAddr>().ok())
+                .any(|t| t.to_canonical() == *ip)
         })
     };
     if !trusted(&peer) {
         return peer;
     }
-    let forwarded: Vec<std::net::IpAddr> = headers
+    let entries: Vec<&str> = headers
         .get_all("x-forwarded-for")
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|a| a.trim().parse().ok())
+        .map(str::trim)
         .collect();
-    forwarded
-        .into_iter()
-        .rev()
-        .find(|ip| !trusted(ip))
-        .unwrap_or(peer)
+    // From the right: our proxies' entries are skipped; the first other one
+    // is the client. An entry that does not parse ends the walk at the last
+    // proxy, never at an address the client wrote itself.
+    let mut client = peer;
+    for entry in entries.into_iter().rev() {
+        match entry.parse::<std::net::IpAddr>() {
+            Ok(ip) => {
+                let ip = ip.to_canonical();
+                if trusted(&ip) {
+                    client = ip;
+                    continue;
+                }
+                return ip;
+            }
+            Err(_) => return client,
+        }
+    }
+    client
 }
 
 async fn login(

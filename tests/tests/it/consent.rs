@@ -613,3 +613,87 @@ async fn agents_cannot_post_into_the_approval_channel() {
     desk.stop().await.unwrap();
     assert!(d.delivered("desk.out").is_empty());
 }
+
+/// One agent cannot starve the others: beyond `max_parked_per_agent` its
+/// entries are refused with `limit_reached` (dead letter and notice) instead of
+/// filling Redis and burying the others' cards; another agent's request is
+/// still parked and shown; once one of the first agent's is decided, it may
+/// park again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_agent_cannot_starve_the_others() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 3 }"#,
+    ) + "\n[agents.bob]\n";
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let store = d.store().await;
+    let send = |agent: &'static str, text: String| {
+        let mut store = store.clone();
+        async move {
+            store
+                .xadd(
+                    &keys::agent_outbox(agent, "mail"),
+                    &[
+                        ("channel_id", b"x@example.org".as_slice()),
+                        ("content", text.as_bytes()),
+                    ],
+                )
+                .await
+                .unwrap()
+        }
+    };
+    for i in 0..5 {
+        send("ann", format!("flood {i}")).await;
+    }
+    let refused = wait_until("two refusals", SOON, || async {
+        let n = inbox_notices(&d, "ann:mail:inbox").await;
+        (n.len() >= 2).then_some(n)
+    })
+    .await;
+    for n in &refused {
+        assert_eq!(n["status"], "limit_reached", "{n:?}");
+        assert!(n["reason"].contains("max_parked_per_agent = 3"), "{n:?}");
+    }
+    assert_eq!(
+        harness::stream(&mut d.store().await, "mail:dead")
+            .await
+            .len(),
+        2
+    );
+    send("bob", "mine".into()).await;
+    let cards = wait_until("four cards, bob's among them", SOON, || async {
+        let c = d.delivered("desk.out");
+        (c.len() == 4).then_some(c)
+    })
+    .await;
+    assert!(
+        cards.iter().any(|c| c.content.contains("| mine")),
+        "{cards:?}"
+    );
+    let first = cards
+        .iter()
+        .find(|c| c.content.contains("| flood 0"))
+        .unwrap()
+        .clone();
+    react(&d, &first.external_id, "✅", "boss", "");
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    send("ann", "after one was decided".into()).await;
+    wait_until("ann's next request parked and shown", SOON, || async {
+        d.delivered("desk.out")
+            .iter()
+            .any(|c| c.content.contains("| after one was decided"))
+            .then_some(())
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}

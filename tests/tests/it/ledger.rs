@@ -516,8 +516,29 @@ async fn uncertain_deliveries_wait_for_an_operator() {
     assert_eq!(last.get("by"), Some("cli:op"));
     assert!(events(&h).contains(&"uncertain"));
 
+    // The second is edited by an approver before it is approved: reconciled
+    // as not delivered, it is asked again in the approvers' version.
     let second_entry = agent_sends(&d, "try me again", "r2").await;
-    let (second, card) = notification(&d, 1).await;
+    let (second, _) = notification(&d, 1).await;
+    let mut store = d.store().await;
+    let digest = hash(&mut store, &keys::approval(&second)).await["message_sha256"].clone();
+    let change = approval::edit::Change {
+        content: Some("try me again, corrected".into()),
+        seen: Some(digest),
+        ..Default::default()
+    };
+    approval::edit::edit(
+        &mut store,
+        &d.config,
+        &Clock::system(),
+        &second,
+        &change,
+        "console:boss",
+    )
+    .await
+    .unwrap();
+    let card = card_of(&d, &second, 2).await;
+    history_of_len(&d, &second, 4).await; // parked, notified, edited, notified: answerable
     react(&d, &card, "✅", "boss", "");
     wait_until("a second uncertain notice", SOON, || async {
         (uncertain_notices().await == 2).then_some(())
@@ -541,7 +562,13 @@ async fn uncertain_deliveries_wait_for_an_operator() {
         d.delivered("mail.out").is_empty(),
         "reconciling sends nothing by itself"
     );
-    let (again, card) = notification(&d, 2).await;
+    let (again, card) = notification(&d, 3).await;
+    assert!(
+        d.delivered("desk.out")[3]
+            .content
+            .contains("| try me again, corrected"),
+        "asked again in the approvers' version"
+    );
     let h = history(&d, &second).await;
     assert_eq!(
         h.last().unwrap().get("next_approval"),
@@ -555,7 +582,7 @@ async fn uncertain_deliveries_wait_for_an_operator() {
         d.delivered("mail.out").first().cloned()
     })
     .await;
-    assert_eq!(sent.content, "try me again");
+    assert_eq!(sent.content, "try me again, corrected");
     record_gone(&d, &again).await;
     for s in services {
         s.stop().await.unwrap();

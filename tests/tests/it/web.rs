@@ -297,6 +297,7 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
     let (r, _) = login_from(&web, "nobody", "x", guesser).await;
     assert_eq!(r.status(), 401, "an unknown name reads the same");
     login_from(&web, "boss", "wrong again", guesser).await;
+    login_from(&web, "boss", "and again", guesser).await;
     let (r, session) = login_from(&web, "boss", "correct horse", guesser).await;
     assert_eq!(
         r.status(),
@@ -305,6 +306,11 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
     );
     assert!(r.headers().get("retry-after").is_some());
     assert!(session.is_none());
+    // Logging in under its own name does not reset the count against boss.
+    let (r, _) = login_from(&web, "eve", "eve's password", guesser).await;
+    assert_eq!(r.status(), 303);
+    let (r, _) = login_from(&web, "boss", "correct horse", guesser).await;
+    assert_eq!(r.status(), 429, "still locked for boss from the guesser");
     // The guesser's address is locked, not boss: boss logs in from elsewhere.
     let (r, session) = login_from(&web, "boss", "correct horse", Some("192.0.2.44")).await;
     assert_eq!(r.status(), 303, "the name is not locked for everyone");

@@ -23,7 +23,7 @@ output = "{dir}/mail.out"
 input = "{dir}/mail.in"
 destinations = ["*"]
 claim_idle_seconds = 2
-approval = { required = true, notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
+approval = { required = true, notify = "desk", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"], max_parked_per_agent = 0 }
 
 [bridges.fast]
 type = "console"
