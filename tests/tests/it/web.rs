@@ -318,8 +318,15 @@ async fn logins_are_slowed_and_locked_and_sessions_expire() {
     let home = get(&web, &boss, "/").await;
     assert_eq!(home.status(), 200);
     let csrf = csrf_of(&home.text().await.unwrap());
+    let live = get(&web, &boss, "/events").await;
+    assert_eq!(live.status(), 200);
     let out = post(&web, &boss, "/logout", &[("csrf", &csrf)]).await;
     assert_eq!(out.status(), 303);
+    // Its live updates end too (checked again before every 10 s read).
+    tokio::time::timeout(Duration::from_secs(30), live.bytes())
+        .await
+        .expect("the live-update stream of a logged-out session ends")
+        .ok();
     assert_eq!(
         get(&web, &boss, "/").await.status(),
         303,
