@@ -500,21 +500,7 @@ async fn discord_services_run_under_their_acl_users() {
         fake.identified().then_some(())
     })
     .await;
-    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
-        .await
-        .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg(&[
-            "ann:mail:outbox",
-            "*",
-            "channel_id",
-            "bob@example.org",
-            "content",
-            "under ACL",
-        ])
-        .query_async(&mut ann)
-        .await
-        .unwrap();
+    ann_writes(&d, &secrets, "under ACL").await;
     let card = wait_until("a card with the bot's reactions", SOON, || async {
         fake.with(|r| {
             let card = r.posted.first()?.clone();
@@ -740,6 +726,31 @@ actions = { publish-site = { repo = "{dir}/work", command = ["git", "-C", "{dir}
     }
 }
 
+/// Agent ann, over its own ACL user, asks `mail` to send `content` to bob;
+/// returns ann's connection.
+async fn ann_writes(
+    d: &Deployment,
+    secrets: &Secrets,
+    content: &str,
+) -> redis::aio::MultiplexedConnection {
+    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
+        .await
+        .unwrap();
+    let _: String = redis::cmd("XADD")
+        .arg(&[
+            "ann:mail:outbox",
+            "*",
+            "channel_id",
+            "bob@example.org",
+            "content",
+            content,
+        ])
+        .query_async(&mut ann)
+        .await
+        .unwrap();
+    ann
+}
+
 /// Tries `args` as the user behind `conn`; true when the ACL refused it.
 async fn refused_by_acl(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> bool {
     let mut cmd = redis::cmd(args[0]);
@@ -815,21 +826,7 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     );
     let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
     let mut admin = d.store().await;
-    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
-        .await
-        .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg(&[
-            "ann:mail:outbox",
-            "*",
-            "channel_id",
-            "bob@example.org",
-            "content",
-            "needs two",
-        ])
-        .query_async(&mut ann)
-        .await
-        .unwrap();
+    ann_writes(&d, &secrets, "needs two").await;
     let id = wait_until("the notification", SOON, || async {
         d.delivered("desk.out")
             .first()
@@ -1001,18 +998,7 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     // The genuine flow, on a new message: both operators, each naming what
     // they saw, with nothing but their own passwords (the administrator's
     // password file unreadable).
-    let _: String = redis::cmd("XADD")
-        .arg(&[
-            "ann:mail:outbox",
-            "*",
-            "channel_id",
-            "bob@example.org",
-            "content",
-            "needs two",
-        ])
-        .query_async(&mut ann)
-        .await
-        .unwrap();
+    ann_writes(&d, &secrets, "needs two").await;
     let id = wait_until("the second notification", SOON, || async {
         d.delivered("desk.out")
             .get(1)

@@ -223,6 +223,28 @@ async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
     .await
 }
 
+/// Approver `console:boss` replaces approval `id`'s content, from the version
+/// it has now.
+async fn edit_as_boss(d: &Deployment, id: &str, content: &str) {
+    let mut store = d.store().await;
+    let digest = hash(&mut store, &keys::approval(id)).await["message_sha256"].clone();
+    let change = approval::edit::Change {
+        content: Some(content.into()),
+        seen: Some(digest),
+        ..Default::default()
+    };
+    approval::edit::edit(
+        &mut store,
+        &d.config,
+        &Clock::system(),
+        id,
+        &change,
+        "console:boss",
+    )
+    .await
+    .unwrap();
+}
+
 /// A quorum counts people: boss approving as `console:boss` and again as
 /// `console:bigboss` is one approval. Under a quorum the editor proposes and
 /// others dispose: boss edits, boss's approval of the edit is not counted,
@@ -254,22 +276,7 @@ async fn one_person_counts_once_and_an_editor_does_not_count() {
     );
 
     // boss edits: the counted approval is revoked, and boss proposes only.
-    let digest = hash(&mut store, &keys::approval(&id)).await["message_sha256"].clone();
-    let change = approval::edit::Change {
-        content: Some("the secret is [redacted]".into()),
-        seen: Some(digest),
-        ..Default::default()
-    };
-    approval::edit::edit(
-        &mut store,
-        &d.config,
-        &Clock::system(),
-        &id,
-        &change,
-        "console:boss",
-    )
-    .await
-    .unwrap();
+    edit_as_boss(&d, &id, "the secret is [redacted]").await;
     let card = card_of(&d, &id, 2).await;
     // Answerable once recorded as shown (its map entry and `notified` go together).
     let h = history_of_len(&d, &id, 6).await;
@@ -520,23 +527,7 @@ async fn uncertain_deliveries_wait_for_an_operator() {
     // as not delivered, it is asked again in the approvers' version.
     let second_entry = agent_sends(&d, "try me again", "r2").await;
     let (second, _) = notification(&d, 1).await;
-    let mut store = d.store().await;
-    let digest = hash(&mut store, &keys::approval(&second)).await["message_sha256"].clone();
-    let change = approval::edit::Change {
-        content: Some("try me again, corrected".into()),
-        seen: Some(digest),
-        ..Default::default()
-    };
-    approval::edit::edit(
-        &mut store,
-        &d.config,
-        &Clock::system(),
-        &second,
-        &change,
-        "console:boss",
-    )
-    .await
-    .unwrap();
+    edit_as_boss(&d, &second, "try me again, corrected").await;
     let card = card_of(&d, &second, 2).await;
     history_of_len(&d, &second, 4).await; // parked, notified, edited, notified: answerable
     react(&d, &card, "✅", "boss", "");

@@ -64,6 +64,23 @@ async fn send(store: &mut Store, bridge: &str, to: &str, content: &str) {
         .unwrap();
 }
 
+/// Waits until the first worker made `bridge`'s group on ann's stream, so
+/// what is written next is that worker's.
+async fn group_exists(d: &Deployment, bridge: &str) {
+    let (stream, group) = (
+        keys::agent_outbox("ann", bridge),
+        keys::outbox_group(bridge),
+    );
+    wait_until("the first worker's group exists", SOON, || async {
+        let mut s = d.store().await;
+        s.consumers(&stream, &group)
+            .await
+            .is_ok_and(|c| !c.is_empty())
+            .then_some(())
+    })
+    .await;
+}
+
 /// How many entries of `stream` each consumer of the outbox group holds.
 async fn holders(store: &mut Store, stream: &str, group: &str) -> HashMap<String, u64> {
     store
@@ -323,14 +340,7 @@ async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
     let a = d.process_with("cowboy-console-outbox", "mail", &["--worker", "a"]);
     let mail_stream = keys::agent_outbox("ann", "mail");
     let group = keys::outbox_group("mail");
-    wait_until("worker a's group exists", SOON, || async {
-        let mut s = d.store().await;
-        s.consumers(&mail_stream, &group)
-            .await
-            .is_ok_and(|c| !c.is_empty())
-            .then_some(())
-    })
-    .await;
+    group_exists(&d, "mail").await;
     for i in 0..3 {
         send(
             &mut store,
@@ -423,16 +433,7 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     let d = Deployment::new(&config());
     let mut store = d.store().await;
     let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
-    let stream_key = keys::agent_outbox("ann", "slow");
-    let group = keys::outbox_group("slow");
-    wait_until("worker a's group exists", SOON, || async {
-        let mut s = d.store().await;
-        s.consumers(&stream_key, &group)
-            .await
-            .is_ok_and(|c| !c.is_empty())
-            .then_some(())
-    })
-    .await;
+    group_exists(&d, "slow").await;
     send(&mut store, "slow", "dest-0", "begun").await;
     send(&mut store, "slow", "dest-1", "queued").await;
     // Both marked by a; the first through its gate, inside its 3 s send.
