@@ -26,6 +26,8 @@ pub struct MailStack {
     lmtp_port: u16,
     /// With [`MailStack::start_tls`]: the TLS ports and the CAs.
     pub tls: Option<TlsPorts>,
+    /// With [`MailStack::start_without_idle`]: Dovecot does not offer IDLE.
+    no_idle: bool,
 }
 
 /// The TLS side of a stack started with [`MailStack::start_tls`]. The server
@@ -161,17 +163,23 @@ fn need(program: &str) {
 impl MailStack {
     /// Starts Dovecot and Postfix.
     pub fn start() -> MailStack {
-        MailStack::start_with(false)
+        MailStack::start_with(false, false)
+    }
+
+    /// Starts Dovecot without IDLE among its capabilities (as some servers
+    /// are), and Postfix: a client must poll.
+    pub fn start_without_idle() -> MailStack {
+        MailStack::start_with(false, true)
     }
 
     /// Starts Dovecot and Postfix with TLS on every port but LMTP: STARTTLS
     /// on the plain ports, and implicit TLS and a no-STARTTLS SMTP beside them
     /// (see [`TlsPorts`]).
     pub fn start_tls() -> MailStack {
-        MailStack::start_with(true)
+        MailStack::start_with(true, false)
     }
 
-    fn start_with(tls: bool) -> MailStack {
+    fn start_with(tls: bool, no_idle: bool) -> MailStack {
         need("dovecot");
         need("postfix");
         let dir = tempfile::tempdir().unwrap();
@@ -192,6 +200,7 @@ impl MailStack {
             imap_port: free_port(),
             lmtp_port: free_port(),
             tls,
+            no_idle,
         };
         // A free port can be taken by a test running beside this one before
         // Dovecot binds it: try again on others.
@@ -254,7 +263,7 @@ log_path = {d}/dovecot/dovecot.log
 protocols = imap lmtp
 listen = 127.0.0.1
 ssl = {ssl}
-disable_plaintext_auth = no
+{capability}disable_plaintext_auth = no
 default_internal_user = {user}
 default_internal_group = {group}
 default_login_user = {user}
@@ -297,6 +306,11 @@ service auth {{
             d = d.display(),
             imap = self.imap_port,
             lmtp = self.lmtp_port,
+            capability = if self.no_idle {
+                "imap_capability = IMAP4rev1 SASL-IR LOGIN-REFERRALS ID ENABLE LITERAL+\n"
+            } else {
+                ""
+            },
         );
         std::fs::write(self.dovecot_conf(), conf).unwrap();
         // Dovecot keeps inherited stdio open after daemonising: never capture it.

@@ -1237,3 +1237,44 @@ async fn destinations_are_compared_as_the_mail_system_reads_them() {
         "nothing approved, nothing sent"
     );
 }
+
+/// A server without IDLE: the ingest polls every `poll_seconds` and finds new
+/// mail each time, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_idle_the_ingest_polls() {
+    let stack = MailStack::start_without_idle();
+    let settings = stack.bridge_settings().replace(
+        "tls = \"none\", username",
+        "tls = \"none\", poll_seconds = 1, username",
+    );
+    assert!(settings.contains("poll_seconds = 1"), "{settings}");
+    let d = Deployment::new(&format!(
+        "[agents.ann]\n\n[bridges.mail]\ntype = \"email\"\ndestinations = [\"*@bridge.test\"]\n{settings}"
+    ));
+    let _ingest = d.process("cowboy-email-ingest", "mail");
+    for n in 1..=2 {
+        stack.send_raw(
+            "bob@bridge.test",
+            "bridge@bridge.test",
+            &format!("From: bob@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: poll {n}\r\nMessage-ID: <poll.{n}@bridge.test>\r\n\r\npolled {n}\r\n"),
+            None,
+        );
+        wait_until(&format!("mail {n} read by polling"), MAIL, || async {
+            let entries = inbox(&d, "mail:inbox").await;
+            (entries.len() == n).then_some(entries)
+        })
+        .await;
+    }
+    let entries = inbox(&d, "mail:inbox").await;
+    assert_eq!(entries[0]["subject"], "poll 1");
+    assert_eq!(entries[1]["subject"], "poll 2");
+    let log = std::fs::read_to_string(d.path("cowboy-email-ingest-mail.log")).unwrap();
+    let opened = log
+        .lines()
+        .find(|l| l.contains("IMAP session open"))
+        .unwrap_or_default();
+    assert!(
+        opened.trim_end().ends_with("false"),
+        "IDLE was not offered: {log}"
+    );
+}
