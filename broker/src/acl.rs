@@ -866,18 +866,21 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
 
 /// What a user that must never change an approval by itself (an operator,
 /// the page, the exporter) is refused: writing records, wake-ups, trails, the
-/// cards' stream, administration and scripts. `asks` is its request stream
+/// cards' stream, administration and scripts. `reads_records`: whether it
+/// may read a record (the exporter may not); `asks` is its request stream
 /// (allowed), `other` another requester's (refused).
 fn decider_probes(
     config: &Config,
     user: &str,
-    asks: Option<(&str, &str)>,
+    reads_records: bool,
+    asks: Option<&str>,
     other: Option<&str>,
 ) -> Vec<Probe> {
     use Expect::*;
     let rec = keys::approval("00000000-0000-4000-8000-000000000000");
+    let read = if reads_records { Allowed } else { Refused };
     let mut p = vec![
-        probe(user, Allowed, false, &["HGETALL", &rec]),
+        probe(user, read, false, &["HGETALL", &rec]),
         probe(user, Refused, true, &["HSET", &rec, "status", "approved"]),
         probe(user, Refused, true, &["DEL", &rec]),
         probe(
@@ -922,7 +925,7 @@ fn decider_probes(
         if !bridge.approval.required {
             continue;
         }
-        if let Some((requests, _)) = asks {
+        if let Some(requests) = asks {
             p.push(probe(
                 user,
                 Allowed,
@@ -993,7 +996,7 @@ pub fn all_probes(config: &Config) -> Vec<Probe> {
             .filter(|o| *o != name)
             .map(|o| format!("cli:{o}"))
             .unwrap_or_else(|| "web".to_string());
-        probes.extend(decider_probes(config, name, Some((&own, "")), Some(&other)));
+        probes.extend(decider_probes(config, name, true, Some(&own), Some(&other)));
     }
     if let Some(web) = &config.web {
         if web.redis_password_file.is_some() {
@@ -1001,18 +1004,14 @@ pub fn all_probes(config: &Config) -> Vec<Probe> {
             probes.extend(decider_probes(
                 config,
                 keys::WEB_USER,
-                Some(("web", "")),
+                true,
+                Some("web"),
                 other.as_deref(),
             ));
         }
         if web.exporter_password_file.is_some() {
-            let mut p = decider_probes(config, keys::EXPORTER_USER, None, Some("web"));
             // Metrics never read a record or a message.
-            for probe in &mut p {
-                if probe.args[0] == "HGETALL" {
-                    probe.expect = Expect::Refused;
-                }
-            }
+            let mut p = decider_probes(config, keys::EXPORTER_USER, false, None, Some("web"));
             if let Some(bridge) = config.bridges.keys().next() {
                 p.push(probe(
                     keys::EXPORTER_USER,

@@ -70,42 +70,36 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
     match service {
         Service::Outbox => {
             let sender = bridge.sender(&name)?;
-            // The operators' and the page's decisions on this bridge's approvals
-            // are applied here, beside the engine (see `crate::request`). If that
-            // stops for good, the whole service stops (and says why): an outbox
-            // that delivers while ignoring decisions would fail silently.
-            if !config.bridge(&name)?.approval.required {
-                return OutboxService::new(config, &name, sender, store, shutdown)?
-                    .with_worker(worker.as_deref())?
-                    .run()
-                    .await;
-            }
+            // The engine runs on its own shutdown, fired by the service's, or
+            // by the task beside it that applies the operators' and the page's
+            // decisions on a parking bridge's approvals (see `crate::request`)
+            // when that stops for good: an outbox that delivers while ignoring
+            // decisions would fail silently.
             let (trigger, engine) = Shutdown::new();
-            let requests = tokio::spawn({
-                let (store, config, name) = (store.clone(), config.clone(), name.clone());
-                let worker = worker
-                    .clone()
-                    .unwrap_or_else(|| keys::DEFAULT_WORKER.to_string());
-                async move {
-                    let result =
-                        crate::request::serve(store, config, name, worker, shutdown.clone()).await;
-                    if result.is_ok() {
-                        shutdown.wait().await;
+            let outbox = OutboxService::new(config.clone(), &name, sender, store.clone(), engine)?
+                .with_worker(worker.as_deref())?;
+            let parks = config.bridge(&name)?.approval.required;
+            let worker = worker.unwrap_or_else(|| keys::DEFAULT_WORKER.to_string());
+            let beside = tokio::spawn(async move {
+                let result = match parks {
+                    true => {
+                        crate::request::serve(store, config, name, worker, shutdown.clone()).await
                     }
-                    trigger.fire();
-                    result
+                    false => Ok(()),
+                };
+                if result.is_ok() {
+                    shutdown.wait().await;
                 }
+                trigger.fire();
+                result
             });
-            let result = OutboxService::new(config, &name, sender, store, engine)?
-                .with_worker(worker.as_deref())?
-                .run()
-                .await;
-            // Stopped, or failed by itself: the request task goes with it (a
+            let result = outbox.run().await;
+            // Stopped, or failed by itself: the task beside goes with it (a
             // request cut short stays pending and lapses unapplied).
-            if !requests.is_finished() {
-                requests.abort();
+            if !beside.is_finished() {
+                beside.abort();
             }
-            match requests.await {
+            match beside.await {
                 Ok(Err(e)) => Err(e),
                 _ => result,
             }

@@ -579,12 +579,11 @@ impl Config {
         for name in self.agents.keys() {
             check_name(&format!("agents.{name}"), name)?;
         }
-        for (name, op) in &self.operators {
+        for name in self.operators.keys() {
             let at = format!("operators.{name}");
             check_name(&at, name)?;
             // The `[redis]` user administers (it renders and loads the ACL):
             // as an approver it could act as every other operator.
-            let _ = op;
             if Some(name) == self.redis.username.as_ref() {
                 return Err(ConfigError::invalid(
                     at,

@@ -40,8 +40,9 @@ pub struct Uncertain {
     pub at: f64,
     /// The agent's entry, field by field, so it can be put back.
     pub fields: Vec<(String, String)>,
-    /// What was being sent when it differs from the agent's entry (an
-    /// approver's edit): what is put back, so the correction is not lost.
+    /// What was being sent (an approver's edit included): what is put back,
+    /// so a correction is not lost. Absent on deliveries recorded by older
+    /// versions, whose agent's fields are put back as they are.
     #[serde(default)]
     pub sent: Option<crate::approval::edit::EditedMessage>,
 }

@@ -444,20 +444,13 @@ impl<S: Sender> OutboxService<S> {
                 .iter()
                 .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
                 .collect(),
-            sent: None,
-        };
-        // An approver's edit is what was being sent: kept to be put back.
-        let text = |k: &str| entry.text(k).filter(|v| !v.is_empty());
-        let edited = text("channel_id") != Some(message.channel_id.as_str())
-            || text("subject") != message.subject.as_deref()
-            || text("content").unwrap_or("") != message.content;
-        let u = crate::deliveries::Uncertain {
-            sent: edited.then(|| crate::approval::edit::EditedMessage {
+            // What was being sent (an approver's edit included) is what is
+            // put back, never silently the agent's first draft.
+            sent: Some(crate::approval::edit::EditedMessage {
                 channel_id: message.channel_id.clone(),
                 subject: message.subject.clone(),
                 content: message.content.clone(),
             }),
-            ..u
         };
         crate::deliveries::record(&mut self.store, &self.config, &u).await
     }

@@ -406,23 +406,8 @@ async fn the_approval_flow_runs_under_least_privilege() {
         d.spawn("ingest", "desk"),
         d.spawn("ping", "mail"),
     ];
-    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
-        .await
-        .unwrap();
-    for content in ["approve me", "reject me"] {
-        let _: String = redis::cmd("XADD")
-            .arg(&[
-                "ann:mail:outbox",
-                "*",
-                "channel_id",
-                "bob@example.org",
-                "content",
-                content,
-            ])
-            .query_async(&mut ann)
-            .await
-            .unwrap();
-    }
+    let mut ann = ann_writes(&d, &secrets, "approve me").await;
+    ann_writes(&d, &secrets, "reject me").await;
     let notes = wait_until("two notifications", SOON, || async {
         let n = d.delivered("desk.out");
         (n.len() == 2).then_some(n)

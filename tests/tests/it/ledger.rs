@@ -208,6 +208,22 @@ async fn retention_trims_old_audit_entries() {
 /// surfaces (two console names), amy and carl on one.
 const QUORUM_PEOPLE: &str = "\n[people.boss]\nidentities = [\"console:boss\", \"console:bigboss\"]\n\n[people.amy]\nidentities = [\"console:amy\"]\n\n[people.carl]\nidentities = [\"console:carl\"]\n";
 
+/// A deployment whose `mail` needs two of `approvers` (the people of
+/// [`QUORUM_PEOPLE`]), with mail's and desk's outboxes and desk's ingest running.
+fn quorum_of_two(approvers: &str) -> (Deployment, [harness::Running; 3]) {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        &format!("approvers = [{approvers}], quorum = 2 }}"),
+    ) + QUORUM_PEOPLE;
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    (d, services)
+}
+
 /// The last card shown for approval `id` (a new one after each edit), once
 /// there are `n` cards for it.
 async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
@@ -251,16 +267,8 @@ async fn edit_as_boss(d: &Deployment, id: &str, content: &str) {
 /// amy's and carl's are, and the edited version is sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_person_counts_once_and_an_editor_does_not_count() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "console:bigboss", "console:amy", "console:carl"], quorum = 2 }"#,
-    ) + QUORUM_PEOPLE;
-    let d = Deployment::new(&config);
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let (d, services) =
+        quorum_of_two(r#""console:boss", "console:bigboss", "console:amy", "console:carl""#);
     agent_sends(&d, "the secret is hunter2", "r1").await;
     let (id, card) = notification(&d, 0).await;
     react(&d, &card, "✅", "boss", "");
@@ -307,16 +315,7 @@ async fn one_person_counts_once_and_an_editor_does_not_count() {
 /// a second approver sends once; one rejection rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_needs_distinct_approvers_and_one_rejection_rejects() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "console:amy"], quorum = 2 }"#,
-    ) + QUORUM_PEOPLE;
-    let d = Deployment::new(&config);
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
     agent_sends(&d, "two keys", "r1").await;
     let (id, card) = notification(&d, 0).await;
     assert!(

@@ -64,6 +64,17 @@ async fn send(store: &mut Store, bridge: &str, to: &str, content: &str) {
         .unwrap();
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`) to a running service.
+fn signal(p: &harness::Process, sig: &str) {
+    let pid = p.0.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
 /// Waits until the first worker made `bridge`'s group on ann's stream, so
 /// what is written next is that worker's.
 async fn group_exists(d: &Deployment, bridge: &str) {
@@ -354,15 +365,7 @@ async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
         (d.delivered("desk.out").len() == 3).then_some(())
     })
     .await;
-    let pid = a.0.id().to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
+    let signal = |sig: &str| signal(&a, sig);
     signal("-STOP");
     let _b = d.process_with("cowboy-console-outbox", "mail", &["--worker", "b"]);
     wait_until(
@@ -444,15 +447,7 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     })
     .await;
     assert!(marks.values().any(|v| v == "started:a"), "{marks:?}");
-    let pid = a.0.id().to_string();
-    let signal = |sig: &str| {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {sig} {pid}");
-    };
+    let signal = |sig: &str| signal(&a, sig);
     signal("-STOP");
     let _b = d.process_with("cowboy-console-outbox", "slow", &["--worker", "b"]);
     let notice = wait_until("the begun send reported uncertain", SOON, || async {
