@@ -58,6 +58,7 @@ let
         approvers = approval.approvers or null;
         quorum = approval.quorum or null;
         editors_count = approval.editors_count or null;
+        trust_surfaces = approval.trust_surfaces or null;
         max_parked_per_agent = approval.max_parked_per_agent or null;
         max_parked = approval.max_parked or null;
       };

@@ -158,11 +158,30 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             }
             // A card the platform refused rejects its approval and wakes the requester.
             sels.extend(wake_selector(config, name));
-            // Records only for a bridge that parks or shows cards: elsewhere a
-            // forged `approval_id` is refused without reading anything.
-            if parks || config.is_approval_surface(name) {
+            // Records only of the bridges it parks for or shows cards of (by
+            // their ids' tags, see `keys::approval_tag`): elsewhere a forged
+            // `approval_id` is refused without reading anything.
+            let mut records: Vec<String> = config
+                .requesters_of(name)
+                .chain(parks.then_some(name))
+                .map(|b| format!("~{}", keys::approvals_of(b)))
+                .collect();
+            records.sort();
+            records.dedup();
+            // Card maps: its own as a surface; its surface's, whose entry for
+            // a settled approval's card it drops when it parks.
+            if config.is_approval_surface(name) {
+                records.push(format!("~{}", keys::approval_map(name)));
+            }
+            if parks && config.notify_bridge(name) != name {
+                records.push(format!(
+                    "~{}",
+                    keys::approval_map(config.notify_bridge(name))
+                ));
+            }
+            if !records.is_empty() {
                 sels.push(selector(
-                    &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                    &records,
                     "+hgetall +hget +hset +hdel +del +exists +hmget +expire +evalsha +eval +script|load +multi +exec",
                 ));
             }
@@ -171,10 +190,16 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             let mut inboxes = vec![format!("%W~{}", keys::inbox(name))];
             inboxes.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&inboxes, "+xadd"));
-            // Deciding only on a bridge that some bridge asks through.
+            // Deciding only on a bridge that some bridge asks through, and
+            // only the approvals of the bridges that ask through it.
             if config.is_approval_surface(name) {
+                let mut records: Vec<String> = config
+                    .requesters_of(name)
+                    .map(|b| format!("~{}", keys::approvals_of(b)))
+                    .collect();
+                records.push(format!("~{}", keys::approval_map(name)));
                 sels.push(selector(
-                    &[format!("~{}*", keys::APPROVAL_PREFIX)],
+                    &records,
                     "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
                 ));
             }
@@ -709,6 +734,33 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
     ));
     let surface = config.is_approval_surface(name);
     let when = |yes: bool| if yes { Allowed } else { Refused };
+    // The bridges whose approval records this bridge's services touch: its
+    // own when it parks, those that ask through it when it shows cards.
+    let served: Vec<&str> = config
+        .requesters_of(name)
+        .chain((parks && service == Service::Outbox).then_some(name))
+        .collect();
+    let record_of = |b: &str| keys::approval(&keys::probe_approval_id(b));
+    if service != Service::Ping {
+        for b in &served {
+            p.push(probe(u, Allowed, false, &["HGETALL", &record_of(b)]));
+        }
+        // Another bridge's approvals are out of reach, whatever the id says.
+        for b in config
+            .bridges
+            .keys()
+            .filter(|b| !served.contains(&b.as_str()))
+        {
+            let rec = record_of(b);
+            p.push(probe(u, Refused, false, &["HGETALL", &rec]));
+            p.push(probe(
+                u,
+                Refused,
+                true,
+                &["HSET", &rec, "status", "approved"],
+            ));
+        }
+    }
     match service {
         Service::Outbox => {
             p.push(probe(
@@ -734,12 +786,6 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
             p.push(probe(u, Refused, false, &["XRANGE", &audit, "-", "+"]));
             p.push(probe(u, Refused, true, &["XTRIM", &audit, "MAXLEN", "0"]));
             p.push(probe(u, Refused, true, &["XDEL", &audit, "0-1"]));
-            p.push(probe(
-                u,
-                when(parks || surface),
-                false,
-                &["HGETALL", &keys::approval("acl-check")],
-            ));
             p.push(probe(u, when(parks), false, &["GET", &keys::id_key(name)]));
             p.push(probe(
                 u,
@@ -810,12 +856,9 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 ));
                 p.push(probe(u, Refused, false, &["XRANGE", &audit, "-", "+"]));
             }
-            p.push(probe(
-                u,
-                Refused,
-                true,
-                &["DEL", &keys::approval("acl-check")],
-            ));
+            for b in &served {
+                p.push(probe(u, Refused, true, &["DEL", &record_of(b)]));
+            }
             p.push(probe(u, Refused, true, &["FLUSHALL"]));
             p.push(probe(
                 u,
@@ -846,12 +889,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                     "0",
                 ],
             ));
-            p.push(probe(
-                u,
-                Refused,
-                false,
-                &["HGETALL", &keys::approval("acl-check")],
-            ));
+            p.push(probe(u, Refused, false, &["HGETALL", &record_of(name)]));
             p.push(probe(
                 u,
                 Refused,
@@ -877,7 +915,14 @@ fn decider_probes(
     other: Option<&str>,
 ) -> Vec<Probe> {
     use Expect::*;
-    let rec = keys::approval("00000000-0000-4000-8000-000000000000");
+    let rec = keys::approval(
+        &config
+            .bridges
+            .keys()
+            .next()
+            .map(|b| keys::probe_approval_id(b))
+            .unwrap_or_else(|| "00000000-0000-4000-8000-000000000000".into()),
+    );
     let read = if reads_records { Allowed } else { Refused };
     let mut p = vec![
         probe(user, read, false, &["HGETALL", &rec]),
@@ -1214,12 +1259,17 @@ type = "console"
         )
         .unwrap();
         let rules = |b: &str, s: Service| service_rules(&config, b, s, "00");
-        assert!(rules("shows", Service::Ingest).contains("~approval:*"));
+        // Records by the asking bridge's tag, never the whole prefix.
+        let asks = format!("~approval:*{}", keys::approval_tag("asks"));
+        assert!(rules("shows", Service::Ingest).contains(&asks));
+        assert!(!rules("shows", Service::Ingest).contains("~approval:* "));
         assert!(!rules("plain", Service::Ingest).contains("approval:"));
         assert!(!rules("asks", Service::Ingest).contains("approval:"));
         assert!(rules("asks", Service::Outbox).contains("~asks:id-key"));
+        assert!(rules("asks", Service::Outbox).contains(&asks));
         assert!(!rules("shows", Service::Outbox).contains("id-key"));
-        assert!(rules("shows", Service::Outbox).contains("~approval:*"));
+        assert!(rules("shows", Service::Outbox).contains(&asks));
+        assert!(rules("shows", Service::Outbox).contains("~approval:shows_map"));
         assert!(!rules("plain", Service::Outbox).contains("approval:"));
     }
 }

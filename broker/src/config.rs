@@ -444,6 +444,14 @@ pub struct ApprovalConfig {
     /// dispose.
     #[serde(default)]
     pub editors_count: bool,
+    /// Under a quorum above 1, whether several people answering through one
+    /// service password (the notify bridge's ingest, which reports every
+    /// reaction or reply on its platform; the page's, which speaks for every
+    /// `web:` user) count as several. Off by default: one password counts
+    /// once, so no single secret meets a quorum; operators, each with a
+    /// Redis user of their own, always count apart.
+    #[serde(default)]
+    pub trust_surfaces: bool,
 }
 
 fn default_quorum() -> u32 {
@@ -466,6 +474,7 @@ impl Default for ApprovalConfig {
             max_parked_per_agent: default_max_parked_per_agent(),
             max_parked: 0,
             editors_count: false,
+            trust_surfaces: false,
         }
     }
 }
@@ -578,6 +587,17 @@ impl Config {
         }
         for name in self.agents.keys() {
             check_name(&format!("agents.{name}"), name)?;
+        }
+        // Each bridge's approval ids end with its tag, and its services'
+        // rights on records follow the tag: two bridges must not share one.
+        let mut tags: BTreeMap<String, &str> = BTreeMap::new();
+        for name in self.bridges.keys() {
+            if let Some(other) = tags.insert(crate::keys::approval_tag(name), name) {
+                return Err(ConfigError::invalid(
+                    format!("bridges.{name}"),
+                    format!("its approval ids would end like bridge `{other}`'s (a one in four billion chance): rename one of them"),
+                ));
+            }
         }
         for name in self.operators.keys() {
             let at = format!("operators.{name}");
@@ -779,6 +799,19 @@ impl Config {
                         format!("`{who}` belongs to no [people.NAME] entry: under a quorum above 1 every approver must be a declared person, so one human with two identities cannot count twice"),
                     ));
                 }
+                // One password counts once: the approvers must be able to
+                // answer through as many secrets as the quorum needs.
+                let proofs: std::collections::BTreeSet<&str> =
+                    approval.approvers.iter().map(|a| proof_class(a)).collect();
+                if !approval.trust_surfaces && proofs.len() < approval.quorum as usize {
+                    return Err(ConfigError::invalid(
+                        format!("{at}.approval.quorum"),
+                        format!(
+                            "the approvers answer through {} password(s) (the notify bridge's ingest speaks for every identity on its platform, the page's for every web: user, each operator has its own), so one password would count as several people: add operators, or set approval.trust_surfaces = true to count each person on one surface",
+                            proofs.len()
+                        ),
+                    ));
+                }
             }
             if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
                 return Err(ConfigError::invalid(
@@ -917,6 +950,17 @@ fn well_formed_identity(who: &str) -> bool {
 
 /// One person, one spelling: `email:Ann@Example.org` is `email:ann@example.org`;
 /// other identities compare exactly.
+/// The secret an answer by `identity` is proven with, as a class: an
+/// operator's own Redis user (`cli:NAME`), the page's password (`web:`), or
+/// the notify bridge's ingest password (every other surface).
+fn proof_class(identity: &str) -> &str {
+    match identity.split_once(':') {
+        Some(("cli", _)) => identity,
+        Some(("web", _)) => "page",
+        _ => "surface",
+    }
+}
+
 pub fn canonical_identity(identity: &str) -> String {
     match identity.split_once(':') {
         Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
@@ -1078,9 +1122,24 @@ mod tests {
             "{strangers}"
         );
         let people = "[people.a]\nidentities = [\"console:a\", \"discord:9\"]\n[people.b]\nidentities = [\"discord:1\"]\n";
-        Config::parse(&format!(
+        // Two people behind one service password: refused unless trusted.
+        let shared = err(&format!(
             "{people}{}",
             bridge(r#"approvers = ["console:a", "discord:1"], quorum = 2"#)
+        ));
+        assert!(
+            shared.contains("bridges.c.approval.quorum") && shared.contains("trust_surfaces"),
+            "{shared}"
+        );
+        Config::parse(&format!(
+            "{people}{}",
+            bridge(r#"approvers = ["console:a", "discord:1"], quorum = 2, trust_surfaces = true"#)
+        ))
+        .unwrap();
+        // An operator's own Redis user is a proof of its own.
+        Config::parse(&format!(
+            "{people}[people.o]\nidentities = [\"cli:o\"]\n[operators.o]\npassword_file = \"/x\"\n{}",
+            bridge(r#"approvers = ["console:a", "cli:o"], quorum = 2"#)
         ))
         .unwrap();
         // One person on two surfaces is one: a quorum of two needs another.

@@ -92,7 +92,10 @@ impl Ingest {
             return Ok(Outcome::Unknown);
         }
         let approver = format!("{}:{user}", self.kind);
-        let answer = Answer::new(&self.clock, verdict, &approver, reason);
+        // This service's one password reports every answer on the platform.
+        let proof = format!("ingest:{}", self.name);
+        let mut answer = Answer::new(&self.clock, verdict, &approver, reason);
+        answer.proof = Some(&proof);
         let outcome = approval::resolve_approval(
             &mut self.store,
             &self.config,

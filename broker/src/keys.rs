@@ -126,6 +126,30 @@ pub fn approval(id: &str) -> String {
     format!("{APPROVAL_PREFIX}{id}")
 }
 
+/// The eight hex digits every approval id of requesting bridge `bridge` ends
+/// with (see [`crate::approval::IdKey`]). They let an ACL key pattern
+/// ([`approvals_of`]) give a service the records of the bridges it serves and
+/// no others, while each key stays `approval:<uuid>`. Derived from the name
+/// alone; the config refuses two bridges with one tag.
+pub fn approval_tag(bridge: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"cowboy approval tag\n");
+    h.update(bridge.as_bytes());
+    hex::encode(&h.finalize()[..4])
+}
+
+/// The records of requesting bridge `bridge`'s approvals, as an ACL key pattern.
+pub fn approvals_of(bridge: &str) -> String {
+    format!("{APPROVAL_PREFIX}*{}", approval_tag(bridge))
+}
+
+/// A well-formed approval id of `bridge` that no record has: what the ACL
+/// probes try their rights on.
+pub fn probe_approval_id(bridge: &str) -> String {
+    format!("00000000-0000-4000-8000-0000{}", approval_tag(bridge))
+}
+
 /// External message id → approval id, owned by the notify bridge `source`.
 pub fn approval_map(source: &str) -> String {
     format!("{APPROVAL_PREFIX}{source}_map")

@@ -6,6 +6,10 @@
 //!   service finds the record of a parked entry without any extra index, and an
 //!   agent, who knows its stream and entry ids, still cannot compute the id of
 //!   anything.
+//! - Every id of a bridge ends with that bridge's tag
+//!   ([`keys::approval_tag`]), so the ACL gives each service the records of
+//!   the bridges it serves by a key pattern, and no others. 90 bits stay
+//!   secret.
 //! - Digests cover a canonical, length-prefixed encoding, so no two different
 //!   sets of values share one.
 
@@ -19,7 +23,10 @@ use crate::store::Store;
 /// The secret that approval ids are derived with: 32 random bytes kept in
 /// `{bridge}:id-key`, readable only by the bridge's outbox user (and the operator).
 #[derive(Clone)]
-pub struct IdKey([u8; 32]);
+pub struct IdKey {
+    secret: [u8; 32],
+    tag: [u8; 4],
+}
 
 impl std::fmt::Debug for IdKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -28,8 +35,12 @@ impl std::fmt::Debug for IdKey {
 }
 
 impl IdKey {
-    pub fn from_bytes(bytes: [u8; 32]) -> IdKey {
-        IdKey(bytes)
+    pub fn from_bytes(bytes: [u8; 32], bridge: &str) -> IdKey {
+        let tag = hex::decode(keys::approval_tag(bridge))
+            .ok()
+            .and_then(|t| <[u8; 4]>::try_from(t).ok())
+            .expect("a tag is four bytes in hex");
+        IdKey { secret: bytes, tag }
     }
 
     /// Reads the bridge's key, creating it on first use (`SET NX`, so two workers
@@ -58,20 +69,22 @@ impl IdKey {
             .ok()
             .and_then(|b| <[u8; 32]>::try_from(b).ok())
             .ok_or_else(|| Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes")))?;
-        Ok(IdKey(bytes))
+        Ok(IdKey::from_bytes(bytes, bridge))
     }
 
     /// The approval id of a parked entry: HMAC-SHA256 of (stream, entry id) as a
-    /// version-8 UUID. Stable across restarts, not computable without the key.
+    /// version-8 UUID whose last four bytes are the bridge's tag. Stable across
+    /// restarts, not computable without the key.
     pub fn id_for(&self, stream: &str, entry_id: &str) -> String {
         use hmac::{KeyInit, Mac};
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("any key length");
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
         mac.update(stream.as_bytes());
         mac.update(b"\n");
         mac.update(entry_id.as_bytes());
         let digest = mac.finalize().into_bytes();
         let mut bytes = [0u8; 16];
-        bytes.copy_from_slice(&digest[..16]);
+        bytes[..12].copy_from_slice(&digest[..12]);
+        bytes[12..].copy_from_slice(&self.tag);
         uuid::Uuid::new_v8(bytes).to_string()
     }
 }
@@ -106,18 +119,27 @@ pub fn is_id(id: &str) -> bool {
     uuid::Uuid::try_parse(id).is_ok_and(|u| u.hyphenated().to_string() == id)
 }
 
+/// Whether `id` is an approval id of requesting bridge `bridge` (its tag).
+pub fn is_id_of(id: &str, bridge: &str) -> bool {
+    is_id(id) && id.ends_with(&keys::approval_tag(bridge))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn ids_are_stable_per_entry_and_keyed() {
-        let k = IdKey::from_bytes([7; 32]);
+        let k = IdKey::from_bytes([7; 32], "a");
         assert_eq!(k.id_for("a:outbox", "1-0"), k.id_for("a:outbox", "1-0"));
         assert_ne!(k.id_for("a:outbox", "1-0"), k.id_for("b:outbox", "1-0"));
-        let other = IdKey::from_bytes([8; 32]);
+        let other = IdKey::from_bytes([8; 32], "a");
         assert_ne!(k.id_for("a:outbox", "1-0"), other.id_for("a:outbox", "1-0"));
-        assert!(uuid::Uuid::parse_str(&k.id_for("a:outbox", "1-0")).is_ok());
+        let id = k.id_for("a:outbox", "1-0");
+        assert!(is_id(&id), "{id}");
+        // The bridge's tag ends the id, and only that bridge's.
+        assert!(is_id_of(&id, "a") && !is_id_of(&id, "b"), "{id}");
+        assert!(id.ends_with(&keys::approval_tag("a")));
     }
 
     #[test]

@@ -96,8 +96,10 @@ pub struct Answer<'a> {
     /// Whether an editor's approval counts toward a quorum (set by [`decide`]).
     pub editors_count: bool,
     /// The shared proof the answer came through (`page`: the approval page's
-    /// one Redis password proves all its users), set by whoever read it from
-    /// that channel; under a quorum one such proof counts once.
+    /// one Redis password proves all its users; `ingest:NAME`: the surface's
+    /// ingest reports everyone on its platform), set by whoever read it from
+    /// that channel; under a quorum one such proof counts once, unless the
+    /// bridge sets `approval.trust_surfaces`.
     pub proof: Option<&'a str>,
 }
 
@@ -139,6 +141,13 @@ impl<'a> Answer<'a> {
     }
 }
 
+/// Whether `id` is an approval of a bridge that asks through surface
+/// `surface`: the only records that surface's services may touch (their ACL
+/// follows the ids' tags), so anything else is refused unread.
+pub fn asked_through(config: &Config, surface: &str, id: &str) -> bool {
+    config.requesters_of(surface).any(|b| is_id_of(id, b))
+}
+
 /// The protocol's `resolve_approval`: an answer arrived on the notify bridge `source`
 /// to the notification it delivered as `external_id`.
 pub async fn resolve_approval(
@@ -151,6 +160,9 @@ pub async fn resolve_approval(
     let Some(id) = Approvals::on(store).map_get(source, external_id).await? else {
         return Ok(Outcome::Unknown);
     };
+    if !asked_through(config, source, &id) {
+        return Ok(Outcome::Unknown);
+    }
     let answer = Answer {
         card: Some(external_id),
         ..answer
@@ -186,10 +198,12 @@ pub async fn decide(
     let approver = crate::config::canonical_identity(answer.approver);
     // A quorum counts people: every identity of one person counts as one.
     let counts_as = config.counting_key(&approver);
-    let editors_count = config
-        .bridges
-        .get(record.source())
-        .is_some_and(|b| b.approval.editors_count);
+    let rules = config.bridges.get(record.source()).map(|b| &b.approval);
+    let editors_count = rules.is_some_and(|a| a.editors_count);
+    // A shared password counts once unless the bridge trusts its surfaces.
+    let proof = answer
+        .proof
+        .filter(|_| !rules.is_some_and(|a| a.trust_surfaces));
     // Bound to the version read here when the surface did not say which it
     // showed: an edit landing between this read and the decision wins.
     let answer = Answer {
@@ -197,6 +211,7 @@ pub async fn decide(
         seen: answer.seen.or(Some(&record.message_sha256)),
         counts_as: Some(&counts_as),
         editors_count,
+        proof,
         ..answer
     };
     let allowed = config
@@ -338,9 +353,9 @@ async fn apply(
             tracing::info!(
                 approval = id,
                 approver,
-                "a second approval through the page not counted"
+                "a second approval through one service password not counted"
             );
-            let event = ignored("under a quorum only one approval counts through the page (its one Redis password proves every web: user)");
+            let event = ignored("under a quorum one service password counts once (the page's proves every web: user, a surface's ingest every identity on its platform); set approval.trust_surfaces to count them apart");
             (vec![event], Outcome::SharedProofCounted, None)
         }
         "editor" => {

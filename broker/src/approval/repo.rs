@@ -401,14 +401,21 @@ impl<'a> Approvals<'a> {
         Ok(())
     }
 
-    /// The pending index of requesting bridge `bridge`, oldest first.
+    /// The pending index of requesting bridge `bridge`, oldest first. Ids
+    /// without the bridge's tag (parked before ids carried one) are left out:
+    /// no service of the bridge can reach their records any more.
     pub async fn pending(&mut self, bridge: &str) -> Result<Vec<String>> {
         let key = keys::pending(bridge);
-        self.store
+        let ids: Vec<String> = self
+            .store
             .conn
             .zrange(&key, 0, -1)
             .await
-            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        Ok(ids
+            .into_iter()
+            .filter(|id| super::is_id_of(id, bridge))
+            .collect())
     }
 
     /// How many approvals bridge `bridge` has parked.
@@ -453,14 +460,21 @@ impl<'a> Approvals<'a> {
             .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
         let mut left = 0;
         for chunk in ids.chunks(CHUNK) {
+            // An untagged id (parked before ids carried the bridge's tag) is
+            // out of this service's reach: counted as gone, never read.
             let mut pipe = redis::pipe();
-            for id in chunk {
+            for id in chunk.iter().filter(|id| super::is_id_of(id, bridge)) {
                 pipe.exists(keys::approval(id));
             }
-            let exists: Vec<bool> = pipe
+            let mut found: Vec<bool> = pipe
                 .query_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis("EXISTS approvals", e))?;
+            found.reverse();
+            let exists: Vec<bool> = chunk
+                .iter()
+                .map(|id| super::is_id_of(id, bridge) && found.pop().unwrap_or(false))
+                .collect();
             let gone: Vec<&String> = chunk
                 .iter()
                 .zip(&exists)

@@ -46,7 +46,9 @@ impl<S: Sender> OutboxService<S> {
                 let Some(id) = get("approval_id").and_then(|v| std::str::from_utf8(v).ok()) else {
                     continue;
                 };
-                if get("approval_outcome").is_some() || !approval::is_id(id) {
+                if get("approval_outcome").is_some()
+                    || !approval::asked_through(&self.config, &self.name, id)
+                {
                     continue;
                 }
                 let digest = approval::fields_sha256(
@@ -263,8 +265,11 @@ impl<S: Sender> OutboxService<S> {
                 self.name
             )));
         }
-        if !approval::is_id(id) {
-            return Ok(Err(format!("approval `{id}` does not exist")));
+        if !approval::asked_through(&self.config, &self.name, id) {
+            return Ok(Err(format!(
+                "approval `{id}` does not exist among the bridges that ask through `{}`",
+                self.name
+            )));
         }
         let digest = approval::fields_sha256(
             entry
@@ -362,7 +367,7 @@ impl<S: Sender> OutboxService<S> {
         let id = entry.text("approval_id").unwrap_or("").to_string();
         let claimed = entry.text("approval_outcome").unwrap_or("");
         // Off an approval surface the record is not even read (no rights on it).
-        let record = if approval::is_id(&id) && self.config.is_approval_surface(&self.name) {
+        let record = if approval::asked_through(&self.config, &self.name, &id) {
             Approvals::on(&mut self.store).load(&id).await?
         } else {
             None

@@ -213,7 +213,7 @@ const QUORUM_PEOPLE: &str = "\n[people.boss]\nidentities = [\"console:boss\", \"
 fn quorum_of_two(approvers: &str) -> (Deployment, [harness::Running; 3]) {
     let config = approval_config(3600).replace(
         r#"approvers = ["console:boss", "cli:op"] }"#,
-        &format!("approvers = [{approvers}], quorum = 2 }}"),
+        &format!("approvers = [{approvers}], quorum = 2, trust_surfaces = true }}"),
     ) + QUORUM_PEOPLE;
     let d = Deployment::new(&config);
     let services = [
@@ -309,6 +309,57 @@ async fn one_person_counts_once_and_an_editor_does_not_count() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// One service password counts once: boss and amy both answer through desk's
+/// ingest, whose one password could report them both, so under a quorum
+/// (and without `trust_surfaces`) amy's approval is not counted; operator
+/// op, proven by a Redis user of its own, completes the quorum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_surface_password_counts_once_under_a_quorum() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "console:amy", "cli:op"], quorum = 2 }"#,
+    ) + QUORUM_PEOPLE
+        + "\n[people.op]\nidentities = [\"cli:op\"]\n\n[operators.op]\npassword_file = \"{dir}/op\"\n";
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "two passwords", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    react(&d, &card, "✅", "boss", "");
+    react(&d, &card, "✅", "amy", "");
+    let h = history_of_len(&d, &id, 4).await;
+    assert_eq!(h[2].get("count"), Some("1/2"), "{h:#?}");
+    assert_eq!(h[3].get("by"), Some("console:amy"), "{h:#?}");
+    assert!(
+        h[3].get("why")
+            .unwrap()
+            .contains("one service password counts once"),
+        "{h:#?}"
+    );
+    let mut store = d.store().await;
+    assert_eq!(
+        hash(&mut store, &keys::approval(&id)).await["status"],
+        "pending"
+    );
+    assert!(d.delivered("mail.out").is_empty());
+    let answer = approval::Answer::new(&Clock::system(), approval::Verdict::Approved, "cli:op", "");
+    let outcome = approval::decide(&mut store, &d.config, &id, answer)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, approval::Outcome::Decided), "{outcome:?}");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "two passwords");
+    for s in services {
+        s.stop().await.unwrap();
+    }
 }
 
 /// Quorum 2: one approval sends nothing, the same approver twice counts once,
