@@ -51,12 +51,15 @@ impl Uncertain {
     /// The entry to put back: the agent's fields, with the destination,
     /// subject and content of the version that was being sent.
     fn entry_to_put_back(&self) -> Vec<(String, String)> {
-        let Some(sent) = &self.sent else {
-            return self.fields.clone();
-        };
-        let mut fields: Vec<(String, String)> = self
+        // A re-send's own seal is for the approval it re-sent: sealed afresh.
+        let agents = self
             .fields
             .iter()
+            .filter(|(k, _)| k != crate::approval::RESEND_OF && k != crate::approval::RESEND_SEAL);
+        let Some(sent) = &self.sent else {
+            return agents.cloned().collect();
+        };
+        let mut fields: Vec<(String, String)> = agents
             .filter(|(k, _)| !matches!(k.as_str(), "channel_id" | "subject" | "content"))
             .cloned()
             .collect();
@@ -178,7 +181,19 @@ pub async fn reconcile(
         Finding::NotDelivered => {
             // The approvers' version, when they had edited it: asked afresh,
             // never silently reverted to what the agent first wrote.
-            let back = u.entry_to_put_back();
+            let mut back = u.entry_to_put_back();
+            // On a bridge that asks, the new card says what it re-sends: sealed
+            // with the bridge's key, which agents cannot read.
+            if let (true, Some(of)) = (approval.required, &u.approval_id) {
+                let key = crate::approval::IdKey::load(store, &bridge).await?;
+                let seal = key.seal_resend(
+                    of,
+                    &u.stream,
+                    back.iter().map(|(k, v)| (k.as_str(), v.as_bytes())),
+                );
+                back.push((crate::approval::RESEND_OF.into(), of.clone()));
+                back.push((crate::approval::RESEND_SEAL.into(), seal));
+            }
             let fields: Vec<(&str, &[u8])> = back
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_bytes()))

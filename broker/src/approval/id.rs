@@ -89,6 +89,39 @@ impl IdKey {
     }
 }
 
+/// Fields `cowboy deliveries reconcile` adds to an entry it puts back: the
+/// approval it re-asks and a seal over the rest, so the card can say "re-send
+/// of approval X" and an agent, who cannot compute the seal, cannot claim it.
+pub const RESEND_OF: &str = "resend_of";
+pub const RESEND_SEAL: &str = "resend_seal";
+
+impl IdKey {
+    /// The seal of a re-send of approval `of` on `stream` whose other fields
+    /// are `fields` (in stream order).
+    pub fn seal_resend<'a>(
+        &self,
+        of: &str,
+        stream: &str,
+        fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    ) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        let digest = fields_sha256(fields.into_iter().map(|(k, v)| (k, Some(v))));
+        mac.update(format!("resend\n{of}\n{stream}\n{digest}").as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+}
+
+/// Whether two secrets (seals, tokens) are equal, in time that does not
+/// depend on where they differ.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
 /// sha256 over a canonical encoding of named values, in the given order: each
 /// as `name`, then `-` when absent or `LEN:` and the bytes when present, then a
 /// newline. Lengths make the encoding unambiguous whatever the values contain.

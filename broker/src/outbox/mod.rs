@@ -387,6 +387,56 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
+    /// The sender's reading of an entry of `stream` (see [`Sender::request`]),
+    /// after the broker's own fields are taken off: a re-send put back by
+    /// `cowboy deliveries reconcile` says so to approvers when its seal
+    /// verifies with this bridge's key, and is refused when it does not (an
+    /// agent cannot claim to be a re-send). Every reading of an entry, at
+    /// parking, re-notifying and sending, goes through here, so all agree.
+    async fn requested(&self, stream: &str, entry: &Entry) -> std::result::Result<Message, String> {
+        let of = entry.text(approval::RESEND_OF);
+        let seal = entry.text(approval::RESEND_SEAL);
+        if of.is_none() && seal.is_none() {
+            return self.sender.request(entry, &self.bridge).await;
+        }
+        let rest = Entry {
+            id: entry.id.clone(),
+            fields: entry
+                .fields
+                .iter()
+                .filter(|(k, _)| k != approval::RESEND_OF && k != approval::RESEND_SEAL)
+                .cloned()
+                .collect(),
+        };
+        let expected = match (&self.id_key, of) {
+            (Some(key), Some(of)) if approval::is_id_of(of, &self.name) => Some(key.seal_resend(
+                of,
+                stream,
+                rest.fields.iter().map(|(k, v)| (k.as_str(), v.as_slice())),
+            )),
+            _ => None,
+        };
+        let genuine =
+            matches!((&expected, seal), (Some(e), Some(s)) if approval::same_secret(e, s));
+        if !genuine {
+            return Err(format!(
+                "fields `{}` and `{}` are the broker's (written by `cowboy deliveries reconcile`), and these do not verify",
+                approval::RESEND_OF,
+                approval::RESEND_SEAL
+            ));
+        }
+        let mut message = self.sender.request(&rest, &self.bridge).await?;
+        let note = format!(
+            "This is a re-send of approval {}: an approver reconciled its delivery as not delivered.",
+            of.unwrap_or_default()
+        );
+        message.context = Some(match message.context.take() {
+            Some(c) => format!("{note}\n{c}"),
+            None => note,
+        });
+        Ok(message)
+    }
+
     /// An event of approval `id` for this bridge's audit trail, now.
     fn event(&self, kind: audit::Kind, id: &str) -> audit::Event {
         audit::Event::new(&self.name, kind, id, self.clock.now_secs_f64())

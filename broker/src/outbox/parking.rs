@@ -589,7 +589,7 @@ impl<S: Sender> OutboxService<S> {
         let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
             return Ok(()); // the vanished-entry check settles it
         };
-        let requested = self.sender.request(&entry, &self.bridge).await;
+        let requested = self.requested(&key, &entry).await;
         match requested.and_then(|m| approval::edit::apply(m, &record)) {
             Ok(message) => {
                 // Not written yet, or written by an edit that stopped before

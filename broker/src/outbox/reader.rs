@@ -373,7 +373,8 @@ impl<S: Sender> OutboxService<S> {
         if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
             return self.handle_notification(idx, &entry, deliveries).await;
         }
-        let message = self.sender.request(&entry, &self.bridge).await.and_then(|m| {
+        let stream = self.sources[idx].key.clone();
+        let message = self.requested(&stream, &entry).await.and_then(|m| {
             // Both sides as the platform reads them: `+123` is channel 123.
             if self.config.approval_channels(&self.name).any(|c| {
                 let c = self

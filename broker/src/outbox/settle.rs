@@ -111,8 +111,7 @@ impl<S: Sender> OutboxService<S> {
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
         let checked = self
-            .sender
-            .request(&entry, &self.bridge)
+            .requested(&key, &entry)
             .await
             // An approver's edit is what was approved, and what is sent.
             .and_then(|m| approval::edit::apply(m, &record))

@@ -604,11 +604,44 @@ async fn uncertain_deliveries_wait_for_an_operator() {
         "reconciling sends nothing by itself"
     );
     let (again, card) = notification(&d, 3).await;
+    let shown = d.delivered("desk.out")[3].content.clone();
     assert!(
-        d.delivered("desk.out")[3]
-            .content
-            .contains("| try me again, corrected"),
-        "asked again in the approvers' version"
+        shown.contains("| try me again, corrected"),
+        "asked again in the approvers' version: {shown}"
+    );
+    assert!(
+        shown.contains(&format!("re-send of approval {second}")),
+        "the card says what it re-sends: {shown}"
+    );
+    // An agent copying the broker's re-send fields onto its own entry is refused.
+    let put_back = harness::stream(&mut d.store().await, &keys::agent_outbox("ann", "mail"))
+        .await
+        .into_iter()
+        .last()
+        .unwrap();
+    let mut store = d.store().await;
+    store
+        .xadd(
+            &keys::agent_outbox("ann", "mail"),
+            &[
+                ("channel_id", b"bob@example.org".as_slice()),
+                ("content", b"not a re-send".as_slice()),
+                ("resend_of", put_back["resend_of"].as_bytes()),
+                ("resend_seal", put_back["resend_seal"].as_bytes()),
+            ],
+        )
+        .await
+        .unwrap();
+    let dead = wait_until("the forged re-send is dead-lettered", SOON, || async {
+        let dead = harness::stream(&mut d.store().await, &keys::dead("mail")).await;
+        dead.into_iter()
+            .find(|e| e.get("field:content").map(String::as_str) == Some("not a re-send"))
+    })
+    .await;
+    assert!(
+        dead.get("reason")
+            .is_some_and(|r| r.contains("do not verify")),
+        "{dead:?}"
     );
     let h = history(&d, &second).await;
     assert_eq!(
