@@ -169,14 +169,19 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             records.sort();
             records.dedup();
             // Card maps: its own as a surface; its surface's, whose entry for
-            // a settled approval's card it drops when it parks.
+            // a settled approval's card it drops when it parks (only that: a
+            // requester that could set entries could point another bridge's
+            // card at its approvals).
             if config.is_approval_surface(name) {
                 records.push(format!("~{}", keys::approval_map(name)));
             }
             if parks && config.notify_bridge(name) != name {
-                records.push(format!(
-                    "~{}",
-                    keys::approval_map(config.notify_bridge(name))
+                sels.push(selector(
+                    &[format!(
+                        "~{}",
+                        keys::approval_map(config.notify_bridge(name))
+                    )],
+                    "+hdel",
                 ));
             }
             if !records.is_empty() {
@@ -806,6 +811,13 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                         "1",
                     ],
                 ));
+                // Its surface's card map: drop a settled card, never point one.
+                let notify = config.notify_bridge(name);
+                if notify != name {
+                    let map = keys::approval_map(notify);
+                    p.push(probe(u, Allowed, true, &["HDEL", &map, "acl-check"]));
+                    p.push(probe(u, Refused, true, &["HSET", &map, "acl-check", "x"]));
+                }
             }
             p.push(probe(u, Refused, true, &["FLUSHALL"]));
             p.push(probe(u, Refused, false, &["KEYS", "*"]));

@@ -558,6 +558,13 @@ async fn apply(
     request: &Request,
 ) -> Result<Reply> {
     let id = request.approval_id.as_str();
+    // Anything but this bridge's own ids is out of this service's reach:
+    // refused unread, never a permission error that would stop the outbox.
+    if !approval::is_id_of(id, bridge) {
+        return Ok(Reply::Refused {
+            message: format!("`{id}` is not an approval of bridge `{bridge}`"),
+        });
+    }
     let record = Approvals::on(store).load(id).await?;
     let Some(record) = record else {
         return Ok(Reply::Late {

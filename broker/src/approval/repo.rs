@@ -274,6 +274,23 @@ fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
 
+/// A whole record, unless its `source` is not the bridge its id is tagged
+/// with: whoever could write that field could otherwise send the record's
+/// decisions and audit events where no service has rights, and stop it.
+fn whole_record(id: &str, map: HashMap<String, String>) -> Option<Record> {
+    let record = record_or_none(id, map)?;
+    if super::is_id_of(id, record.source()) {
+        Some(record)
+    } else {
+        tracing::warn!(
+            approval = id,
+            source = record.source(),
+            "a record whose source is not the bridge its id belongs to; ignored"
+        );
+        None
+    }
+}
+
 impl<'a> Approvals<'a> {
     pub fn on(store: &'a mut Store) -> Approvals<'a> {
         Approvals { store }
@@ -288,7 +305,7 @@ impl<'a> Approvals<'a> {
             .hgetall(&key)
             .await
             .map_err(|e| Error::from_redis(&format!("HGETALL {key}"), e))?;
-        Ok(record_or_none(id, map))
+        Ok(whole_record(id, map))
     }
 
     /// Loads many records, a thousand per pipelined round trip; `None` for each gone.
@@ -303,12 +320,7 @@ impl<'a> Approvals<'a> {
                 .query_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
-            out.extend(
-                chunk
-                    .iter()
-                    .zip(all)
-                    .map(|(id, map)| record_or_none(id, map)),
-            );
+            out.extend(chunk.iter().zip(all).map(|(id, map)| whole_record(id, map)));
         }
         Ok(out)
     }
@@ -463,13 +475,18 @@ impl<'a> Approvals<'a> {
             // An untagged id (parked before ids carried the bridge's tag) is
             // out of this service's reach: counted as gone, never read.
             let mut pipe = redis::pipe();
-            for id in chunk.iter().filter(|id| super::is_id_of(id, bridge)) {
+            let tagged = chunk.iter().filter(|id| super::is_id_of(id, bridge));
+            for id in tagged.clone() {
                 pipe.exists(keys::approval(id));
             }
-            let mut found: Vec<bool> = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis("EXISTS approvals", e))?;
+            // An empty pipeline is a client error in redis-rs.
+            let mut found: Vec<bool> = if tagged.count() == 0 {
+                Vec::new()
+            } else {
+                pipe.query_async(&mut self.store.conn)
+                    .await
+                    .map_err(|e| Error::from_redis("EXISTS approvals", e))?
+            };
             found.reverse();
             let exists: Vec<bool> = chunk
                 .iter()
@@ -492,6 +509,38 @@ impl<'a> Approvals<'a> {
             }
         }
         Ok(left)
+    }
+
+    /// Drops from `bridge`'s pending indexes (its own and its `agents'`) the
+    /// ids without its tag: parked before ids carried one, out of every
+    /// service's reach, and not to be counted against the parking limits.
+    /// Returns how many were dropped. Run once at start-up.
+    pub async fn drop_untagged(&mut self, bridge: &str, agents: &[&str]) -> Result<usize> {
+        let mut dropped = 0;
+        let indexes = std::iter::once(keys::pending(bridge))
+            .chain(agents.iter().map(|a| keys::agent_pending(bridge, a)));
+        for key in indexes {
+            let ids: Vec<String> = self
+                .store
+                .conn
+                .zrange(&key, 0, -1)
+                .await
+                .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+            let old: Vec<&String> = ids
+                .iter()
+                .filter(|id| !super::is_id_of(id, bridge))
+                .collect();
+            if !old.is_empty() {
+                let n: usize = self
+                    .store
+                    .conn
+                    .zrem(&key, &old)
+                    .await
+                    .map_err(|e| Error::from_redis(&format!("ZREM {key}"), e))?;
+                dropped += n;
+            }
+        }
+        Ok(dropped)
     }
 
     /// Ids of every approval record, by `SCAN` (operator use only).

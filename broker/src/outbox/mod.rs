@@ -383,6 +383,13 @@ impl<S: Sender> OutboxService<S> {
         }
         if self.bridge.approval.required && self.id_key.is_none() {
             self.id_key = Some(IdKey::load(&mut self.store, &self.name).await?);
+            let agents: Vec<&str> = self.config.agent_names().collect();
+            let dropped = Approvals::on(&mut self.store)
+                .drop_untagged(&self.name, &agents)
+                .await?;
+            if dropped > 0 {
+                tracing::warn!(bridge = %self.name, dropped, "approvals parked before ids carried the bridge's tag dropped from the pending indexes (their entries are asked again)");
+            }
         }
         Ok(())
     }

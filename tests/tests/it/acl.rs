@@ -906,6 +906,21 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     }
     let reply = request_as(&mut page, "web", request("cli:olga")).await;
     assert_eq!(reply["reply"], "refused", "{reply}");
+    // An id that is not one of mail's (no id, another bridge's tag) is refused
+    // unread, and the outbox goes on serving (the next replies prove it).
+    for foreign in ["not-an-id".to_string(), keys::probe_approval_id("desk")] {
+        let mut r = request("web:boss");
+        r["approval_id"] = json!(foreign);
+        let reply = request_as(&mut page, "web", r).await;
+        assert_eq!(reply["reply"], "refused", "{reply}");
+        assert!(
+            reply["message"]
+                .as_str()
+                .unwrap()
+                .contains("not an approval of bridge `mail`"),
+            "{reply}"
+        );
+    }
     // One password proves every page user: under a quorum it counts once.
     let reply = request_as(&mut page, "web", request("web:boss")).await;
     assert_eq!(reply["reply"], "counted", "{reply}");

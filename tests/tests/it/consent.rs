@@ -697,3 +697,83 @@ async fn one_agent_cannot_starve_the_others() {
         s.stop().await.unwrap();
     }
 }
+
+/// What an upgrade or a forger leaves behind stops nothing. Ids without the
+/// bridge's tag in the pending indexes (parked before ids carried one) are
+/// dropped at start-up and do not count against the parking limit; a record
+/// whose `source` was rewritten to another bridge is no record to the
+/// surface (its answer decides nothing, and stops no service); set right
+/// again, it is approved and sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untagged_ids_and_forged_sources_stop_nothing() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 2 }"#,
+    );
+    let d = Deployment::new(&config);
+    let mut store = d.store().await;
+    let old = [
+        "11111111-1111-4111-8111-111111111111",
+        "22222222-2222-4222-8222-222222222222",
+    ];
+    for (i, id) in old.iter().enumerate() {
+        for key in [keys::pending("mail"), keys::agent_pending("mail", "ann")] {
+            let _: () = redis::AsyncCommands::zadd(&mut store.conn, key, *id, i)
+                .await
+                .unwrap();
+        }
+    }
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    agent_sends(&d, "after the upgrade", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    for key in [keys::pending("mail"), keys::agent_pending("mail", "ann")] {
+        let left: Vec<String> = redis::AsyncCommands::zrange(&mut store.conn, &key, 0, -1)
+            .await
+            .unwrap();
+        assert_eq!(left, vec![id.clone()], "{key}");
+    }
+
+    let rec = keys::approval(&id);
+    let _: () = redis::AsyncCommands::hset(&mut store.conn, &rec, "source", "desk")
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "boss", "");
+    let len = std::fs::metadata(d.path("desk.in")).unwrap().len();
+    wait_until("the answer to the forged record is read", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let at: Option<u64> =
+                redis::AsyncCommands::get(&mut store.conn, keys::ingest_cursor("desk"))
+                    .await
+                    .ok()?;
+            (at == Some(len)).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending");
+    let _: () = redis::AsyncCommands::hset(&mut store.conn, &rec, "source", "mail")
+        .await
+        .unwrap();
+    let answer = approval::Answer::new(
+        &broker::Clock::system(),
+        approval::Verdict::Approved,
+        "cli:op",
+        "",
+    );
+    let outcome = approval::decide(&mut store, &d.config, &id, answer)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, approval::Outcome::Decided), "{outcome:?}");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "after the upgrade");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
