@@ -169,7 +169,8 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             records.sort();
             records.dedup();
             // Card maps: its own as a surface; its surface's, whose entry for
-            // a settled approval's card it drops when it parks (only that: a
+            // a settled approval's card it drops when it parks, and whose
+            // entry it checks against a surface's answer (only that: a
             // requester that could set entries could point another bridge's
             // card at its approvals).
             if config.is_approval_surface(name) {
@@ -181,7 +182,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                         "~{}",
                         keys::approval_map(config.notify_bridge(name))
                     )],
-                    "+hdel",
+                    "+hget +hdel",
                 ));
             }
             if !records.is_empty() {
@@ -195,20 +196,26 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             let mut inboxes = vec![format!("%W~{}", keys::inbox(name))];
             inboxes.extend(each(&|a| format!("%W~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&inboxes, "+xadd"));
-            // Deciding only on a bridge that some bridge asks through, and
-            // only the approvals of the bridges that ask through it.
+            // Answering only on a bridge that some bridge asks through, and
+            // only the approvals of the bridges that ask through it: it reads
+            // them and its card map, and hands each answer to the bridge that
+            // asked (`crate::request`), whose outbox decides. It writes no
+            // record and wakes nobody, so its password cannot decide.
             if config.is_approval_surface(name) {
                 let mut records: Vec<String> = config
                     .requesters_of(name)
                     .map(|b| format!("~{}", keys::approvals_of(b)))
                     .collect();
                 records.push(format!("~{}", keys::approval_map(name)));
-                sels.push(selector(
-                    &records,
-                    "+hget +hexists +hgetall +hdel +hset +hmget +exists +evalsha +eval +script|load",
-                ));
+                sels.push(selector(&records, "+hget +hexists +hgetall +hmget +exists"));
+                let asks: Vec<String> = config
+                    .requesters_of(name)
+                    .map(|b| format!("%W~{}", keys::requests(b, &format!("surface:{name}"))))
+                    .collect();
+                sels.push(selector(&asks, "+xadd"));
+                let requesters: Vec<&str> = config.requesters_of(name).collect();
+                sels.push(audit_selector(&requesters));
             }
-            sels.extend(wake_selector(config, name));
             sels.push(selector(
                 &[format!("~{}", keys::ingest_cursor(name))],
                 "+get +set",
@@ -868,8 +875,48 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 ));
                 p.push(probe(u, Refused, false, &["XRANGE", &audit, "-", "+"]));
             }
+            // It decides nothing itself: no write on a record, no wake-up, no
+            // script; its answers go to the asking bridge's request stream.
             for b in &served {
-                p.push(probe(u, Refused, true, &["DEL", &record_of(b)]));
+                let rec = record_of(b);
+                p.push(probe(u, Refused, true, &["DEL", &rec]));
+                p.push(probe(
+                    u,
+                    Refused,
+                    true,
+                    &["HSET", &rec, "status", "approved"],
+                ));
+                p.push(probe(
+                    u,
+                    Refused,
+                    true,
+                    &[
+                        "EVAL",
+                        "return redis.call('HSET', KEYS[1], 'status', 'approved')",
+                        "1",
+                        &rec,
+                    ],
+                ));
+                p.push(probe(
+                    u,
+                    Refused,
+                    true,
+                    &["XADD", &keys::decisions(b), "*", "approval_id", "x"],
+                ));
+                let asks = keys::requests(b, &format!("surface:{name}"));
+                p.push(probe(
+                    u,
+                    Allowed,
+                    true,
+                    &["XADD", &asks, "*", "acl_check", "1"],
+                ));
+                // Nor as another requester.
+                p.push(probe(
+                    u,
+                    Refused,
+                    true,
+                    &["XADD", &keys::requests(b, "web"), "*", "acl_check", "1"],
+                ));
             }
             p.push(probe(u, Refused, true, &["FLUSHALL"]));
             p.push(probe(

@@ -341,7 +341,9 @@ pub async fn approvals_decide(
             "{approver} edited {id}: under a quorum the editor's approval does not count; the other approvers decide"
         ))),
         Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
-        Outcome::Unknown => Err(Error::Request(format!("no approval {id}"))),
+        Outcome::Unknown | Outcome::Submitted => {
+            Err(Error::Request(format!("no approval {id}")))
+        }
     }
 }
 

@@ -1,10 +1,13 @@
 //! What every bridge's ingest shares: writing inbound messages to the right inbox,
-//! and turning a human's answer to a notification into `resolve_approval`.
+//! and handing a human's answer to a card to the bridge that asked.
 //!
 //! Invariants: an answer's approver is always qualified with the bridge type
-//! (`discord:1234`), so an id from one platform never approves on another; the
-//! source passed to `resolve_approval` is this bridge's name, the owner of
-//! `approval:{name}_map`.
+//! (`discord:1234`), so an id from one platform never approves on another. An
+//! ingest never decides: its Redis user cannot write an approval record. It
+//! resolves the card in its own map (`approval:{name}_map`), turns away
+//! strangers itself, and writes the answer to the requesting bridge's
+//! `requests:surface:{name}` stream, which that bridge's outbox applies under
+//! the rules every surface follows (see [`crate::request`]).
 
 use std::sync::Arc;
 
@@ -81,6 +84,9 @@ impl Ingest {
 
     /// A human answered the notification this bridge delivered as `external_id`.
     /// `user` is the platform's id of the human, without the type prefix.
+    /// `NotAllowed` for someone not on the approvers list (audited here),
+    /// `Unknown` for no live card, otherwise `Submitted`: the requesting
+    /// bridge's outbox applies it.
     pub async fn answer(
         &mut self,
         external_id: &str,
@@ -91,21 +97,43 @@ impl Ingest {
         if !self.is_approval_surface() {
             return Ok(Outcome::Unknown);
         }
-        let approver = format!("{}:{user}", self.kind);
-        // This service's one password reports every answer on the platform.
-        let proof = format!("ingest:{}", self.name);
-        let mut answer = Answer::new(&self.clock, verdict, &approver, reason);
-        answer.proof = Some(&proof);
-        let outcome = approval::resolve_approval(
+        let name = self.name.clone();
+        let Some(id) = self.approvals().map_get(&name, external_id).await? else {
+            return Ok(Outcome::Unknown);
+        };
+        if !approval::asked_through(&self.config, &self.name, &id) {
+            return Ok(Outcome::Unknown);
+        }
+        let Some(record) = self.approvals().load(&id).await? else {
+            return Ok(Outcome::Late("missing".into()));
+        };
+        let approver = crate::config::canonical_identity(&format!("{}:{user}", self.kind));
+        let allowed = self
+            .config
+            .bridges
+            .get(record.source())
+            .is_some_and(|b| b.approval.allows(&approver));
+        if !allowed {
+            tracing::warn!(approval = %id, approver, "answer from someone not on approval.approvers ignored");
+            self.refused_answer(&id, user, "not an approver").await?;
+            return Ok(Outcome::NotAllowed);
+        }
+        // The version on the card: the card itself binds it too (an edit
+        // lists the old card as superseded).
+        let answer =
+            Answer::new(&self.clock, verdict, &approver, reason).seeing(&record.message_sha256);
+        let requester = crate::request::Requester::surface_of(&self.config, record.source())?;
+        crate::request::answer_card(
             &mut self.store,
-            &self.config,
-            &self.name,
+            &requester,
+            record.source(),
+            &id,
             external_id,
-            answer,
+            &answer,
         )
         .await?;
-        tracing::info!(bridge = %self.name, external_id, approver, ?outcome, "answer to a notification");
-        Ok(outcome)
+        tracing::info!(bridge = %self.name, external_id, approver, "answer to a notification handed to the asking bridge");
+        Ok(Outcome::Submitted)
     }
 
     /// An answer this bridge refused before the decision rules saw it (its

@@ -1,6 +1,7 @@
 //! Decision requests: how the surfaces whose Redis users hold no write rights
-//! on approvals (an operator's CLI, the approval page) have a decision or an
-//! edit made for them by the requesting bridge's outbox service.
+//! on approvals (an operator's CLI, the approval page, the ingest of a bridge
+//! that shows cards) have a decision or an edit made for them by the
+//! requesting bridge's outbox service.
 //!
 //! A Redis script runs with its caller's rights, so a user allowed to run the
 //! DECIDE script on a record may as well `HSET` it. The only users with write
@@ -11,6 +12,7 @@
 //! ```text
 //! {bridge}:requests:cli:NAME   XADD by Redis user NAME only      -> read by the bridge's outbox
 //! {bridge}:requests:web        XADD by the page's user only      -> read by the bridge's outbox
+//! {bridge}:requests:surface:S  XADD by surface S's ingest only   -> read by the bridge's outbox
 //! {bridge}:replies:cli:NAME    XADD by the outbox; NAME reads
 //! {bridge}:replies:web         XADD by the outbox; the page reads
 //! ```
@@ -19,14 +21,16 @@
 //! - The identity a request acts as is bound to the stream it was read from,
 //!   never taken from its fields alone: a request on `requests:cli:NAME` acts as
 //!   `cli:NAME` only (Redis proved who wrote it), one on `requests:web` only as
-//!   a `web:` identity (the page authenticates its own users). Anything else is
-//!   refused and audited.
+//!   a `web:` identity (the page authenticates its own users), one on
+//!   `requests:surface:S` only as an identity of S's platform, answering one
+//!   of S's cards. Anything else is refused and audited.
 //! - A request is applied by one worker of the bridge (a consumer group), under
 //!   the same rules as every surface ([`approval::decide`], [`edit::edit`]), at
 //!   the time the outbox reads it: the writer cannot date its answer.
 //! - A request older than [`LAPSE`] when read (by Redis's clock) is refused
 //!   unapplied: a requester that stopped waiting ([`WAIT`]) never has its
-//!   request applied behind its back.
+//!   request applied behind its back. A surface's answers do not wait and
+//!   do not lapse (a human reacted; the card they answered binds the version).
 //! - Only requests for the bridge's own approvals are applied.
 //! - Request and reply streams are capped ([`KEPT`]).
 
@@ -61,6 +65,9 @@ pub enum Requester {
     Operator(String),
     /// The approval page: acts as its logged-in users, `web:USER`.
     Web,
+    /// The ingest of bridge `name`, which shows the cards: acts as the people
+    /// on its platform (`{kind}:ID`), answering its cards.
+    Surface { name: String, kind: String },
 }
 
 impl Requester {
@@ -69,6 +76,7 @@ impl Requester {
         match self {
             Requester::Operator(name) => format!("cli:{name}"),
             Requester::Web => "web".to_string(),
+            Requester::Surface { name, .. } => format!("surface:{name}"),
         }
     }
 
@@ -79,11 +87,25 @@ impl Requester {
             Requester::Web => identity
                 .strip_prefix("web:")
                 .is_some_and(|user| !user.is_empty()),
+            Requester::Surface { kind, .. } => identity
+                .strip_prefix(kind.as_str())
+                .and_then(|rest| rest.strip_prefix(':'))
+                .is_some_and(|user| !user.is_empty()),
         }
     }
 
-    /// Every requester the config declares (the operators, the page).
-    pub fn all(config: &Config) -> Vec<Requester> {
+    /// The surface that shows `bridge`'s cards, as a requester.
+    pub fn surface_of(config: &Config, bridge: &str) -> Result<Requester> {
+        let name = config.notify_bridge(bridge);
+        Ok(Requester::Surface {
+            name: name.to_string(),
+            kind: config.bridge(name)?.kind.clone(),
+        })
+    }
+
+    /// Every requester of `bridge`'s approvals: the operators, the page, and
+    /// the surface that shows its cards.
+    pub fn all(config: &Config, bridge: &str) -> Result<Vec<Requester>> {
         let mut all: Vec<Requester> = config
             .operators
             .keys()
@@ -92,7 +114,10 @@ impl Requester {
         if config.web.is_some() {
             all.push(Requester::Web);
         }
-        all
+        if config.bridge(bridge)?.approval.required {
+            all.push(Requester::surface_of(config, bridge)?);
+        }
+        Ok(all)
     }
 }
 
@@ -105,6 +130,9 @@ pub enum Action {
         reason: String,
         /// The digest the approver was shown.
         seen: Option<String>,
+        /// The card answered (a surface's external id), when a surface asks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card: Option<String>,
     },
     Edit {
         content: Option<String>,
@@ -163,7 +191,7 @@ impl From<Outcome> for Reply {
             Outcome::EditorNotCounted => Reply::EditorNotCounted,
             Outcome::SharedProofCounted => Reply::SharedProofCounted,
             Outcome::Late(state) => Reply::Late { state },
-            Outcome::Unknown => Reply::Unknown,
+            Outcome::Unknown | Outcome::Submitted => Reply::Unknown,
         }
     }
 }
@@ -224,10 +252,57 @@ pub async fn decide(
         approved: answer.verdict == Verdict::Approved,
         reason: answer.reason.to_string(),
         seen: answer.seen.map(str::to_string),
+        card: None,
     };
     submit(store, requester, &bridge, id, answer.approver, action)
         .await?
         .into_outcome()
+}
+
+/// A surface's answer to card `card` of approval `id` of `bridge`, handed to
+/// that bridge's outbox without waiting (see [`Requester::Surface`]).
+pub async fn answer_card(
+    store: &mut Store,
+    requester: &Requester,
+    bridge: &str,
+    id: &str,
+    card: &str,
+    answer: &Answer<'_>,
+) -> Result<()> {
+    let request = Request {
+        nonce: uuid::Uuid::new_v4().simple().to_string(),
+        approval_id: id.to_string(),
+        identity: answer.approver.to_string(),
+        action: Action::Decide {
+            approved: answer.verdict == Verdict::Approved,
+            reason: answer.reason.to_string(),
+            seen: answer.seen.map(str::to_string),
+            card: Some(card.to_string()),
+        },
+    };
+    write(
+        store,
+        &keys::requests(bridge, &requester.suffix()),
+        &request,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Appends one request to its stream; returns the entry's id.
+async fn write(store: &mut Store, requests: &str, request: &Request) -> Result<String> {
+    let json = serde_json::to_string(request).map_err(|e| Error::Request(e.to_string()))?;
+    redis::cmd("XADD")
+        .arg(requests)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(KEPT)
+        .arg("*")
+        .arg("request")
+        .arg(&json)
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XADD {requests}"), e))
 }
 
 /// Edits approval `id` as `identity` through the requesting bridge's outbox.
@@ -273,7 +348,6 @@ async fn submit(
         identity: identity.to_string(),
         action,
     };
-    let json = serde_json::to_string(&request).map_err(|e| Error::Request(e.to_string()))?;
     let mut conn = store.blocking().await?;
     // Replies after this one are candidates: read the stream's end first.
     let last: Vec<(String, Vec<(String, String)>)> = redis::cmd("XREVRANGE")
@@ -290,17 +364,7 @@ async fn submit(
         .next()
         .map(|(id, _)| id)
         .unwrap_or_else(|| "0-0".into());
-    let _: String = redis::cmd("XADD")
-        .arg(&requests)
-        .arg("MAXLEN")
-        .arg("~")
-        .arg(KEPT)
-        .arg("*")
-        .arg("request")
-        .arg(&json)
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| Error::from_redis(&format!("XADD {requests}"), e))?;
+    write(store, &requests, &request).await?;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -354,7 +418,7 @@ pub async fn serve(
     worker: String,
     shutdown: Shutdown,
 ) -> Result<()> {
-    let requesters = Requester::all(&config);
+    let requesters = Requester::all(&config, &bridge)?;
     if requesters.is_empty() {
         return Ok(());
     }
@@ -490,7 +554,8 @@ async fn serve_once(
             let json: Option<String> = entry.get("request");
             let (nonce, reply) = match json.as_deref().map(serde_json::from_str::<Request>) {
                 Some(Ok(request)) => {
-                    let lapsed = now_ms.saturating_sub(written_ms) > LAPSE.as_millis() as u64;
+                    let lapsed = now_ms.saturating_sub(written_ms) > LAPSE.as_millis() as u64
+                        && !matches!(requester, Requester::Surface { .. });
                     // The id is the writer's to choose: one dated ahead would never lapse.
                     let ahead = written_ms > now_ms + 1000;
                     let reply = if ahead {
@@ -609,6 +674,7 @@ async fn apply(
             approved,
             reason,
             seen,
+            card,
         } => {
             let verdict = if *approved {
                 Verdict::Approved
@@ -625,8 +691,31 @@ async fn apply(
                 });
             };
             let mut answer = Answer::new(clock, verdict, &request.identity, reason).seeing(seen);
-            if *requester == Requester::Web {
-                answer.proof = Some("page");
+            let proof;
+            match requester {
+                Requester::Web => answer.proof = Some("page"),
+                Requester::Surface { name, .. } => {
+                    // A surface answers its own cards only: the card must be
+                    // the one its map gives for this approval.
+                    let card = card.as_deref().unwrap_or("");
+                    let mapped = Approvals::on(store).map_get(name, card).await?;
+                    if card.is_empty() || mapped.as_deref() != Some(id) {
+                        return Ok(Reply::Refused {
+                            message: format!(
+                                "`{card}` is not a live card of approval {id} on `{name}`"
+                            ),
+                        });
+                    }
+                    proof = format!("ingest:{name}");
+                    answer.proof = Some(&proof);
+                    answer.card = Some(card);
+                    let outcome = approval::decide(store, config, id, answer).await?;
+                    if approval::disarms(&outcome) {
+                        Approvals::on(store).map_delete(name, card).await?;
+                    }
+                    return Ok(Reply::from(outcome));
+                }
+                Requester::Operator(_) => {}
             }
             approval::decide(store, config, id, answer)
                 .await
@@ -689,6 +778,7 @@ mod tests {
                 approved: true,
                 reason: String::new(),
                 seen: Some("d".into()),
+                card: None,
             },
         };
         let json = serde_json::to_string(&r).unwrap();

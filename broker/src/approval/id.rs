@@ -43,6 +43,27 @@ impl IdKey {
         IdKey { secret: bytes, tag }
     }
 
+    /// Reads the bridge's key; `None` when it was never made.
+    pub async fn existing(store: &mut Store, bridge: &str) -> Result<Option<IdKey>> {
+        let key = keys::id_key(bridge);
+        let saved: Option<String> = store
+            .conn
+            .get(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+        saved
+            .map(|s| {
+                hex::decode(s.trim())
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .map(|b| IdKey::from_bytes(b, bridge))
+                    .ok_or_else(|| {
+                        Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes"))
+                    })
+            })
+            .transpose()
+    }
+
     /// Reads the bridge's key, creating it on first use (`SET NX`, so two workers
     /// starting together agree on one key).
     pub async fn load(store: &mut Store, bridge: &str) -> Result<IdKey> {
@@ -96,6 +117,17 @@ pub const RESEND_OF: &str = "resend_of";
 pub const RESEND_SEAL: &str = "resend_seal";
 
 impl IdKey {
+    /// The seal of approval `id` of the version with digest `digest`: written
+    /// by the requesting bridge's services when the approval is decided, and
+    /// checked before the send, so a record set to `approved` by anyone
+    /// without the key (a surface's password, a forger) is never sent.
+    pub fn seal_decision(&self, id: &str, digest: &str) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        mac.update(format!("approved\n{id}\n{digest}").as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// The seal of a re-send of approval `of` on `stream` whose other fields
     /// are `fields` (in stream order).
     pub fn seal_resend<'a>(

@@ -70,6 +70,9 @@ pub enum Outcome {
     /// Redis password): not counted, since one password cannot stand for two
     /// people; the others answer on a surface of their own.
     SharedProofCounted,
+    /// Handed to the requesting bridge's outbox, which applies it (a
+    /// surface's answer, see [`crate::request`]); its outcome is in the trail.
+    Submitted,
     /// Too late: the record is decided (`approved`/`rejected`), `expired` or `missing`.
     Late(String),
 }
@@ -168,18 +171,24 @@ pub async fn resolve_approval(
         ..answer
     };
     let outcome = decide(store, config, &id, answer).await?;
-    // A counted approval keeps the card armed for the rest of the quorum.
-    let disarm = !matches!(
+    if disarms(&outcome) {
+        Approvals::on(store).map_delete(source, external_id).await?;
+    }
+    Ok(outcome)
+}
+
+/// Whether an answer with this outcome leaves its card unanswerable (its map
+/// entry dropped). A counted approval keeps the card armed for the rest of the
+/// quorum; a stranger's answer changes nothing.
+pub fn disarms(outcome: &Outcome) -> bool {
+    !matches!(
         outcome,
         Outcome::NotAllowed
             | Outcome::Counted { .. }
             | Outcome::EditorNotCounted
             | Outcome::SharedProofCounted
-    );
-    if disarm {
-        Approvals::on(store).map_delete(source, external_id).await?;
-    }
-    Ok(outcome)
+            | Outcome::Submitted
+    )
 }
 
 /// Decides approval `id` directly (the operator CLI), under the same rules.
@@ -267,7 +276,18 @@ async fn apply(
         at,
         ..
     } = given;
-    let d = Approvals::on(store).decide(id, &given).await?;
+    // An approval carries the requesting bridge's seal over the version it
+    // approves; the outbox sends nothing it did not seal (see
+    // `IdKey::seal_decision`). Only that bridge's services and the
+    // administrator read the key.
+    let seal = match (verdict, given.seen) {
+        (Verdict::Approved, Some(seen)) => IdKey::existing(store, record.source())
+            .await?
+            .map(|k| k.seal_decision(id, seen))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    let d = Approvals::on(store).decide(id, &given, &seal).await?;
     let need = record.quorum() as usize;
     // Under a quorum of one the approvals are not listed: the answer is the one.
     let have = match (need, d.answer.as_str(), verdict) {

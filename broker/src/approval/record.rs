@@ -61,6 +61,9 @@ pub mod field {
     pub const ORIGINAL_SUBJECT: &str = "original_subject";
     pub const ORIGINAL_PREVIEW: &str = "original_preview";
     pub const SUPERSEDED: &str = "superseded";
+    /// The requesting bridge's seal over an approval (see
+    /// [`crate::approval::IdKey::seal_decision`]): only what it sealed is sent.
+    pub const DECISION_SEAL: &str = "decision_seal";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -108,6 +111,7 @@ pub mod field {
         ORIGINAL_SUBJECT,
         ORIGINAL_PREVIEW,
         SUPERSEDED,
+        DECISION_SEAL,
     ];
 }
 
@@ -257,6 +261,8 @@ pub struct Record {
     /// Cards of earlier versions (external ids on the notify bridge): answers
     /// to them no longer count.
     pub superseded: Vec<String>,
+    /// The requesting bridge's seal over the approval, once approved.
+    pub decision_seal: Option<String>,
 }
 
 impl Record {
@@ -312,6 +318,7 @@ impl Record {
             superseded: text(SUPERSEDED)
                 .map(|a| a.lines().map(str::to_string).collect())
                 .unwrap_or_default(),
+            decision_seal: text(DECISION_SEAL),
         }
     }
 
@@ -363,6 +370,7 @@ impl Record {
             some(ORIGINAL_SUBJECT, &self.original_subject),
             some(ORIGINAL_PREVIEW, &self.original_preview),
             text(SUPERSEDED, &self.superseded.join("\n")),
+            some(DECISION_SEAL, &self.decision_seal),
         ]
         .into_iter()
         .flatten()

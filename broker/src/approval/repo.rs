@@ -39,7 +39,8 @@ return 1
 /// [`crate::config::Config::counting_key`]), `1` when editors count toward
 /// a quorum, and the shared proof the answer came through (`page` for the
 /// approval page, whose one Redis password proves every `web:` user; empty for
-/// a proof of its own). Returns `superseded` for an answer to an earlier version (a card
+/// a proof of its own), and the requesting bridge's seal, stored with an
+/// approval (see [`super::IdKey::seal_decision`]). Returns `superseded` for an answer to an earlier version (a card
 /// the record lists as superseded, or a digest it no longer has), `decided`,
 /// `counted` (an approval short of the record's quorum, kept in `approvals`,
 /// its person in `approval_people`), `counted-again` (this person's approval
@@ -96,10 +97,11 @@ if ARGV[1] == 'approved' and quorum > 1 then
     return {'counted', worker, have}
   end
   local all = string.gsub(have, ARGV[6], ', ')
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5], 'decision_seal', ARGV[12])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
+if ARGV[1] == 'approved' then redis.call('HSET', KEYS[1], 'decision_seal', ARGV[12]) end
 return {'decided', worker, have}
 "#;
 
@@ -131,7 +133,7 @@ if card ~= '' then
   if list ~= '' then list = list .. ARGV[3] end
   redis.call('HSET', KEYS[1], 'superseded', list .. card)
 end
-redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject')
+redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal')
 local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
@@ -676,7 +678,12 @@ impl<'a> Approvals<'a> {
     }
 
     /// Decides a record (see [`DECIDE`]).
-    pub async fn decide(&mut self, id: &str, a: &super::Answer<'_>) -> Result<Decision> {
+    pub async fn decide(
+        &mut self,
+        id: &str,
+        a: &super::Answer<'_>,
+        seal: &str,
+    ) -> Result<Decision> {
         let (verdict, approver, reason, now) = (a.verdict, a.approver, a.reason, a.at);
         let key = keys::approval(id);
         let (answer, worker, approvals): (String, String, String) = DECIDE_SCRIPT
@@ -692,6 +699,7 @@ impl<'a> Approvals<'a> {
             .arg(a.counts_as.unwrap_or(approver))
             .arg(if a.editors_count { "1" } else { "0" })
             .arg(a.proof.unwrap_or(""))
+            .arg(seal)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;

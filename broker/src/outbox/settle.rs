@@ -110,6 +110,27 @@ impl<S: Sender> OutboxService<S> {
             self.audit_failed(&id, reason, None).await?;
             return self.finish(idx, entry_id, &record, Some("failed")).await;
         };
+        // Only what this bridge sealed is sent: `approved` written by anyone
+        // without its key (a surface's password, a forger) sends nothing.
+        let sealed = match (&self.id_key, &record.decision_seal) {
+            (Some(k), Some(seal)) => {
+                approval::same_secret(&k.seal_decision(&id, &record.message_sha256), seal)
+            }
+            _ => false,
+        };
+        if !sealed {
+            let reason = "marked approved without this bridge's seal (not decided through the broker); not sent";
+            tracing::error!(approval = %id, "{reason}");
+            let n = Notice {
+                status: "failed",
+                reason,
+                approval_id: Some(&id),
+                ..Notice::default()
+            };
+            self.notice(idx, entry_id, Some(&entry), n).await?;
+            self.audit_failed(&id, reason, None).await?;
+            return self.finish(idx, entry_id, &record, Some("failed")).await;
+        }
         let checked = self
             .requested(&key, &entry)
             .await

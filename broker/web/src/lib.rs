@@ -850,7 +850,7 @@ async fn decide(
             format!("Nothing decided: it is already {state}."),
             StatusCode::CONFLICT,
         ),
-        Ok(Outcome::Unknown) => (
+        Ok(Outcome::Unknown | Outcome::Submitted) => (
             "Nothing decided: no such approval.".to_string(),
             StatusCode::NOT_FOUND,
         ),

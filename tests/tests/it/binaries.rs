@@ -117,7 +117,11 @@ async fn cli_ids_by_prefix() {
     let d = Deployment::new(&approval_config(0));
     let mut store = d.store().await;
     // Two records whose ids share a prefix, written (and indexed) as the outbox would.
-    for id in ["abc111", "abc222"] {
+    // Ids as the outbox makes them: a UUID ending with the bridge's tag.
+    let tag = keys::approval_tag("mail");
+    let abc1 = format!("abc11111-1111-4111-8111-1111{tag}");
+    let abc2 = format!("abc22222-2222-4222-8222-2222{tag}");
+    for id in [&abc1, &abc2] {
         let _: () = redis::AsyncCommands::hset_multiple(
             &mut store.conn,
             keys::approval(id),
@@ -149,12 +153,12 @@ async fn cli_ids_by_prefix() {
     let stranger = d.cowboy(&["approvals", "approve", "abc1", "--as", "eve"]);
     assert!(!stranger.status.success(), "cli:eve is not an approver");
     assert_eq!(
-        harness::hash(&mut store, "approval:abc111").await["status"],
+        harness::hash(&mut store, &keys::approval(&abc1)).await["status"],
         "pending"
     );
     let show = d.cowboy(&["approvals", "show", "abc1"]);
     assert!(
-        text(&show).0.contains("approval abc111"),
+        text(&show).0.contains(&format!("approval {abc1}")),
         "{:?}",
         text(&show)
     );
@@ -168,7 +172,7 @@ async fn cli_ids_by_prefix() {
         "no",
     ]);
     assert!(reject.status.success(), "{:?}", text(&reject));
-    let rec = harness::hash(&mut store, "approval:abc222").await;
+    let rec = harness::hash(&mut store, &keys::approval(&abc2)).await;
     assert_eq!(
         (
             rec["status"].as_str(),

@@ -777,3 +777,63 @@ async fn untagged_ids_and_forged_sources_stop_nothing() {
         s.stop().await.unwrap();
     }
 }
+
+/// A record set to `approved` by anyone without the bridge's key (what a
+/// surface's or any service's password could write, or a forger with
+/// write access) sends nothing: the outbox sends only approvals it sealed.
+/// The agent hears why, and the genuine flow still works afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsealed_approval_is_never_sent() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut store = d.store().await;
+    agent_sends(&d, "forged approval", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let rec = keys::approval(&id);
+    let _: () = redis::AsyncCommands::hset_multiple(
+        &mut store.conn,
+        &rec,
+        &[
+            ("status", "approved"),
+            ("approver", "console:boss"),
+            ("decided_at", "1"),
+        ],
+    )
+    .await
+    .unwrap();
+    let _: String = redis::AsyncCommands::xadd(
+        &mut store.conn,
+        keys::decisions("mail"),
+        "*",
+        &[("approval_id", id.as_str()), ("status", "approved")],
+    )
+    .await
+    .unwrap();
+    let notice = wait_until("the refusal notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox")
+            .await
+            .into_iter()
+            .find(|n| n.get("status").map(String::as_str) == Some("failed"))
+    })
+    .await;
+    assert!(notice["reason"].contains("seal"), "{notice:?}");
+    assert!(d.delivered("mail.out").is_empty());
+
+    // The genuine flow: an approver's answer, applied by mail's outbox, is sealed and sent.
+    agent_sends(&d, "genuine", "r2").await;
+    let (_, card) = notification(&d, 1).await;
+    react(&d, &card, "✅", "boss", "");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "genuine");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
