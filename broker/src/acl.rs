@@ -719,6 +719,36 @@ pub fn agent_probes(agent: &str, other: &str, bridge: &str) -> Vec<Probe> {
     p
 }
 
+/// `user` setting record `rec` to approved by hand: refused.
+fn approving(user: &str, rec: &str) -> Probe {
+    probe(
+        user,
+        Expect::Refused,
+        true,
+        &["HSET", rec, "status", "approved"],
+    )
+}
+
+/// `user` changing record `rec` by hand, or through a script of its own: all refused.
+fn writing_record(user: &str, rec: &str) -> [Probe; 3] {
+    use Expect::Refused;
+    [
+        approving(user, rec),
+        probe(user, Refused, true, &["DEL", rec]),
+        probe(
+            user,
+            Refused,
+            true,
+            &[
+                "EVAL",
+                "return redis.call('HSET', KEYS[1], 'status', 'approved')",
+                "1",
+                rec,
+            ],
+        ),
+    ]
+}
+
 /// What one service user must be able to do, and a few things it must not.
 pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Probe> {
     use Expect::*;
@@ -765,12 +795,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
         {
             let rec = record_of(b);
             p.push(probe(u, Refused, false, &["HGETALL", &rec]));
-            p.push(probe(
-                u,
-                Refused,
-                true,
-                &["HSET", &rec, "status", "approved"],
-            ));
+            p.push(approving(u, &rec));
         }
     }
     match service {
@@ -878,25 +903,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
             // It decides nothing itself: no write on a record, no wake-up, no
             // script; its answers go to the asking bridge's request stream.
             for b in &served {
-                let rec = record_of(b);
-                p.push(probe(u, Refused, true, &["DEL", &rec]));
-                p.push(probe(
-                    u,
-                    Refused,
-                    true,
-                    &["HSET", &rec, "status", "approved"],
-                ));
-                p.push(probe(
-                    u,
-                    Refused,
-                    true,
-                    &[
-                        "EVAL",
-                        "return redis.call('HSET', KEYS[1], 'status', 'approved')",
-                        "1",
-                        &rec,
-                    ],
-                ));
+                p.extend(writing_record(u, &record_of(b)));
                 p.push(probe(
                     u,
                     Refused,
@@ -983,21 +990,9 @@ fn decider_probes(
             .unwrap_or_else(|| "00000000-0000-4000-8000-000000000000".into()),
     );
     let read = if reads_records { Allowed } else { Refused };
-    let mut p = vec![
-        probe(user, read, false, &["HGETALL", &rec]),
-        probe(user, Refused, true, &["HSET", &rec, "status", "approved"]),
-        probe(user, Refused, true, &["DEL", &rec]),
-        probe(
-            user,
-            Refused,
-            true,
-            &[
-                "EVAL",
-                "return redis.call('HSET', KEYS[1], 'status', 'approved')",
-                "1",
-                &rec,
-            ],
-        ),
+    let mut p = vec![probe(user, read, false, &["HGETALL", &rec])];
+    p.extend(writing_record(user, &rec));
+    p.extend([
         probe(
             user,
             Refused,
@@ -1006,7 +1001,7 @@ fn decider_probes(
         ),
         probe(user, Refused, true, &["CONFIG", "SET", "maxmemory", "1"]),
         probe(user, Refused, true, &["FLUSHALL"]),
-    ];
+    ]);
     for (name, bridge) in &config.bridges {
         p.push(probe(
             user,

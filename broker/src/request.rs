@@ -691,35 +691,23 @@ async fn apply(
                 });
             };
             let mut answer = Answer::new(clock, verdict, &request.identity, reason).seeing(seen);
-            let proof;
             match requester {
                 Requester::Web => answer.proof = Some("page"),
                 Requester::Surface { name, .. } => {
-                    // A surface answers its own cards only: the card must be
-                    // the one its map gives for this approval.
                     let card = card.as_deref().unwrap_or("");
-                    let mapped = Approvals::on(store).map_get(name, card).await?;
-                    if card.is_empty() || mapped.as_deref() != Some(id) {
-                        return Ok(Reply::Refused {
-                            message: format!(
-                                "`{card}` is not a live card of approval {id} on `{name}`"
-                            ),
-                        });
-                    }
-                    proof = format!("ingest:{name}");
-                    answer.proof = Some(&proof);
-                    answer.card = Some(card);
-                    let outcome = approval::decide(store, config, id, answer).await?;
-                    if approval::disarms(&outcome) {
-                        Approvals::on(store).map_delete(name, card).await?;
-                    }
-                    return Ok(Reply::from(outcome));
+                    return classify(surface_answer(store, config, id, name, card, answer).await);
                 }
                 Requester::Operator(_) => {}
             }
             approval::decide(store, config, id, answer)
                 .await
                 .map(Reply::from)
+        }
+        // A surface reports answers to its cards; it never writes a message.
+        Action::Edit { .. } if matches!(requester, Requester::Surface { .. }) => {
+            return Ok(Reply::Refused {
+                message: "a surface answers cards; only operators and the page edit".into(),
+            });
         }
         Action::Edit {
             content,
@@ -742,6 +730,13 @@ async fn apply(
                 })
         }
     };
+    classify(result)
+}
+
+/// A request's result as its reply: an error that waiting may cure is passed
+/// on (the request stays pending); any other is the reply, never a reason to
+/// stop serving.
+fn classify(result: Result<Reply>) -> Result<Reply> {
     match result {
         Ok(reply) => Ok(reply),
         Err(e) if e.is_retriable() => Err(e),
@@ -749,6 +744,33 @@ async fn apply(
             message: e.to_string(),
         }),
     }
+}
+
+/// Surface `name`'s answer to its card `card` of approval `id`: only a card
+/// its map gives for that approval, counted once per surface password under
+/// a quorum; the card is disarmed when the answer settles it.
+async fn surface_answer(
+    store: &mut Store,
+    config: &Config,
+    id: &str,
+    name: &str,
+    card: &str,
+    mut answer: Answer<'_>,
+) -> Result<Reply> {
+    let mapped = Approvals::on(store).map_get(name, card).await?;
+    if card.is_empty() || mapped.as_deref() != Some(id) {
+        return Ok(Reply::Refused {
+            message: format!("`{card}` is not a live card of approval {id} on `{name}`"),
+        });
+    }
+    let proof = format!("ingest:{name}");
+    answer.proof = Some(&proof);
+    answer.card = Some(card);
+    let outcome = approval::decide(store, config, id, answer).await?;
+    if approval::disarms(&outcome) {
+        Approvals::on(store).map_delete(name, card).await?;
+    }
+    Ok(Reply::from(outcome))
 }
 
 #[cfg(test)]

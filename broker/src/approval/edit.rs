@@ -196,6 +196,11 @@ pub async fn edit(
     if let Some(subject) = &next.subject {
         pairs.push((field::SUBJECT, subject.clone()));
     }
+    // The new version is sealed like a parked one (only the asking bridge's
+    // services and the administrator hold the key).
+    if let Some(key) = super::IdKey::existing(store, record.source()).await? {
+        pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
+    }
     let editor_counts_as = config.counting_key(editor);
     let (answer, old_card) = Approvals::on(store)
         .edit(id, &record.message_sha256, now, &editor_counts_as, &pairs)

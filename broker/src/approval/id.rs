@@ -117,6 +117,25 @@ pub const RESEND_OF: &str = "resend_of";
 pub const RESEND_SEAL: &str = "resend_seal";
 
 impl IdKey {
+    /// The seal over what decides an approval of `record`: the version to
+    /// send (its digest), the quorum and the deadline. Written by the
+    /// requesting bridge's services when they park or edit, and checked
+    /// before an approval is sealed, so a password that can write records
+    /// (a surface's outbox) cannot swap the message or lower the quorum under
+    /// a human's answer to the genuine card.
+    pub fn seal_version(&self, record: &super::Record) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        mac.update(
+            format!(
+                "version\n{}\n{}\n{}\n{}",
+                record.id, record.message_sha256, record.quorum, record.expires_at
+            )
+            .as_bytes(),
+        );
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// The seal of approval `id` of the version with digest `digest`: written
     /// by the requesting bridge's services when the approval is decided, and
     /// checked before the send, so a record set to `approved` by anyone

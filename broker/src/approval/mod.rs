@@ -280,11 +280,32 @@ async fn apply(
     // approves; the outbox sends nothing it did not seal (see
     // `IdKey::seal_decision`). Only that bridge's services and the
     // administrator read the key.
+    // Before that, the record must still be what the bridge sealed when it
+    // parked or edited it (version, quorum, deadline): a password that can
+    // write records must not swap the message or the quorum under a human's
+    // answer to the genuine card.
     let seal = match (verdict, given.seen) {
-        (Verdict::Approved, Some(seen)) => IdKey::existing(store, record.source())
-            .await?
-            .map(|k| k.seal_decision(id, seen))
-            .unwrap_or_default(),
+        (Verdict::Approved, Some(seen)) => {
+            let key = IdKey::existing(store, record.source()).await?;
+            let intact = match (&key, &record.version_seal) {
+                (Some(k), Some(s)) => same_secret(&k.seal_version(record), s),
+                _ => false,
+            };
+            if !intact {
+                tracing::error!(
+                    approval = id,
+                    approver,
+                    "a record changed outside the broker; nothing decided"
+                );
+                let event = given.event(record, audit::Kind::Ignored).with(
+                    audit::field::WHY,
+                    "the record was changed outside the broker (its version seal does not verify): nothing decided",
+                );
+                audit::append(store, config, &[event]).await?;
+                return Ok(Outcome::Late("tampered".into()));
+            }
+            key.map(|k| k.seal_decision(id, seen)).unwrap_or_default()
+        }
         _ => String::new(),
     };
     let d = Approvals::on(store).decide(id, &given, &seal).await?;

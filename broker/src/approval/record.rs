@@ -64,6 +64,9 @@ pub mod field {
     /// The requesting bridge's seal over an approval (see
     /// [`crate::approval::IdKey::seal_decision`]): only what it sealed is sent.
     pub const DECISION_SEAL: &str = "decision_seal";
+    /// The requesting bridge's seal over the version, quorum and deadline
+    /// (see [`crate::approval::IdKey::seal_version`]).
+    pub const VERSION_SEAL: &str = "version_seal";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -112,6 +115,7 @@ pub mod field {
         ORIGINAL_PREVIEW,
         SUPERSEDED,
         DECISION_SEAL,
+        VERSION_SEAL,
     ];
 }
 
@@ -263,6 +267,8 @@ pub struct Record {
     pub superseded: Vec<String>,
     /// The requesting bridge's seal over the approval, once approved.
     pub decision_seal: Option<String>,
+    /// The requesting bridge's seal over what decides the approval.
+    pub version_seal: Option<String>,
 }
 
 impl Record {
@@ -319,6 +325,7 @@ impl Record {
                 .map(|a| a.lines().map(str::to_string).collect())
                 .unwrap_or_default(),
             decision_seal: text(DECISION_SEAL),
+            version_seal: text(VERSION_SEAL),
         }
     }
 
@@ -371,6 +378,7 @@ impl Record {
             some(ORIGINAL_PREVIEW, &self.original_preview),
             text(SUPERSEDED, &self.superseded.join("\n")),
             some(DECISION_SEAL, &self.decision_seal),
+            some(VERSION_SEAL, &self.version_seal),
         ]
         .into_iter()
         .flatten()

@@ -276,10 +276,21 @@ fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
 
-/// A whole record, unless its `source` is not the bridge its id is tagged
-/// with: whoever could write that field could otherwise send the record's
-/// decisions and audit events where no service has rights, and stop it.
-fn whole_record(id: &str, map: HashMap<String, String>) -> Option<Record> {
+/// A whole record read as bytes, unless its `source` is not the bridge its id
+/// is tagged with: whoever could write that field could otherwise send the
+/// record's decisions and audit events where no service has rights, and stop
+/// it. Bytes that are not UTF-8 (which only a forger writes) are read with
+/// replacement characters: every check on them then fails, and nothing stops.
+fn whole_record(id: &str, raw: HashMap<Vec<u8>, Vec<u8>>) -> Option<Record> {
+    let map: HashMap<String, String> = raw
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                String::from_utf8_lossy(&k).into_owned(),
+                String::from_utf8_lossy(&v).into_owned(),
+            )
+        })
+        .collect();
     let record = record_or_none(id, map)?;
     if super::is_id_of(id, record.source()) {
         Some(record)
@@ -301,7 +312,7 @@ impl<'a> Approvals<'a> {
     /// Reads a record; `None` when it does not exist.
     pub async fn load(&mut self, id: &str) -> Result<Option<Record>> {
         let key = keys::approval(id);
-        let map: HashMap<String, String> = self
+        let map: HashMap<Vec<u8>, Vec<u8>> = self
             .store
             .conn
             .hgetall(&key)
@@ -318,7 +329,7 @@ impl<'a> Approvals<'a> {
             for id in chunk {
                 pipe.hgetall(keys::approval(id));
             }
-            let all: Vec<HashMap<String, String>> = pipe
+            let all: Vec<HashMap<Vec<u8>, Vec<u8>>> = pipe
                 .query_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
@@ -415,17 +426,21 @@ impl<'a> Approvals<'a> {
         Ok(())
     }
 
+    /// Every id in pending index `key`, oldest first.
+    async fn index_ids(&mut self, key: &str) -> Result<Vec<String>> {
+        self.store
+            .conn
+            .zrange(key, 0, -1)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))
+    }
+
     /// The pending index of requesting bridge `bridge`, oldest first. Ids
     /// without the bridge's tag (parked before ids carried one) are left out:
     /// no service of the bridge can reach their records any more.
     pub async fn pending(&mut self, bridge: &str) -> Result<Vec<String>> {
         let key = keys::pending(bridge);
-        let ids: Vec<String> = self
-            .store
-            .conn
-            .zrange(&key, 0, -1)
-            .await
-            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        let ids = self.index_ids(&key).await?;
         Ok(ids
             .into_iter()
             .filter(|id| super::is_id_of(id, bridge))
@@ -466,12 +481,7 @@ impl<'a> Approvals<'a> {
     /// count at its limit is a true one. Returns the count left.
     pub async fn prune_agent(&mut self, bridge: &str, agent: &str) -> Result<usize> {
         let key = keys::agent_pending(bridge, agent);
-        let ids: Vec<String> = self
-            .store
-            .conn
-            .zrange(&key, 0, -1)
-            .await
-            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        let ids = self.index_ids(&key).await?;
         let mut left = 0;
         for chunk in ids.chunks(CHUNK) {
             // An untagged id (parked before ids carried the bridge's tag) is
@@ -522,12 +532,7 @@ impl<'a> Approvals<'a> {
         let indexes = std::iter::once(keys::pending(bridge))
             .chain(agents.iter().map(|a| keys::agent_pending(bridge, a)));
         for key in indexes {
-            let ids: Vec<String> = self
-                .store
-                .conn
-                .zrange(&key, 0, -1)
-                .await
-                .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+            let ids = self.index_ids(&key).await?;
             let old: Vec<&String> = ids
                 .iter()
                 .filter(|id| !super::is_id_of(id, bridge))
@@ -686,7 +691,7 @@ impl<'a> Approvals<'a> {
     ) -> Result<Decision> {
         let (verdict, approver, reason, now) = (a.verdict, a.approver, a.reason, a.at);
         let key = keys::approval(id);
-        let (answer, worker, approvals): (String, String, String) = DECIDE_SCRIPT
+        let (answer, worker, approvals): (Vec<u8>, Vec<u8>, Vec<u8>) = DECIDE_SCRIPT
             .key(&key)
             .arg(verdict.as_str())
             .arg(approver)
@@ -703,9 +708,12 @@ impl<'a> Approvals<'a> {
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
+        // Bytes: a forged worker name or list that is not UTF-8 stops nothing.
+        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+        let approvals = text(approvals);
         Ok(Decision {
-            answer,
-            worker,
+            answer: text(answer),
+            worker: text(worker),
             approvals: approvals
                 .split(APPROVALS_SEPARATOR)
                 .filter(|a| !a.is_empty())
@@ -809,7 +817,7 @@ impl<'a> Approvals<'a> {
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
-        let answers: Vec<(String, HashMap<String, String>)> = pipe
+        let answers: Vec<(String, HashMap<Vec<u8>, Vec<u8>>)> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("EVALSHA claim notifications", e))?;
@@ -818,7 +826,7 @@ impl<'a> Approvals<'a> {
             .zip(answers)
             .map(|(r, (answer, map))| Claim {
                 answer,
-                record: record_or_none(r.id, map),
+                record: whole_record(r.id, map),
             })
             .collect())
     }
@@ -914,14 +922,17 @@ impl<'a> Approvals<'a> {
                 field::NOTIFY_ENTRY,
             ]);
         }
-        let states: Vec<(Option<String>, Option<String>, Option<String>)> = pipe
+        // Bytes: a forged field that is not UTF-8 reads as an unknown status.
+        let states: Vec<(Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>)> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
         Ok(states
             .into_iter()
             .map(|(status, notified, claimed)| SweepState {
-                status: status.as_deref().map(Status::parse),
+                status: status
+                    .as_deref()
+                    .map(|s| Status::parse(&String::from_utf8_lossy(s))),
                 notified: notified.is_some(),
                 claimed: claimed.is_some(),
             })

@@ -381,6 +381,7 @@ impl<S: Sender> OutboxService<S> {
         // the fields are written as they are.
         let fields = approval::notification_fields(&record, &message.for_approvers());
         record.notify_sha256 = approval::notification_digest(&fields);
+        record.version_seal = self.id_key.as_ref().map(|k| k.seal_version(&record));
         (record, fields)
     }
 

@@ -922,6 +922,28 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
             "{reply}"
         );
     }
+    // A surface's stream answers cards; an edit on it is refused (written here
+    // as the administrator: under the ACL only desk's ingest may write it).
+    let mut admin_conn = d.store().await.blocking().await.unwrap();
+    let edit = json!({
+        "nonce": uuid::Uuid::new_v4().simple().to_string(),
+        "approval_id": id,
+        "identity": "console:boss",
+        "action": "edit",
+        "content": "please pay invoice 666",
+        "subject": null,
+        "channel_id": null,
+        "seen": digest,
+    });
+    let reply = request_as(&mut admin_conn, "surface:desk", edit).await;
+    assert_eq!(reply["reply"], "refused", "{reply}");
+    assert!(
+        reply["message"]
+            .as_str()
+            .unwrap()
+            .contains("only operators and the page edit"),
+        "{reply}"
+    );
     // One password proves every page user: under a quorum it counts once.
     let reply = request_as(&mut page, "web", request("web:boss")).await;
     assert_eq!(reply["reply"], "counted", "{reply}");

@@ -44,6 +44,42 @@ pub(crate) fn react(d: &Deployment, external_id: &str, emoji: &str, user: &str, 
     );
 }
 
+/// The services an approval needs: mail's and desk's outboxes, desk's ingest.
+pub(crate) fn approval_services(d: &Deployment) -> [harness::Running; 3] {
+    [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ]
+}
+
+/// Approves `id` as `who` directly, as the administrator's CLI would (no
+/// surface, no request), and expects it decided.
+pub(crate) async fn approve_directly(d: &Deployment, id: &str, who: &str) {
+    let answer = broker::approval::Answer::new(
+        &broker::Clock::system(),
+        broker::approval::Verdict::Approved,
+        who,
+        "",
+    );
+    let mut store = d.store().await;
+    let outcome = broker::approval::decide(&mut store, &d.config, id, answer)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, broker::approval::Outcome::Decided),
+        "{outcome:?}"
+    );
+}
+
+/// The first message mail delivered, once there is one.
+pub(crate) async fn first_sent(d: &Deployment) -> console::send::Delivered {
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await
+}
+
 pub(crate) async fn inbox_notices(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
     let mut store = d.store().await;
     stream(&mut store, key).await

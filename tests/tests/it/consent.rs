@@ -9,7 +9,10 @@ use broker::{approval, keys, Store};
 use harness::{hash, stream, wait_until, Deployment};
 use serde_json::json;
 
-use crate::approval::{agent_sends, inbox_notices, notification, react};
+use crate::approval::{
+    agent_sends, approval_services, approve_directly, first_sent, inbox_notices, notification,
+    react,
+};
 use crate::{approval_config, SOON};
 
 async fn dead(store: &mut Store, bridge: &str, n: usize) -> Vec<HashMap<String, String>> {
@@ -723,11 +726,7 @@ async fn untagged_ids_and_forged_sources_stop_nothing() {
                 .unwrap();
         }
     }
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let services = approval_services(&d);
     agent_sends(&d, "after the upgrade", "r1").await;
     let (id, card) = notification(&d, 0).await;
     for key in [keys::pending("mail"), keys::agent_pending("mail", "ann")] {
@@ -758,20 +757,8 @@ async fn untagged_ids_and_forged_sources_stop_nothing() {
     let _: () = redis::AsyncCommands::hset(&mut store.conn, &rec, "source", "mail")
         .await
         .unwrap();
-    let answer = approval::Answer::new(
-        &broker::Clock::system(),
-        approval::Verdict::Approved,
-        "cli:op",
-        "",
-    );
-    let outcome = approval::decide(&mut store, &d.config, &id, answer)
-        .await
-        .unwrap();
-    assert!(matches!(outcome, approval::Outcome::Decided), "{outcome:?}");
-    let sent = wait_until("the approved message", SOON, || async {
-        d.delivered("mail.out").first().cloned()
-    })
-    .await;
+    approve_directly(&d, &id, "cli:op").await;
+    let sent = first_sent(&d).await;
     assert_eq!(sent.content, "after the upgrade");
     for s in services {
         s.stop().await.unwrap();
@@ -785,11 +772,7 @@ async fn untagged_ids_and_forged_sources_stop_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsealed_approval_is_never_sent() {
     let d = Deployment::new(&approval_config(3600));
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let services = approval_services(&d);
     let mut store = d.store().await;
     agent_sends(&d, "forged approval", "r1").await;
     let (id, _) = notification(&d, 0).await;
@@ -823,14 +806,47 @@ async fn an_unsealed_approval_is_never_sent() {
     assert!(notice["reason"].contains("seal"), "{notice:?}");
     assert!(d.delivered("mail.out").is_empty());
 
-    // The genuine flow: an approver's answer, applied by mail's outbox, is sealed and sent.
-    agent_sends(&d, "genuine", "r2").await;
-    let (_, card) = notification(&d, 1).await;
+    // A writer of records swaps the message (and would lower a quorum) under
+    // the genuine card: the human's answer to that card decides nothing.
+    agent_sends(&d, "lunch at noon?", "r2").await;
+    let (swapped, card) = notification(&d, 1).await;
+    let _: () = redis::AsyncCommands::hset_multiple(
+        &mut store.conn,
+        keys::approval(&swapped),
+        &[
+            ("message_sha256", "0".repeat(64).as_str()),
+            (
+                "edited_message",
+                r#"{"channel_id":"attacker@evil.example","content":"wire 50k"}"#,
+            ),
+        ],
+    )
+    .await
+    .unwrap();
     react(&d, &card, "✅", "boss", "");
-    let sent = wait_until("the approved message", SOON, || async {
-        d.delivered("mail.out").first().cloned()
+    let why = wait_until("the answer is refused", SOON, || {
+        let mut store = store.clone();
+        async move {
+            stream(&mut store, &keys::audit("mail"))
+                .await
+                .into_iter()
+                .filter_map(|e| e.get("why").cloned())
+                .find(|w| w.contains("version seal"))
+        }
     })
     .await;
+    assert!(why.contains("changed outside the broker"), "{why}");
+    assert_eq!(
+        hash(&mut store, &keys::approval(&swapped)).await["status"],
+        "pending"
+    );
+    assert!(d.delivered("mail.out").is_empty());
+
+    // The genuine flow: an approver's answer, applied by mail's outbox, is sealed and sent.
+    agent_sends(&d, "genuine", "r3").await;
+    let (_, card) = notification(&d, 2).await;
+    react(&d, &card, "✅", "boss", "");
+    let sent = first_sent(&d).await;
     assert_eq!(sent.content, "genuine");
     for s in services {
         s.stop().await.unwrap();

@@ -5,7 +5,10 @@ use broker::audit::{self, Entry, Filter};
 use broker::{approval, keys, Clock};
 use harness::{hash, wait_until, Deployment};
 
-use crate::approval::{agent_sends, inbox_notices, notification, react};
+use crate::approval::{
+    agent_sends, approval_services, approve_directly, first_sent, inbox_notices, notification,
+    react,
+};
 use crate::{approval_config, SOON};
 
 /// The trail of one approval, oldest first.
@@ -323,11 +326,7 @@ async fn one_surface_password_counts_once_under_a_quorum() {
     ) + QUORUM_PEOPLE
         + "\n[people.op]\nidentities = [\"cli:op\"]\n\n[operators.op]\npassword_file = \"{dir}/op\"\n";
     let d = Deployment::new(&config);
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let services = approval_services(&d);
     agent_sends(&d, "two passwords", "r1").await;
     let (id, card) = notification(&d, 0).await;
     react(&d, &card, "✅", "boss", "");
@@ -347,16 +346,8 @@ async fn one_surface_password_counts_once_under_a_quorum() {
         "pending"
     );
     assert!(d.delivered("mail.out").is_empty());
-    let answer = approval::Answer::new(&Clock::system(), approval::Verdict::Approved, "cli:op", "");
-    let outcome = approval::decide(&mut store, &d.config, &id, answer)
-        .await
-        .unwrap();
-    assert!(matches!(outcome, approval::Outcome::Decided), "{outcome:?}");
-    let sent = wait_until("the approved message", SOON, || async {
-        d.delivered("mail.out").first().cloned()
-    })
-    .await;
-    assert_eq!(sent.content, "two passwords");
+    approve_directly(&d, &id, "cli:op").await;
+    assert_eq!(first_sent(&d).await.content, "two passwords");
     for s in services {
         s.stop().await.unwrap();
     }
@@ -686,15 +677,7 @@ async fn an_edit_is_a_new_question_and_is_what_is_sent() {
     mail.stop().await.unwrap();
     // Approved while mail's outbox is down (a surface's answer would wait
     // for it in mail's request stream; the administrator decides directly).
-    let answer = approval::Answer::new(
-        &Clock::system(),
-        approval::Verdict::Approved,
-        "console:boss",
-        "",
-    );
-    approval::decide(&mut store, &d.config, &id, answer)
-        .await
-        .unwrap();
+    approve_directly(&d, &id, "console:boss").await;
     wait_until("the approval", SOON, || {
         let mut store = store.clone();
         let id = id.clone();
