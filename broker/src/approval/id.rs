@@ -136,6 +136,20 @@ impl IdKey {
         hex::encode(mac.finalize().into_bytes())
     }
 
+    /// The seal over the count of approval `id` so far: the people counted
+    /// and the shared proofs they came through, as stored. None is needed
+    /// while both are empty.
+    pub fn seal_count(&self, id: &str, people: &str, proofs: &str) -> String {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+        let digest = fields_sha256([
+            ("people", Some(people.as_bytes())),
+            ("proofs", Some(proofs.as_bytes())),
+        ]);
+        mac.update(format!("count\n{id}\n{digest}").as_bytes());
+        hex::encode(mac.finalize().into_bytes())
+    }
+
     /// The seal of approval `id` of the version with digest `digest`: written
     /// by the requesting bridge's services when the approval is decided, and
     /// checked before the send, so a record set to `approved` by anyone

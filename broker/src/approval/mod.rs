@@ -179,22 +179,43 @@ pub async fn resolve_approval(
 
 /// Whether an answer with this outcome leaves its card unanswerable (its map
 /// entry dropped). A counted approval keeps the card armed for the rest of the
-/// quorum; a stranger's answer changes nothing.
+/// quorum; a stranger's answer changes nothing; a record changed outside
+/// the broker (or busy) stays answerable once it is put right.
 pub fn disarms(outcome: &Outcome) -> bool {
-    !matches!(
-        outcome,
-        Outcome::NotAllowed
-            | Outcome::Counted { .. }
-            | Outcome::EditorNotCounted
-            | Outcome::SharedProofCounted
-            | Outcome::Submitted
-    )
+    match outcome {
+        Outcome::Late(state) => state != "tampered" && state != "busy",
+        other => !matches!(
+            other,
+            Outcome::NotAllowed
+                | Outcome::Counted { .. }
+                | Outcome::EditorNotCounted
+                | Outcome::SharedProofCounted
+                | Outcome::Submitted
+        ),
+    }
 }
 
 /// Decides approval `id` directly (the operator CLI), under the same rules.
 /// Every answer to a record that exists is in its bridge's audit trail,
 /// counted or ignored and why.
 pub async fn decide(
+    store: &mut Store,
+    config: &Config,
+    id: &str,
+    answer: Answer<'_>,
+) -> Result<Outcome> {
+    // Another decider's count landed between this one's read and its write:
+    // read again (a few times; then it is reported as busy).
+    for _ in 0..3 {
+        match decide_once(store, config, id, answer).await? {
+            Outcome::Late(state) if state == "stale" => continue,
+            outcome => return Ok(outcome),
+        }
+    }
+    Ok(Outcome::Late("busy".into()))
+}
+
+async fn decide_once(
     store: &mut Store,
     config: &Config,
     id: &str,
@@ -242,6 +263,15 @@ pub async fn decide(
     apply(store, config, &record, answer).await
 }
 
+/// Under a quorum, the count an approval is counted from (as verified) and
+/// the seal of the count once it is added.
+#[derive(Debug, Clone, Default)]
+pub struct Count {
+    pub people: String,
+    pub proofs: String,
+    pub next_seal: String,
+}
+
 /// Rejects a pending approval whose request could not be shown to anyone (the
 /// notify platform refused it): failing closed at once, and telling the agent
 /// why, instead of waiting for a deadline that may never come. The approver is
@@ -284,13 +314,38 @@ async fn apply(
     // parked or edited it (version, quorum, deadline): a password that can
     // write records must not swap the message or the quorum under a human's
     // answer to the genuine card.
+    // Under a quorum the count so far is sealed as well, and the script
+    // counts only from the state verified here (`stale` otherwise).
+    let mut count = Count::default();
     let seal = match (verdict, given.seen) {
         (Verdict::Approved, Some(seen)) => {
             let key = IdKey::existing(store, record.source()).await?;
-            let intact = match (&key, &record.version_seal) {
-                (Some(k), Some(s)) => same_secret(&k.seal_version(record), s),
-                _ => false,
+            let counted = match (&key, &record.count_seal) {
+                (Some(k), Some(s)) => same_secret(
+                    &k.seal_count(id, &record.approval_people, &record.approval_proofs),
+                    s,
+                ),
+                _ => record.approval_people.is_empty() && record.approval_proofs.is_empty(),
             };
+            let intact = counted
+                && match (&key, &record.version_seal) {
+                    (Some(k), Some(s)) => same_secret(&k.seal_version(record), s),
+                    _ => false,
+                };
+            if let Some(k) = &key {
+                let join = |list: &str, item: &str| match (list.is_empty(), item.is_empty()) {
+                    (_, true) => list.to_string(),
+                    (true, false) => item.to_string(),
+                    (false, false) => format!("{list}\n{item}"),
+                };
+                let people = join(&record.approval_people, given.counts_as.unwrap_or(approver));
+                let proofs = join(&record.approval_proofs, given.proof.unwrap_or(""));
+                count = Count {
+                    people: record.approval_people.clone(),
+                    proofs: record.approval_proofs.clone(),
+                    next_seal: k.seal_count(id, &people, &proofs),
+                };
+            }
             if !intact {
                 tracing::error!(
                     approval = id,
@@ -308,7 +363,12 @@ async fn apply(
         }
         _ => String::new(),
     };
-    let d = Approvals::on(store).decide(id, &given, &seal).await?;
+    let d = Approvals::on(store)
+        .decide(id, &given, &seal, &count)
+        .await?;
+    if d.answer == "stale" {
+        return Ok(Outcome::Late("stale".into())); // read again by `decide`
+    }
     let need = record.quorum() as usize;
     // Under a quorum of one the approvals are not listed: the answer is the one.
     let have = match (need, d.answer.as_str(), verdict) {

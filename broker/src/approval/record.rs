@@ -67,6 +67,10 @@ pub mod field {
     /// The requesting bridge's seal over the version, quorum and deadline
     /// (see [`crate::approval::IdKey::seal_version`]).
     pub const VERSION_SEAL: &str = "version_seal";
+    /// The requesting bridge's seal over the count so far
+    /// (`approval_people`, `approval_proofs`; see
+    /// [`crate::approval::IdKey::seal_count`]).
+    pub const COUNT_SEAL: &str = "count_seal";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -116,6 +120,7 @@ pub mod field {
         SUPERSEDED,
         DECISION_SEAL,
         VERSION_SEAL,
+        COUNT_SEAL,
     ];
 }
 
@@ -269,6 +274,12 @@ pub struct Record {
     pub decision_seal: Option<String>,
     /// The requesting bridge's seal over what decides the approval.
     pub version_seal: Option<String>,
+    /// Under a quorum: the people counted so far, and the shared proofs
+    /// they came through, as stored (one per line).
+    pub approval_people: String,
+    pub approval_proofs: String,
+    /// The requesting bridge's seal over those two.
+    pub count_seal: Option<String>,
 }
 
 impl Record {
@@ -326,6 +337,9 @@ impl Record {
                 .unwrap_or_default(),
             decision_seal: text(DECISION_SEAL),
             version_seal: text(VERSION_SEAL),
+            approval_people: text(APPROVAL_PEOPLE).unwrap_or_default(),
+            approval_proofs: text(APPROVAL_PROOFS).unwrap_or_default(),
+            count_seal: text(COUNT_SEAL),
         }
     }
 
@@ -379,6 +393,9 @@ impl Record {
             text(SUPERSEDED, &self.superseded.join("\n")),
             some(DECISION_SEAL, &self.decision_seal),
             some(VERSION_SEAL, &self.version_seal),
+            text(APPROVAL_PEOPLE, &self.approval_people),
+            text(APPROVAL_PROOFS, &self.approval_proofs),
+            some(COUNT_SEAL, &self.count_seal),
         ]
         .into_iter()
         .flatten()

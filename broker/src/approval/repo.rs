@@ -39,8 +39,11 @@ return 1
 /// [`crate::config::Config::counting_key`]), `1` when editors count toward
 /// a quorum, and the shared proof the answer came through (`page` for the
 /// approval page, whose one Redis password proves every `web:` user; empty for
-/// a proof of its own), and the requesting bridge's seal, stored with an
-/// approval (see [`super::IdKey::seal_decision`]). Returns `superseded` for an answer to an earlier version (a card
+/// a proof of its own), the requesting bridge's seal, stored with an
+/// approval (see [`super::IdKey::seal_decision`]), and under a quorum the
+/// people and proofs counted so far as the caller verified them, and the seal
+/// of the count with this approval added (`stale` when the record's count is
+/// no longer the verified one). Returns `superseded` for an answer to an earlier version (a card
 /// the record lists as superseded, or a digest it no longer has), `decided`,
 /// `counted` (an approval short of the record's quorum, kept in `approvals`,
 /// its person in `approval_people`), `counted-again` (this person's approval
@@ -69,6 +72,8 @@ if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
 if f[1] ~= 'pending' then return {f[1], worker, have} end
 local quorum = tonumber(f[5]) or 1
 if ARGV[1] == 'approved' and quorum > 1 then
+  -- Counted only from the state the caller verified against its seal.
+  if (f[9] or '') ~= ARGV[13] or (f[11] or '') ~= ARGV[14] then return {'stale', worker, have} end
   if ARGV[10] ~= '1' and f[10] then
     for editor in string.gmatch(f[10], sep) do
       if editor == ARGV[9] then return {'editor', worker, have} end
@@ -93,11 +98,11 @@ if ARGV[1] == 'approved' and quorum > 1 then
   if have ~= '' then have = have .. ARGV[6] end
   have = have .. ARGV[2]
   if n + 1 < quorum then
-    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs)
+    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[15])
     return {'counted', worker, have}
   end
   local all = string.gsub(have, ARGV[6], ', ')
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5], 'decision_seal', ARGV[12])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[15], 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5], 'decision_seal', ARGV[12])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
@@ -133,7 +138,7 @@ if card ~= '' then
   if list ~= '' then list = list .. ARGV[3] end
   redis.call('HSET', KEYS[1], 'superseded', list .. card)
 end
-redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal')
+redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal', 'count_seal')
 local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
@@ -688,6 +693,7 @@ impl<'a> Approvals<'a> {
         id: &str,
         a: &super::Answer<'_>,
         seal: &str,
+        count: &super::Count,
     ) -> Result<Decision> {
         let (verdict, approver, reason, now) = (a.verdict, a.approver, a.reason, a.at);
         let key = keys::approval(id);
@@ -705,6 +711,9 @@ impl<'a> Approvals<'a> {
             .arg(if a.editors_count { "1" } else { "0" })
             .arg(a.proof.unwrap_or(""))
             .arg(seal)
+            .arg(&count.people)
+            .arg(&count.proofs)
+            .arg(&count.next_seal)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;

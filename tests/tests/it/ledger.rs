@@ -353,6 +353,42 @@ async fn one_surface_password_counts_once_under_a_quorum() {
     }
 }
 
+/// The count so far is sealed: a password that writes records (a surface's
+/// outbox) adding a person to it does not make one genuine approval meet a
+/// quorum of two; the answer is ignored as a record changed outside the
+/// broker. Put right, two genuine approvals send it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_count_meets_no_quorum() {
+    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
+    agent_sends(&d, "count me", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let rec = keys::approval(&id);
+    let _: () = redis::AsyncCommands::hset(&mut store.conn, &rec, "approval_people", "person:amy")
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "boss", "");
+    let h = history_of_len(&d, &id, 3).await;
+    assert!(
+        h[2].get("why")
+            .is_some_and(|w| w.contains("changed outside the broker")),
+        "{h:#?}"
+    );
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending");
+    let _: () = redis::AsyncCommands::hdel(&mut store.conn, &rec, "approval_people")
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "boss", "");
+    history_of_len(&d, &id, 4).await;
+    assert!(d.delivered("mail.out").is_empty(), "one approval of two");
+    react(&d, &card, "✅", "amy", "");
+    assert_eq!(first_sent(&d).await.content, "count me");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
 /// Quorum 2: one approval sends nothing, the same approver twice counts once,
 /// a second approver sends once; one rejection rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
