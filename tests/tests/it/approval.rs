@@ -514,11 +514,26 @@ async fn a_digest_mismatch_refuses_the_send() {
     agent_sends(&d, "approved text", "r").await;
     let (id, _) = notification(&d, 0).await;
     let mut store = d.store().await;
-    let _: () = redis::AsyncCommands::hset(
+    // A record whose digest is not the entry's, sealed as if the bridge had
+    // written it (what only a bug could make): the send-time check refuses.
+    let mut record = approval::Approvals::on(&mut store)
+        .load(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    record.message_sha256 = "0".repeat(64);
+    let seal = approval::IdKey::existing(&mut store, "mail")
+        .await
+        .unwrap()
+        .unwrap()
+        .seal_version(&record);
+    let _: () = redis::AsyncCommands::hset_multiple(
         &mut store.conn,
         keys::approval(&id),
-        "message_sha256",
-        "0".repeat(64),
+        &[
+            ("message_sha256", record.message_sha256.as_str()),
+            ("version_seal", seal.as_str()),
+        ],
     )
     .await
     .unwrap();
