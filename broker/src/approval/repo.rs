@@ -281,12 +281,17 @@ fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
 
+/// A record's hash as Redis holds it: bytes, which a forger need not make UTF-8.
+type RawHash = HashMap<Vec<u8>, Vec<u8>>;
+/// One field of it.
+type RawField = Option<Vec<u8>>;
+
 /// A whole record read as bytes, unless its `source` is not the bridge its id
 /// is tagged with: whoever could write that field could otherwise send the
 /// record's decisions and audit events where no service has rights, and stop
 /// it. Bytes that are not UTF-8 (which only a forger writes) are read with
 /// replacement characters: every check on them then fails, and nothing stops.
-fn whole_record(id: &str, raw: HashMap<Vec<u8>, Vec<u8>>) -> Option<Record> {
+fn whole_record(id: &str, raw: RawHash) -> Option<Record> {
     let map: HashMap<String, String> = raw
         .into_iter()
         .map(|(k, v)| {
@@ -317,7 +322,7 @@ impl<'a> Approvals<'a> {
     /// Reads a record; `None` when it does not exist.
     pub async fn load(&mut self, id: &str) -> Result<Option<Record>> {
         let key = keys::approval(id);
-        let map: HashMap<Vec<u8>, Vec<u8>> = self
+        let map: RawHash = self
             .store
             .conn
             .hgetall(&key)
@@ -334,7 +339,7 @@ impl<'a> Approvals<'a> {
             for id in chunk {
                 pipe.hgetall(keys::approval(id));
             }
-            let all: Vec<HashMap<Vec<u8>, Vec<u8>>> = pipe
+            let all: Vec<RawHash> = pipe
                 .query_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
@@ -826,7 +831,7 @@ impl<'a> Approvals<'a> {
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
-        let answers: Vec<(String, HashMap<Vec<u8>, Vec<u8>>)> = pipe
+        let answers: Vec<(String, RawHash)> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("EVALSHA claim notifications", e))?;
@@ -932,7 +937,7 @@ impl<'a> Approvals<'a> {
             ]);
         }
         // Bytes: a forged field that is not UTF-8 reads as an unknown status.
-        let states: Vec<(Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>)> = pipe
+        let states: Vec<(RawField, RawField, RawField)> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
