@@ -464,6 +464,7 @@ pub async fn serve(
             &streams,
             &group,
             backlog,
+            &shutdown,
         )
         .await;
         match step {
@@ -516,6 +517,7 @@ async fn serve_once(
     streams: &[String],
     group: &str,
     backlog: bool,
+    shutdown: &Shutdown,
 ) -> Result<bool> {
     let mut cmd = redis::cmd("XREADGROUP");
     cmd.arg("GROUP").arg(group).arg(worker).arg("COUNT").arg(50);
@@ -526,10 +528,14 @@ async fn serve_once(
     for _ in streams {
         cmd.arg(if backlog { "0" } else { ">" });
     }
-    let read: Option<redis::streams::StreamReadReply> = cmd
-        .query_async(conn)
-        .await
-        .map_err(|e| Error::from_redis("XREADGROUP decision requests", e))?;
+    // A shutdown ends the wait at once: entries a read handed over meanwhile
+    // stay pending for this worker and are read first on the next start.
+    let read: Option<redis::streams::StreamReadReply> = tokio::select! {
+        _ = shutdown.wait() => return Ok(false),
+        read = cmd.query_async(conn) => {
+            read.map_err(|e| Error::from_redis("XREADGROUP decision requests", e))?
+        }
+    };
     let Some(read) = read else {
         return Ok(false);
     };

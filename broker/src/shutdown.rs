@@ -21,9 +21,11 @@ impl Shutdown {
         (Trigger(tx), Shutdown(rx))
     }
 
-    /// Whether shutdown has been asked for.
+    /// Whether shutdown has been asked for (or its trigger is dropped, as
+    /// [`Self::wait`] has it: a loop that checks one and waits on the other
+    /// must not spin).
     pub fn is_set(&self) -> bool {
-        *self.0.borrow()
+        *self.0.borrow() || self.0.has_changed().is_err()
     }
 
     /// Resolves once shutdown is asked for (or its trigger is dropped).
