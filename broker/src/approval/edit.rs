@@ -134,6 +134,7 @@ pub async fn edit(
         subject: new.subject.clone(),
         content: new.content.clone(),
     };
+    let editor_counts_as = config.counting_key(editor);
     let mut next = Record {
         status: super::Status::Pending,
         channel_id: new.channel_id.clone(),
@@ -148,7 +149,16 @@ pub async fn edit(
         ),
         edited_by: Some(editor.to_string()),
         edited_at: Some(now as u64),
+        // As the step appends it (sealed with the version, so it cannot be shortened).
+        editors: match record.editors.is_empty() {
+            true => editor_counts_as.clone(),
+            false => format!("{}\n{editor_counts_as}", record.editors),
+        },
         approvals: Vec::new(),
+        approval_people: String::new(),
+        approval_proofs: String::new(),
+        count_seal: None,
+        decision_seal: None,
         approver: None,
         reason: None,
         decided_at: None,
@@ -201,7 +211,6 @@ pub async fn edit(
     if let Some(key) = super::IdKey::existing(store, record.source()).await? {
         pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
     }
-    let editor_counts_as = config.counting_key(editor);
     let (answer, old_card) = Approvals::on(store)
         .edit(id, &record.message_sha256, now, &editor_counts_as, &pairs)
         .await?;

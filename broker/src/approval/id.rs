@@ -123,31 +123,35 @@ impl IdKey {
     /// before an approval is sealed, so a password that can write records
     /// (a surface's outbox) cannot swap the message or lower the quorum under
     /// a human's answer to the genuine card.
+    ///
+    /// After an edit it also covers who edited (`editors`), so that list, which
+    /// keeps an editor's own approval out of a quorum, cannot be shortened.
+    /// Unedited records are sealed as before that was added, so approvals
+    /// parked before an upgrade still verify.
     pub fn seal_version(&self, record: &super::Record) -> String {
-        use hmac::{KeyInit, Mac};
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
-        mac.update(
-            format!(
-                "version\n{}\n{}\n{}\n{}",
-                record.id, record.message_sha256, record.quorum, record.expires_at
-            )
-            .as_bytes(),
+        let mut text = format!(
+            "version\n{}\n{}\n{}\n{}",
+            record.id, record.message_sha256, record.quorum, record.expires_at
         );
-        hex::encode(mac.finalize().into_bytes())
+        if !record.editors.is_empty() {
+            let editors = fields_sha256([("editors", Some(record.editors.as_bytes()))]);
+            text.push_str(&format!("\n{editors}"));
+        }
+        self.seal(&text)
     }
 
     /// The seal over the count of approval `id` so far: the people counted
-    /// and the shared proofs they came through, as stored. None is needed
-    /// while both are empty.
-    pub fn seal_count(&self, id: &str, people: &str, proofs: &str) -> String {
-        use hmac::{KeyInit, Mac};
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
+    /// and the shared proofs they came through, as stored, for the version
+    /// with digest `version` (so a count made for a version an edit replaced
+    /// cannot be carried over to the new one). None is needed while both are
+    /// empty.
+    pub fn seal_count(&self, id: &str, version: &str, people: &str, proofs: &str) -> String {
         let digest = fields_sha256([
             ("people", Some(people.as_bytes())),
             ("proofs", Some(proofs.as_bytes())),
+            ("version", Some(version.as_bytes())),
         ]);
-        mac.update(format!("count\n{id}\n{digest}").as_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        self.seal(&format!("count\n{id}\n{digest}"))
     }
 
     /// The seal of approval `id` of the version with digest `digest`: written
@@ -155,10 +159,7 @@ impl IdKey {
     /// checked before the send, so a record set to `approved` by anyone
     /// without the key (a surface's password, a forger) is never sent.
     pub fn seal_decision(&self, id: &str, digest: &str) -> String {
-        use hmac::{KeyInit, Mac};
-        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
-        mac.update(format!("approved\n{id}\n{digest}").as_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        self.seal(&format!("approved\n{id}\n{digest}"))
     }
 
     /// The seal of a re-send of approval `of` on `stream` whose other fields
@@ -169,10 +170,15 @@ impl IdKey {
         stream: &str,
         fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     ) -> String {
+        let digest = fields_sha256(fields.into_iter().map(|(k, v)| (k, Some(v))));
+        self.seal(&format!("resend\n{of}\n{stream}\n{digest}"))
+    }
+
+    /// The HMAC of `text` under this bridge's key, in hex.
+    fn seal(&self, text: &str) -> String {
         use hmac::{KeyInit, Mac};
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.secret).expect("any key length");
-        let digest = fields_sha256(fields.into_iter().map(|(k, v)| (k, Some(v))));
-        mac.update(format!("resend\n{of}\n{stream}\n{digest}").as_bytes());
+        mac.update(text.as_bytes());
         hex::encode(mac.finalize().into_bytes())
     }
 }

@@ -322,7 +322,12 @@ async fn apply(
             let key = IdKey::existing(store, record.source()).await?;
             let counted = match (&key, &record.count_seal) {
                 (Some(k), Some(s)) => same_secret(
-                    &k.seal_count(id, &record.approval_people, &record.approval_proofs),
+                    &k.seal_count(
+                        id,
+                        &record.message_sha256,
+                        &record.approval_people,
+                        &record.approval_proofs,
+                    ),
                     s,
                 ),
                 _ => record.approval_people.is_empty() && record.approval_proofs.is_empty(),
@@ -343,7 +348,7 @@ async fn apply(
                 count = Count {
                     people: record.approval_people.clone(),
                     proofs: record.approval_proofs.clone(),
-                    next_seal: k.seal_count(id, &people, &proofs),
+                    next_seal: k.seal_count(id, &record.message_sha256, &people, &proofs),
                 };
             }
             if !intact {

@@ -278,6 +278,9 @@ pub struct Record {
     /// they came through, as stored (one per line).
     pub approval_people: String,
     pub approval_proofs: String,
+    /// Who edited, as a quorum counts them (`editors`, one a line): their own
+    /// approvals do not count toward a quorum unless the config says so.
+    pub editors: String,
     /// The requesting bridge's seal over those two.
     pub count_seal: Option<String>,
 }
@@ -339,6 +342,7 @@ impl Record {
             version_seal: text(VERSION_SEAL),
             approval_people: text(APPROVAL_PEOPLE).unwrap_or_default(),
             approval_proofs: text(APPROVAL_PROOFS).unwrap_or_default(),
+            editors: text(EDITORS).unwrap_or_default(),
             count_seal: text(COUNT_SEAL),
         }
     }
@@ -395,6 +399,7 @@ impl Record {
             some(VERSION_SEAL, &self.version_seal),
             text(APPROVAL_PEOPLE, &self.approval_people),
             text(APPROVAL_PROOFS, &self.approval_proofs),
+            text(EDITORS, &self.editors),
             some(COUNT_SEAL, &self.count_seal),
         ]
         .into_iter()

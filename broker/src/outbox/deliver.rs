@@ -27,6 +27,7 @@
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
+use super::fair::Lanes;
 use super::inflight::{self, Gate};
 use super::*;
 
@@ -62,7 +63,7 @@ impl<S: Sender> OutboxService<S> {
                 .waiting
                 .entry(channel)
                 .or_default()
-                .push_back((key, job));
+                .push(PLAIN_LANE, (key, job));
             return Ok(());
         }
         // This is now the destination's current delivery.
@@ -100,7 +101,10 @@ impl<S: Sender> OutboxService<S> {
         }
         let channel = flight.message.channel_id.clone();
         match self.retries.waiting.get_mut(&channel) {
-            Some(queue) => queue.push_back((flight.key.clone(), Job::Flight(Box::new(flight)))),
+            Some(queue) => {
+                let lane = flight.lane();
+                queue.push(&lane, (flight.key.clone(), Job::Flight(Box::new(flight))))
+            }
             None => {
                 self.retries.waiting.insert(channel, Default::default());
                 self.take_off(flight);
@@ -136,7 +140,8 @@ impl<S: Sender> OutboxService<S> {
         if self.flights.len() < self.bridge.max_in_flight {
             self.launch(flight);
         } else {
-            self.ready.push_back(flight);
+            let lane = flight.lane();
+            self.ready.push(&lane, flight);
         }
     }
 
@@ -155,7 +160,7 @@ impl<S: Sender> OutboxService<S> {
         self.flights.spawn(async move {
             let passed = match &flight.gate {
                 Gate::Mine(worker) => inflight::pass(&mut conn, &holder, &flight.key, worker).await,
-                Gate::Open | Gate::Taken(_) => Ok(true),
+                Gate::Taken(_) | Gate::Repeat(_) => Ok(true),
             };
             match passed {
                 Ok(true) => {}
@@ -185,7 +190,7 @@ impl<S: Sender> OutboxService<S> {
                         flight.key
                     ))),
                 },
-                Gate::Open | Gate::Mine(_) => sender.send(out).await,
+                Gate::Mine(_) | Gate::Repeat(_) => sender.send(out).await,
             };
             (flight, result)
         });
@@ -248,7 +253,7 @@ impl<S: Sender> OutboxService<S> {
     /// Starts queued sends while there is room.
     fn launch_ready(&mut self) {
         while self.flights.len() < self.bridge.max_in_flight {
-            match self.ready.pop_front() {
+            match self.ready.pop() {
                 Some(f) => self.launch(f),
                 None => break,
             }
@@ -569,8 +574,9 @@ pub(super) struct Retries {
     seq: u64,
     /// Delivery keys deferred or queued, so each is scheduled once.
     pub(super) scheduled: std::collections::HashSet<String>,
-    /// Destinations with a delivery waiting for its retry, and the jobs queued behind it.
-    pub(super) waiting: HashMap<String, std::collections::VecDeque<(String, Job)>>,
+    /// Destinations with a delivery waiting for its retry, and the jobs queued
+    /// behind it: cards in their requester's lane, the rest in [`PLAIN_LANE`].
+    pub(super) waiting: HashMap<String, Lanes<(String, Job)>>,
     /// Delivery key → (failed attempts, time of the first failure).
     pub(super) attempts: HashMap<String, (u32, tokio::time::Instant)>,
 }
@@ -606,7 +612,7 @@ impl Retries {
     /// (which becomes the destination's current delivery), or frees it.
     pub(super) fn release(&mut self, channel: &str) -> Option<(String, Job)> {
         let queue = self.waiting.get_mut(channel)?;
-        match queue.pop_front() {
+        match queue.pop() {
             Some((key, job)) => {
                 self.scheduled.remove(&key);
                 Some((key, job))
@@ -632,6 +638,28 @@ pub(super) struct Flight {
     /// Set by the send task when the gate refused: nothing was sent.
     pub(super) fenced: bool,
 }
+
+impl Flight {
+    /// The lane this send waits in for room ([`Lanes`]): an approval card in
+    /// the lane of the bridge and agent that asked, so one agent's flood of
+    /// cards takes turns with the others'; every other send in one lane, in
+    /// arrival order.
+    pub(super) fn lane(&self) -> String {
+        match &self.purpose {
+            Purpose::Notification { record, .. } => {
+                format!(
+                    "{}/{}",
+                    record.source(),
+                    record.agent.as_deref().unwrap_or("")
+                )
+            }
+            Purpose::Plain | Purpose::Approved { .. } => PLAIN_LANE.to_string(),
+        }
+    }
+}
+
+/// The lane of every send that is not an approval card.
+pub(super) const PLAIN_LANE: &str = "";
 
 /// What a send is for, and so what its outcome does.
 pub(super) enum Purpose {
@@ -777,7 +805,7 @@ mod tests {
             r.waiting
                 .get_mut("ops")
                 .unwrap()
-                .push_back((format!("q{n}"), job(n)));
+                .push(PLAIN_LANE, (format!("q{n}"), job(n)));
         }
         assert_eq!(r.release("ops").unwrap().0, "q1");
         assert!(r.waiting.contains_key("ops"), "q1 is now current");

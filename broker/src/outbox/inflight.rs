@@ -132,12 +132,14 @@ impl Prior {
 /// Whether a send may go ahead.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Gate {
-    /// Not gated (approval notifications: a duplicate card is claimed once).
-    Open,
     /// Sent only if this worker's `started:` mark still stands.
     Mine(String),
     /// Another worker may still complete it: never sent again.
     Taken(String),
+    /// An approval card another worker may have shown: shown again as a
+    /// retry, since its absence cannot be proven and an approval nobody is
+    /// asked about waits for nothing. Both cards answer the same approval.
+    Repeat(String),
 }
 
 /// Where a flight's entry sits: what the gate checks it still holds.
@@ -219,7 +221,7 @@ impl<S: Sender> OutboxService<S> {
         gate: &Gate,
         delivery_key: &str,
     ) -> Result<()> {
-        let Gate::Taken(by) = gate else {
+        let (Gate::Taken(by) | Gate::Repeat(by)) = gate else {
             return Ok(());
         };
         // Only the mark it saw: anything written since is someone's news.

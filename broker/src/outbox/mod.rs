@@ -13,12 +13,15 @@
 //! - [`parking`]: records, notifications, the parked index, deadlines and sweep.
 //! - [`settle`]: acting on decisions and expiries, closing records.
 //! - [`deliver`]: sending, dead letters, notices.
+//! - [`fair`]: sends waiting for room take turns by requesting agent.
+//! - [`inflight`]: the marks and the gate that fence a send to one worker.
 //! - [`surface`]: the notify side: notifications and outcomes shown to humans.
 //! - [`claim`]: taking over the entries of a dead worker of the same bridge.
 //! - [`retention`]: trimming handled history from the streams.
 
 mod claim;
 mod deliver;
+mod fair;
 mod inflight;
 mod parking;
 mod reader;
@@ -259,7 +262,8 @@ pub struct OutboxService<S> {
     policy: RetryPolicy,
     /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
     flights: tokio::task::JoinSet<FlightResult>,
-    ready: std::collections::VecDeque<Flight>,
+    /// Cards take turns by requesting agent ([`fair`]).
+    ready: fair::Lanes<Flight>,
     /// Fresh entries of the batch being read, parked together after it.
     to_park: Vec<NewPark>,
     /// Claims of the batch's notifications, made together before it is handled:
@@ -333,7 +337,7 @@ impl<S: Sender> OutboxService<S> {
             id_key: None,
             retries: Retries::default(),
             flights: tokio::task::JoinSet::new(),
-            ready: std::collections::VecDeque::new(),
+            ready: fair::Lanes::default(),
             acks: Vec::new(),
             acks_since: None,
             to_park: Vec::new(),

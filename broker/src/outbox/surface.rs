@@ -11,6 +11,7 @@
 //!   settled with that outcome and names this bridge, and the card's text is
 //!   built from the record. Then the record is deleted.
 
+use super::inflight::{Gate, Prior};
 use super::*;
 use crate::approval::repo::ClaimRequest;
 
@@ -25,6 +26,10 @@ pub(super) struct Shown {
     external_id: String,
     /// The requesting bridge, whose audit trail records the card.
     requester: String,
+    /// The send's gate: its in-flight mark (and one taken over) goes once the
+    /// card is recorded and its entry acked.
+    gate: Gate,
+    key: String,
 }
 
 impl<S: Sender> OutboxService<S> {
@@ -124,7 +129,14 @@ impl<S: Sender> OutboxService<S> {
                     e.add_to(pipe, retention);
                 }
             })
-            .await
+            .await?;
+        // Recorded and acked: a restart no longer shows them again.
+        let marks: Vec<&str> = shown.iter().map(|s| s.key.as_str()).collect();
+        self.clear_in_flight(&marks).await?;
+        for s in &shown {
+            self.forget_taken_mark(&s.gate, &s.key).await?;
+        }
+        Ok(())
     }
 
     /// An entry carrying `approval_id` on the flat outbox: shown only when it is the
@@ -175,10 +187,26 @@ impl<S: Sender> OutboxService<S> {
             let n = FailedNotice::new("failed", reason).with_approval(&id);
             return self.dead_letter(idx, entry, n).await;
         }
-        let key = delivery_key(&self.sources[idx].key, &entry.id);
+        let stream = self.sources[idx].key.clone();
+        let key = delivery_key(&stream, &entry.id);
+        // Fenced like every send: a worker that stalled before its platform
+        // call shows nothing once another took the entry over.
+        let prior = self.mark_in_flight(&stream, &entry.id, &key).await?;
+        let (gate, retry) = match prior {
+            Prior::NotMine => {
+                tracing::warn!(approval = %id, "card not shown: the notification was taken over by another worker");
+                return Ok(());
+            }
+            // Another worker may have shown it and may still: a card cannot be
+            // proven absent, and an unasked approval helps nobody, so it is
+            // shown again (a retry, deduplicated where the sender can). Two
+            // cards of one approval answer the same approval.
+            Prior::Taken(by) => (Gate::Repeat(by), true),
+            prior => self.gate_for(prior, retry),
+        };
         // Shown beside the loop; scheduled until its outcome is recorded.
         self.dispatch(Flight {
-            gate: super::inflight::Gate::Open,
+            gate,
             fenced: false,
             source: idx,
             entry: entry.clone(),
@@ -204,6 +232,7 @@ impl<S: Sender> OutboxService<S> {
         self.retries.scheduled.remove(&f.key);
         let channel = f.message.channel_id.clone();
         let key = f.key.clone();
+        let gate = f.gate.clone();
         let (idx, id) = (f.source, record.id.clone());
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id, _) => {
@@ -216,6 +245,8 @@ impl<S: Sender> OutboxService<S> {
                     approval_id: id,
                     external_id,
                     requester: record.source().to_string(),
+                    gate,
+                    key: key.clone(),
                 });
                 let first = *self.shown_since.get_or_insert_with(Instant::now);
                 if first.elapsed() >= ACK_DELAY {
@@ -234,8 +265,12 @@ impl<S: Sender> OutboxService<S> {
                 .await?;
                 self.dead_letter(idx, &f.entry, n.with_approval(&id))
                     .await?;
+                self.clear_in_flight(&[&key]).await?;
+                self.forget_taken_mark(&gate, &key).await?;
             }
             Delivery::Deferred(due) => {
+                // Not shown: the mark goes; the retry marks it again.
+                self.clear_in_flight(&[&key]).await?;
                 let job = Job::Notification {
                     source: idx,
                     entry: f.entry,

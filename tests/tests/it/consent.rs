@@ -701,6 +701,94 @@ async fn one_agent_cannot_starve_the_others() {
     }
 }
 
+/// Within its limit, a flood of one agent's cards takes turns with the other
+/// agents' cards on the notify platform: a card asked for after 200 of
+/// another agent's waits one turn, not 200 (cards went out first-in
+/// first-out before, so it came last).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_cards_takes_turns_with_the_other_agents() {
+    const FLOOD: usize = 200;
+    // One card at a time, and the whole backlog read in one batch, so what
+    // decides the order is the queue, not how fast the platform drains it.
+    let config = approval_config(3600)
+        .replace(
+            r#"approvers = ["console:boss", "cli:op"] }"#,
+            r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 0 }"#,
+        )
+        .replace(
+            r#"destinations = ["ops"]"#,
+            "destinations = [\"ops\"]\nmax_in_flight = 1\nbatch = 1000",
+        )
+        + "\n[agents.bob]\n";
+    let d = Deployment::new(&config);
+    let mut store = d.store().await;
+    let notify = keys::outbox("desk");
+    store
+        .ensure_group(&notify, &keys::outbox_group("desk"))
+        .await
+        .unwrap();
+    let mail = d.spawn("outbox", "mail");
+    let sends = |agent: &'static str, text: String| {
+        let mut store = store.clone();
+        async move {
+            let to = keys::agent_outbox(agent, "mail");
+            let fields = [
+                ("channel_id", b"x@example.org".as_slice()),
+                ("content", text.as_bytes()),
+            ];
+            store.xadd(&to, &fields).await.unwrap()
+        }
+    };
+    for i in 0..FLOOD {
+        sends("ann", format!("flood {i}")).await;
+    }
+    wait_until("the flood's notifications written", SOON, || async {
+        let n = harness::stream(&mut d.store().await, &notify).await.len();
+        (n == FLOOD).then_some(())
+    })
+    .await;
+    sends("bob", "mine".into()).await;
+    wait_until("bob's notification written", SOON, || async {
+        let n = harness::stream(&mut d.store().await, &notify).await.len();
+        (n == FLOOD + 1).then_some(())
+    })
+    .await;
+    let desk = d.spawn("outbox", "desk");
+    let cards = wait_until("every card shown", SOON, || async {
+        let c = d.delivered("desk.out");
+        (c.len() == FLOOD + 1).then_some(c)
+    })
+    .await;
+    let at = cards
+        .iter()
+        .position(|c| c.content.contains("| mine"))
+        .unwrap();
+    assert!(
+        at < 3,
+        "bob's card came {} of {}: behind the flood",
+        at + 1,
+        cards.len()
+    );
+    let ann: Vec<usize> = cards
+        .iter()
+        .filter_map(|c| {
+            let (_, rest) = c.content.split_once("| flood ")?;
+            rest.split(|ch: char| !ch.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        ann,
+        (0..FLOOD).collect::<Vec<_>>(),
+        "ann's cards in her order"
+    );
+    for s in [mail, desk] {
+        s.stop().await.unwrap();
+    }
+}
+
 /// What an upgrade or a forger leaves behind stops nothing. Ids without the
 /// bridge's tag in the pending indexes (parked before ids carried one) are
 /// dropped at start-up and do not count against the parking limit; a record

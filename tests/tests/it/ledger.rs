@@ -389,6 +389,91 @@ async fn a_forged_count_meets_no_quorum() {
     assert_eq!(d.delivered("mail.out").len(), 1);
 }
 
+/// What a password that writes records (a surface's outbox) could bring back
+/// after an edit decides nothing: amy's approval of the first version,
+/// restored with its genuine seal beside the edited version, does not count
+/// toward the edit (the count is sealed with the version it was made for);
+/// and boss, who edited, does not count once the list of editors is
+/// shortened (it is sealed with the version). Put right, carl's and amy's
+/// approvals of the edit send it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_or_an_editor_list_from_outside_the_broker_decides_nothing() {
+    let (d, services) = quorum_of_two(r#""console:boss", "console:amy", "console:carl""#);
+    agent_sends(&d, "first version", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let rec = keys::approval(&id);
+    react(&d, &card, "✅", "amy", "");
+    history_of_len(&d, &id, 3).await;
+    let before = hash(&mut store, &rec).await;
+    assert_eq!(before["approval_people"], "person:amy", "{before:?}");
+    edit_as_boss(&d, &id, "second version").await;
+    let card = card_of(&d, &id, 2).await;
+    let restore = |fields: &[&str]| {
+        let mut conn = store.conn.clone();
+        let pairs: Vec<(String, String)> = fields
+            .iter()
+            .map(|f| (f.to_string(), before.get(*f).cloned().unwrap_or_default()))
+            .collect();
+        let rec = rec.clone();
+        async move {
+            let _: () = redis::AsyncCommands::hset_multiple(&mut conn, &rec, &pairs)
+                .await
+                .unwrap();
+        }
+    };
+    const COUNT: [&str; 4] = [
+        "approvals",
+        "approval_people",
+        "approval_proofs",
+        "count_seal",
+    ];
+    restore(&COUNT).await;
+    react(&d, &card, "✅", "carl", "");
+    let tampered = |h: &[Entry]| {
+        h.iter()
+            .filter(|e| {
+                e.get("why")
+                    .is_some_and(|w| w.contains("changed outside the broker"))
+            })
+            .count()
+    };
+    let h = wait_until("carl's answer ignored", SOON, || async {
+        let h = history(&d, &id).await;
+        (tampered(&h) == 1).then_some(h)
+    })
+    .await;
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending", "{h:#?}");
+    // The editor's name taken off the list: boss's approval is not counted.
+    let mut conn = store.conn.clone();
+    let _: () = redis::AsyncCommands::hdel(&mut conn, &rec, &COUNT)
+        .await
+        .unwrap();
+    let editors = hash(&mut store, &rec).await["editors"].clone();
+    assert_eq!(editors, "person:boss");
+    let _: () = redis::AsyncCommands::hset(&mut conn, &rec, "editors", "")
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "boss", "");
+    wait_until("boss's answer ignored", SOON, || async {
+        let h = history(&d, &id).await;
+        (tampered(&h) == 2).then_some(())
+    })
+    .await;
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending");
+    assert!(d.delivered("mail.out").is_empty(), "nothing sent");
+    let _: () = redis::AsyncCommands::hset(&mut conn, &rec, "editors", &editors)
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "carl", "");
+    react(&d, &card, "✅", "amy", "");
+    assert_eq!(first_sent(&d).await.content, "second version");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
 /// Quorum 2: one approval sends nothing, the same approver twice counts once,
 /// a second approver sends once; one rejection rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -487,6 +487,90 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     drop(a);
 }
 
+/// The same for approval cards: worker `a` of the notify bridge is paused
+/// while showing one card, with a second queued behind it. Worker `b` takes
+/// both over: it shows the queued card (which never passed `a`'s gate) and,
+/// since a card cannot be proven absent and an unasked approval helps
+/// nobody, shows the begun one again. When `a` wakes it completes the card
+/// it had begun and shows nothing else: the queued card appears once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_card_worker_never_shows_a_queued_card_twice() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "console"
+output = "{dir}/mail.out"
+input = "{dir}/mail.in"
+destinations = ["*"]
+approval = { required = true, notify = "cards", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
+
+[bridges.cards]
+type = "console"
+output = "{dir}/cards.out"
+input = "{dir}/cards.in"
+destinations = ["ops"]
+latency_ms = 3000
+max_in_flight = 1
+claim_idle_seconds = 2
+"#,
+    );
+    let mut store = d.store().await;
+    let notify = keys::outbox("cards");
+    store
+        .ensure_group(&notify, &keys::outbox_group("cards"))
+        .await
+        .unwrap();
+    let a = d.process_with("cowboy-console-outbox", "cards", &["--worker", "a"]);
+    let _mail = d.spawn("outbox", "mail");
+    send(&mut store, "mail", "bob@example.org", "begun").await;
+    send(&mut store, "mail", "bob@example.org", "queued").await;
+    wait_until(
+        "the first card past its gate, the second marked",
+        SOON,
+        || async {
+            let mut s = d.store().await;
+            let m = hash(&mut s, &keys::in_flight("cards")).await;
+            let mut v: Vec<String> = m.into_values().collect();
+            v.sort();
+            (v == ["started:a", "writing:a"]).then_some(())
+        },
+    )
+    .await;
+    signal(&a, "-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "cards", &["--worker", "b"]);
+    let shown = |what: &'static str| {
+        let d = &d;
+        move || async move {
+            let n = d.delivered("cards.out");
+            (n.iter().filter(|l| l.content.contains(what)).count() >= 1).then_some(())
+        }
+    };
+    wait_until("b showing the queued card", SOON, shown("| queued")).await;
+    wait_until("b showing the begun card again", SOON, shown("| begun")).await;
+    signal(&a, "-CONT");
+    let log = d.path("cowboy-console-outbox-cards--workera.log");
+    wait_until("a letting go of the queued card", SOON, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
+            .then_some(())
+    })
+    .await;
+    wait_until("a completing the card it had begun", SOON, || async {
+        let n = d.delivered("cards.out");
+        (n.iter().filter(|l| l.content.contains("| begun")).count() == 2).then_some(())
+    })
+    .await;
+    let queued = d
+        .delivered("cards.out")
+        .iter()
+        .filter(|l| l.content.contains("| queued"))
+        .count();
+    assert_eq!(queued, 1, "{:?}", d.delivered("cards.out"));
+    drop(a);
+}
+
 /// Hands entry `id` of `stream` to consumer `ghost` `times` times (a worker
 /// that took it and died, again and again, as the pending list records it).
 async fn haunt(store: &mut Store, stream: &str, group: &str, ghost: &str, id: &str, times: u64) {
