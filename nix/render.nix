@@ -60,6 +60,7 @@ let
         editors_count = approval.editors_count or null;
         trust_surfaces = approval.trust_surfaces or null;
         max_parked_per_agent = approval.max_parked_per_agent or null;
+        max_parked_bytes_per_agent = approval.max_parked_bytes_per_agent or null;
         max_parked = approval.max_parked or null;
       };
       ping = nonNull {

@@ -155,6 +155,10 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                     ],
                     "+zadd +zrem +zcard +zrange",
                 ));
+                sels.push(selector(
+                    &[format!("~{}", keys::agent_pending_bytes(name, "*"))],
+                    "+hset +hdel +hvals",
+                ));
             }
             // A card the platform refused rejects its approval and wakes the requester.
             sels.extend(wake_selector(config, name));

@@ -435,6 +435,11 @@ pub struct ApprovalConfig {
     /// cannot fill Redis or bury the others' requests. 0: no limit.
     #[serde(default = "default_max_parked_per_agent")]
     pub max_parked_per_agent: u64,
+    /// Most content bytes one agent's waiting approvals on this bridge may
+    /// hold in all; an entry that would go beyond is refused
+    /// (`limit_reached`). 0: no limit.
+    #[serde(default = "default_max_parked_bytes_per_agent")]
+    pub max_parked_bytes_per_agent: u64,
     /// Most approvals waiting on this bridge in all (agents and the flat
     /// stream). 0: no limit.
     #[serde(default)]
@@ -462,6 +467,10 @@ fn default_max_parked_per_agent() -> u64 {
     1000
 }
 
+fn default_max_parked_bytes_per_agent() -> u64 {
+    16 * 1024 * 1024
+}
+
 impl Default for ApprovalConfig {
     fn default() -> Self {
         ApprovalConfig {
@@ -472,6 +481,7 @@ impl Default for ApprovalConfig {
             approvers: Vec::new(),
             quorum: default_quorum(),
             max_parked_per_agent: default_max_parked_per_agent(),
+            max_parked_bytes_per_agent: default_max_parked_bytes_per_agent(),
             max_parked: 0,
             editors_count: false,
             trust_surfaces: false,

@@ -92,6 +92,13 @@ pub fn agent_pending(bridge: &str, agent: &str) -> String {
     format!("{bridge}:pending:{agent}")
 }
 
+/// The sizes of one agent's pending approvals on a requesting bridge (a hash:
+/// approval id → content bytes), beside [`agent_pending`] and kept with it:
+/// what `approval.max_parked_bytes_per_agent` sums.
+pub fn agent_pending_bytes(bridge: &str, agent: &str) -> String {
+    format!("{bridge}:pending-bytes:{agent}")
+}
+
 /// The audit trail of a requesting bridge: every step of its approvals and gated
 /// deliveries, appended by the services and the CLI, never read by an agent
 /// (see [`crate::audit`]).

@@ -277,6 +277,23 @@ pub struct Approvals<'a> {
     store: &'a mut Store,
 }
 
+/// Puts `r` in its requesting bridge's pending index, and in its agent's
+/// with its size (what the parking limits count).
+fn index_one(pipe: &mut redis::Pipeline, r: &Record) {
+    pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
+        .ignore();
+    if let Some(agent) = &r.agent {
+        pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
+            .ignore();
+        pipe.hset(
+            keys::agent_pending_bytes(&r.source, agent),
+            &r.id,
+            r.content_bytes,
+        )
+        .ignore();
+    }
+}
+
 fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
@@ -398,12 +415,7 @@ impl<'a> Approvals<'a> {
         pipe.load_script(&CREATE_SCRIPT).ignore();
         for (r, inv) in records.iter().zip(&invocations) {
             pipe.invoke_script(inv);
-            pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
-                .ignore();
-            if let Some(agent) = &r.agent {
-                pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
-                    .ignore();
-            }
+            index_one(&mut pipe, r);
         }
         let created: Vec<i64> = pipe
             .query_async(&mut self.store.conn)
@@ -419,12 +431,7 @@ impl<'a> Approvals<'a> {
         let mut pipe = redis::pipe();
         let mut any = false;
         for r in records.iter().filter(|r| !r.is_settled()) {
-            pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
-                .ignore();
-            if let Some(agent) = &r.agent {
-                pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
-                    .ignore();
-            }
+            index_one(&mut pipe, r);
             any = true;
         }
         if any {
@@ -486,6 +493,19 @@ impl<'a> Approvals<'a> {
         Ok((all, counts))
     }
 
+    /// The content bytes each of `agents`' pending approvals on `bridge` hold in all.
+    pub async fn parked_bytes(&mut self, bridge: &str, agents: &[&str]) -> Result<Vec<u64>> {
+        let mut pipe = redis::pipe();
+        for a in agents {
+            pipe.hvals(keys::agent_pending_bytes(bridge, a));
+        }
+        let sizes: Vec<Vec<u64>> = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("HVALS pending bytes", e))?;
+        Ok(sizes.into_iter().map(|s| s.into_iter().sum()).collect())
+    }
+
     /// Drops from `agent`'s pending index the ids whose records are gone (a
     /// crash between a record's deletion and its unindexing leaves them), so a
     /// count at its limit is a true one. Returns the count left.
@@ -522,10 +542,12 @@ impl<'a> Approvals<'a> {
                 .collect();
             left += chunk.len() - gone.len();
             if !gone.is_empty() {
-                let _: i64 = self
-                    .store
-                    .conn
-                    .zrem(&key, gone)
+                let _: () = redis::pipe()
+                    .zrem(&key, &gone)
+                    .ignore()
+                    .hdel(keys::agent_pending_bytes(bridge, agent), &gone)
+                    .ignore()
+                    .query_async(&mut self.store.conn)
                     .await
                     .map_err(|e| Error::from_redis(&format!("ZREM {key}"), e))?;
             }
@@ -761,6 +783,8 @@ impl<'a> Approvals<'a> {
         if let Some(agent) = &record.agent {
             pipe.zrem(keys::agent_pending(&record.source, agent), &record.id)
                 .ignore();
+            pipe.hdel(keys::agent_pending_bytes(&record.source, agent), &record.id)
+                .ignore();
         }
         if let Some(external) = &record.notify_external_id {
             pipe.hdel(keys::approval_map(&record.notify), external)
@@ -784,6 +808,8 @@ impl<'a> Approvals<'a> {
         pipe.zrem(&key, id).ignore();
         if let Some(agent) = agent {
             pipe.zrem(keys::agent_pending(bridge, agent), id).ignore();
+            pipe.hdel(keys::agent_pending_bytes(bridge, agent), id)
+                .ignore();
         }
         let _: () = pipe
             .query_async(&mut self.store.conn)

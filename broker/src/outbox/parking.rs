@@ -228,17 +228,19 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Keeps the fresh entries the bridge's limits allow (`approval.max_parked`,
-    /// `approval.max_parked_per_agent`), in stream order, and refuses the rest
+    /// `approval.max_parked_per_agent`, `approval.max_parked_bytes_per_agent`,
+    /// content bytes as the agent sent them), in stream order, and refuses the rest
     /// with a dead letter and a `limit_reached` notice: one agent's flood
     /// waits in its own queue, never in Redis or ahead of the others. Counted
     /// from the pending indexes (an agent's at its limit is pruned of records
     /// gone first); workers side by side may overshoot by a batch each.
     async fn admit(&mut self, batch: Vec<NewPark>) -> Result<Vec<NewPark>> {
-        let (bridge_limit, agent_limit) = (
+        let (bridge_limit, agent_limit, bytes_limit) = (
             self.bridge.approval.max_parked as usize,
             self.bridge.approval.max_parked_per_agent as usize,
+            self.bridge.approval.max_parked_bytes_per_agent,
         );
-        if bridge_limit == 0 && agent_limit == 0 {
+        if bridge_limit == 0 && agent_limit == 0 && bytes_limit == 0 {
             return Ok(batch);
         }
         let mut agents: Vec<String> = batch
@@ -251,26 +253,50 @@ impl<S: Sender> OutboxService<S> {
         let (mut all, counts) = Approvals::on(&mut self.store)
             .parked_counts(&self.name, &names)
             .await?;
-        let mut per: HashMap<String, usize> = agents.into_iter().zip(counts).collect();
-        if agent_limit > 0 {
-            for (agent, n) in per.iter_mut() {
-                if *n >= agent_limit {
-                    *n = Approvals::on(&mut self.store)
-                        .prune_agent(&self.name, agent)
-                        .await?;
+        let sizes = match bytes_limit {
+            0 => vec![0; names.len()],
+            _ => {
+                Approvals::on(&mut self.store)
+                    .parked_bytes(&self.name, &names)
+                    .await?
+            }
+        };
+        let mut per: HashMap<String, (usize, u64)> = agents
+            .into_iter()
+            .zip(counts.into_iter().zip(sizes))
+            .collect();
+        for (agent, (n, bytes)) in per.iter_mut() {
+            let full = (agent_limit > 0 && *n >= agent_limit)
+                || (bytes_limit > 0 && *bytes >= bytes_limit);
+            if full {
+                *n = Approvals::on(&mut self.store)
+                    .prune_agent(&self.name, agent)
+                    .await?;
+                if bytes_limit > 0 {
+                    *bytes = Approvals::on(&mut self.store)
+                        .parked_bytes(&self.name, &[agent])
+                        .await?
+                        .pop()
+                        .unwrap_or(0);
                 }
             }
         }
         let mut kept = Vec::with_capacity(batch.len());
         for p in batch {
             let agent = self.sources[p.source].agent.clone();
-            let mine = agent
+            let (mine, mine_bytes) = agent
                 .as_ref()
                 .and_then(|a| per.get(a).copied())
-                .unwrap_or(0);
+                .unwrap_or((0, 0));
+            let size = p.message.content.len() as u64;
             let why = if agent_limit > 0 && agent.is_some() && mine >= agent_limit {
                 Some(format!(
                     "limit reached: {mine} approvals of this agent are waiting on bridge `{}` (approval.max_parked_per_agent = {agent_limit}); not parked, send it again once some are decided",
+                    self.name
+                ))
+            } else if bytes_limit > 0 && agent.is_some() && mine_bytes + size > bytes_limit {
+                Some(format!(
+                    "limit reached: this agent's approvals waiting on bridge `{}` hold {mine_bytes} bytes, and this message's {size} would pass approval.max_parked_bytes_per_agent = {bytes_limit}; not parked, send it again once some are decided",
                     self.name
                 ))
             } else if bridge_limit > 0 && all >= bridge_limit {
@@ -294,7 +320,9 @@ impl<S: Sender> OutboxService<S> {
                 None => {
                     all += 1;
                     if let Some(a) = &agent {
-                        *per.entry(a.clone()).or_default() += 1;
+                        let (n, bytes) = per.entry(a.clone()).or_default();
+                        *n += 1;
+                        *bytes += size;
                     }
                     kept.push(p);
                 }

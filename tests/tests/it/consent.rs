@@ -701,6 +701,79 @@ async fn one_agent_cannot_starve_the_others() {
     }
 }
 
+/// An agent's waiting approvals hold at most `max_parked_bytes_per_agent`
+/// content bytes: the message that would pass it is refused with
+/// `limit_reached`, a smaller one that fits and another agent's are parked,
+/// and once one is decided the agent may park again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_parks_no_more_bytes_than_its_limit() {
+    let config = approval_config(3600).replace(
+        r#"approvers = ["console:boss", "cli:op"] }"#,
+        r#"approvers = ["console:boss", "cli:op"], max_parked_bytes_per_agent = 10 }"#,
+    ) + "\n[agents.bob]\n";
+    let d = Deployment::new(&config);
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let store = d.store().await;
+    let sends = |agent: &'static str, text: &'static str| {
+        let mut store = store.clone();
+        async move {
+            let to = keys::agent_outbox(agent, "mail");
+            let fields = [
+                ("channel_id", b"x@example.org".as_slice()),
+                ("content", text.as_bytes()),
+            ];
+            store.xadd(&to, &fields).await.unwrap()
+        }
+    };
+    sends("ann", "eight b.").await;
+    let (_, first) = notification(&d, 0).await;
+    sends("ann", "three").await;
+    sends("ann", "ok").await;
+    let refused = wait_until("a refusal", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(refused["status"], "limit_reached", "{refused:?}");
+    assert!(
+        refused["reason"].contains("hold 8 bytes")
+            && refused["reason"].contains("max_parked_bytes_per_agent = 10"),
+        "{refused:?}"
+    );
+    sends("bob", "bob: mine").await;
+    let cards = wait_until("three cards: ann's two that fit, bob's", SOON, || async {
+        let c = d.delivered("desk.out");
+        (c.len() == 3).then_some(c)
+    })
+    .await;
+    for text in ["| eight b.", "| ok", "| bob: mine"] {
+        assert!(
+            cards.iter().any(|c| c.content.contains(text)),
+            "{text}: {cards:?}"
+        );
+    }
+    react(&d, &first, "✅", "boss", "");
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    sends("ann", "after").await;
+    wait_until("ann's next request parked and shown", SOON, || async {
+        let shown = d.delivered("desk.out");
+        shown
+            .iter()
+            .any(|c| c.content.contains("| after"))
+            .then_some(())
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// Within its limit, a flood of one agent's cards takes turns with the other
 /// agents' cards on the notify platform: a card asked for after 200 of
 /// another agent's waits one turn, not 200 (cards went out first-in
