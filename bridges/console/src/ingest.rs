@@ -126,13 +126,24 @@ fn watch(input: &Path) -> Option<(notify::RecommendedWatcher, tokio::sync::mpsc:
     use notify::Watcher;
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let name = input.file_name()?.to_owned();
-    // Other files in the directory (the outbox's output, say) wake nothing.
+    // Other files in the directory (the outbox's output, say) wake nothing,
+    // and neither do opens, reads, closes and attribute changes: this loop's
+    // own reads cause those, and waking on them kept an idle ingest busy
+    // reading its file thousands of times a second.
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        use notify::event::{EventKind, ModifyKind};
         let ours = match event {
-            Ok(e) => e
-                .paths
-                .iter()
-                .any(|p| p.file_name() == Some(name.as_os_str())),
+            Ok(e) => {
+                let changes = match e.kind {
+                    EventKind::Access(_) | EventKind::Modify(ModifyKind::Metadata(_)) => false,
+                    EventKind::Create(_) | EventKind::Modify(_) | EventKind::Remove(_) => true,
+                    EventKind::Any | EventKind::Other => true,
+                };
+                changes
+                    && e.paths
+                        .iter()
+                        .any(|p| p.file_name() == Some(name.as_os_str()))
+            }
             Err(_) => true,
         };
         if ours {
