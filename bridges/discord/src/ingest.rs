@@ -213,6 +213,7 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<()> {
     let shards = client.shard_manager.clone();
+    let token_key = format!("bridges.{bridge}.token_file");
     let beats = {
         let shutdown = shutdown.clone();
         async move {
@@ -236,7 +237,17 @@ pub async fn run(
         }
     };
     let result = tokio::select! {
-        r = client.start() => r.map_err(|e| Error::Request(format!("Discord gateway: {e}"))),
+        r = client.start() => r.map_err(|e| match e {
+            // A wrong or revoked token: restarting cannot help (exit 78).
+            serenity::Error::Gateway(serenity::gateway::GatewayError::InvalidAuthentication) => {
+                broker::error::ConfigError::invalid(
+                    token_key,
+                    "Discord refused the token on the gateway (4004 Authentication failed)",
+                )
+                .into()
+            }
+            e => Error::Request(format!("Discord gateway: {e}")),
+        }),
         _ = shutdown.wait() => {
             shards.shutdown_all().await;
             Ok(())

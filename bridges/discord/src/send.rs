@@ -27,6 +27,8 @@ pub fn classify(e: serenity::Error) -> SendError {
             );
             if status == 429 || status >= 500 {
                 SendError::Transient(what)
+            } else if status == 401 {
+                SendError::Credentials(format!("{what}; check token_file"))
             } else {
                 SendError::Permanent(what)
             }

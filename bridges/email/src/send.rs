@@ -167,6 +167,11 @@ impl EmailSender {
 /// connection or a timeout mid-transaction, a garbled reply) may have come after
 /// the server accepted it.
 fn classify(e: &lettre::transport::smtp::Error, server: &str, message_id: &str) -> SendError {
+    // 535: the login was refused; 530: the server wants one we did not give.
+    let login = e.status().map(|c| c.to_string());
+    if matches!(login.as_deref(), Some("535" | "530")) {
+        return SendError::Credentials(format!("{server}: {e}"));
+    }
     if e.is_permanent() {
         return SendError::Permanent(format!("{server} refused it: {e}"));
     }

@@ -230,10 +230,30 @@ impl<S: Sender> OutboxService<S> {
         while let Some(j) = joined.take().or_else(|| self.flights.try_join_next()) {
             let (flight, result) =
                 j.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
+            self.stop_if_refused(&flight, &result).await?;
             self.complete(flight, result).await?;
         }
         self.launch_ready();
         self.flush_acks_due().await
+    }
+
+    /// Ends the service with a configuration error when the platform refused
+    /// the bridge's credentials: the flight's mark goes (nothing was sent, so
+    /// the send after the fix is no retry) and its entry stays pending.
+    async fn stop_if_refused(
+        &mut self,
+        flight: &Flight,
+        result: &std::result::Result<Sent, SendError>,
+    ) -> Result<()> {
+        let Err(SendError::Credentials(why)) = result else {
+            return Ok(());
+        };
+        self.clear_in_flight(&[&flight.key]).await?;
+        Err(crate::error::ConfigError::invalid(
+            format!("bridges.{}", self.name),
+            format!("the platform refused this bridge's credentials ({why}); nothing was sent, and the entries wait until the config is fixed"),
+        )
+        .into())
     }
 
     /// Acks what was delivered once nothing is in flight, a batch's worth is
@@ -270,6 +290,7 @@ impl<S: Sender> OutboxService<S> {
             let (flight, result) =
                 joined.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
             self.watchdog.tick();
+            self.stop_if_refused(&flight, &result).await?;
             self.complete(flight, result).await?;
         }
     }
@@ -384,7 +405,8 @@ impl<S: Sender> OutboxService<S> {
                 self.retries.attempts.remove(&key);
                 Delivery::Failed(FailedNotice::ran(report))
             }
-            Err(SendError::Transient(why)) => {
+            // Credentials stop the service before this ([`Self::stop_if_refused`]).
+            Err(SendError::Transient(why) | SendError::Credentials(why)) => {
                 let now = tokio::time::Instant::now();
                 let (attempts, first) = {
                     let a = self.retries.attempts.entry(key.clone()).or_insert((0, now));

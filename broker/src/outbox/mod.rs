@@ -123,6 +123,15 @@ pub enum SendError {
     /// letter, and the report goes to the agent. Never retried.
     #[error("{}", .0.reason)]
     Ran(Report),
+    /// The platform refused the bridge's own credentials (a wrong or revoked
+    /// token, a refused SMTP login): nothing can be sent until the config is
+    /// fixed. Nothing was sent; the service stops with a configuration error
+    /// (exit 78, not restarted) and the entry stays pending, so no message is
+    /// dead-lettered for what is the deployment's fault, and the platform is
+    /// not sent request after refused request (Discord bans an address that
+    /// makes too many).
+    #[error("credentials refused: {0}")]
+    Credentials(String),
 }
 
 /// The outcome of an approval, for the notify bridge to show on its notification.

@@ -148,6 +148,57 @@ async fn delivers_with_reference_and_nonce() {
     );
 }
 
+/// A wrong or revoked token is the deployment's fault, not the message's: the
+/// outbox stops at its first refused send with exit 78 (which systemd does not
+/// restart) naming the bridge, the ingest with exit 78 naming `token_file`;
+/// nothing is dead-lettered, and once the token is fixed the waiting message
+/// is delivered, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_stops_the_bridge_and_loses_nothing() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    std::fs::write(d.path("token"), "revoked-token\n").unwrap();
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"kept"),
+            ],
+        )
+        .await
+        .unwrap();
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    assert_eq!(outbox.wait_code(SOON), Some(78));
+    let log = std::fs::read_to_string(d.path("cowboy-discord-outbox-dc.log")).unwrap();
+    assert!(
+        log.contains("`bridges.dc`") && log.contains("refused this bridge's credentials"),
+        "{log}"
+    );
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    assert_eq!(ingest.wait_code(SOON), Some(78));
+    let log = std::fs::read_to_string(d.path("cowboy-discord-ingest-dc.log")).unwrap();
+    assert!(log.contains("`bridges.dc.token_file`"), "{log}");
+    assert!(stream(&mut store, &keys::dead("dc")).await.is_empty());
+    assert!(
+        inbox(&d, "ann:dc:inbox").await.is_empty(),
+        "no notice: nothing failed"
+    );
+    assert!(fake.with(|r| r.posted.is_empty()));
+
+    std::fs::write(d.path("token"), format!("{TOKEN}\n")).unwrap();
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    wait_until("the waiting message delivered", SOON, || async {
+        fake.with(|r| r.posted.first().cloned())
+    })
+    .await;
+    assert_eq!(outbox.stop(), Some(0));
+    let posted = fake.with(|r| r.posted.clone());
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert_eq!(posted[0].content, "kept");
+}
+
 /// 5,000 characters arrive whole, in several messages within Discord's limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_message_arrives_whole_split() {
