@@ -2,7 +2,8 @@
 //!
 //! REST (`/api/v10`): the gateway URL, `users/@me`, create message (with nonce
 //! de-duplication under `enforce_nonce`), edit message, add and delete reaction,
-//! and a 429 with `retry_after` on demand. Gateway websocket: HELLO, IDENTIFY →
+//! list a channel's messages and a reaction's users (what people did is kept
+//! whether or not a session heard it), and a 429 with `retry_after` on demand. Gateway websocket: HELLO, IDENTIFY →
 //! READY, heartbeat ACK, RESUME → RESUMED with replay, and dispatches of
 //! MESSAGE_CREATE / MESSAGE_REACTION_ADD carrying the fields serenity 0.12.5
 //! needs. Everything the bridge did is recorded for assertions. It listens on
@@ -48,6 +49,14 @@ pub struct Recorded {
     pub reactions: Vec<(u64, String, u64)>,
     /// (message id, emoji, user id) removed through REST.
     pub removed: Vec<(u64, String, u64)>,
+    /// (message id, emoji, user id) people added: what `GET …/reactions/{emoji}`
+    /// lists (with the bot's), less what was removed.
+    pub user_reactions: Vec<(u64, String, u64)>,
+    /// Messages people wrote, with their author: what `GET …/messages` lists
+    /// (with the bot's).
+    pub said: Vec<(Posted, Value)>,
+    /// `GET` calls for reactions and for messages.
+    pub reads: usize,
     /// Create-message calls answered 429.
     pub rate_limited: usize,
     /// Create-message calls that returned an existing message for a repeated nonce.
@@ -137,7 +146,14 @@ impl FakeDiscord {
             .route("/api/v10/gateway", get(gateway_url))
             .route("/api/v10/gateway/bot", get(gateway_url))
             .route("/api/v10/users/@me", get(me))
-            .route("/api/v10/channels/{channel}/messages", post(create_message))
+            .route(
+                "/api/v10/channels/{channel}/messages",
+                post(create_message).get(list_messages),
+            )
+            .route(
+                "/api/v10/channels/{channel}/messages/{message}/reactions/{emoji}",
+                get(reaction_users),
+            )
             .route(
                 "/api/v10/channels/{channel}/messages/{message}",
                 patch(edit_message),
@@ -214,6 +230,7 @@ impl FakeDiscord {
             edits: vec![],
             allowed_mentions: vec![],
         };
+        self.with(|r| r.said.push((m.clone(), user(author, name, false))));
         let mut d = message_json(&m, user(author, name, false));
         d["guild_id"] = json!("700000000000000001");
         d["member"] = json!({"roles": [], "joined_at": "2026-01-01T00:00:00.000000+00:00", "deaf": false, "mute": false, "flags": 0});
@@ -223,6 +240,7 @@ impl FakeDiscord {
 
     /// Someone reacts to a message.
     pub fn user_reaction(&self, channel: u64, message: u64, user_id: u64, emoji: &str) {
+        self.with(|r| r.user_reactions.push((message, emoji.to_string(), user_id)));
         self.dispatch(
             "MESSAGE_REACTION_ADD",
             json!({
@@ -422,8 +440,73 @@ async fn delete_reaction(
     } else {
         who.parse().unwrap_or(0)
     };
-    s.rec.lock().unwrap().removed.push((message, emoji, uid));
+    let mut rec = s.rec.lock().unwrap();
+    rec.user_reactions
+        .retain(|(m, e, u)| !(*m == message && *e == emoji && *u == uid));
+    rec.removed.push((message, emoji, uid));
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `GET /channels/{c}/messages/{m}/reactions/{emoji}?limit&after`: who reacted
+/// so, in user id order, `limit` (default 25) after `after`.
+async fn reaction_users(
+    State(s): State<Arc<Shared>>,
+    Path((_channel, message, emoji)): Path<(u64, u64, String)>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(25);
+    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let mut rec = s.rec.lock().unwrap();
+    rec.reads += 1;
+    let mut ids: Vec<u64> = rec
+        .reactions
+        .iter()
+        .chain(&rec.user_reactions)
+        .filter(|(m, e, u)| *m == message && *e == emoji && *u > after)
+        .map(|(_, _, u)| *u)
+        .collect();
+    ids.sort();
+    ids.dedup();
+    let users: Vec<Value> = ids
+        .into_iter()
+        .take(limit)
+        .map(|u| user(u, &format!("user{u}"), u == BOT_ID))
+        .collect();
+    Json(Value::Array(users)).into_response()
+}
+
+/// `GET /channels/{c}/messages?after&limit`: the `limit` (default 50) oldest
+/// messages after `after`, newest first as Discord lists them.
+async fn list_messages(
+    State(s): State<Arc<Shared>>,
+    Path(channel): Path<u64>,
+    axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(50);
+    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let mut rec = s.rec.lock().unwrap();
+    rec.reads += 1;
+    let bot = user(BOT_ID, "cowboy-bot", true);
+    let mut all: Vec<(u64, Value)> = rec
+        .posted
+        .iter()
+        .map(|p| (p, bot.clone()))
+        .chain(rec.said.iter().map(|(p, a)| (p, a.clone())))
+        .filter(|(p, _)| p.channel_id == channel && p.id > after)
+        .map(|(p, a)| (p.id, message_json(p, a)))
+        .collect();
+    all.sort_by_key(|(id, _)| *id);
+    all.truncate(limit);
+    all.reverse();
+    Json(Value::Array(all.into_iter().map(|(_, m)| m).collect())).into_response()
 }
 
 async fn unexpected(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {

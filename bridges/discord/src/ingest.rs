@@ -10,6 +10,12 @@
 //! - Replies to a card are answers, never inbox entries.
 //! - Serenity reconnects and resumes the gateway session by itself; handlers may
 //!   run concurrently, so each one does its own Redis round trips under a lock.
+//! - A resumed session replays what it missed; a new one (after a restart, a
+//!   deploy, an outage longer than a resume allows) does not, so on every READY
+//!   the ingest reads each live card's reactions and replies over REST and
+//!   answers with them ([`Handler::catch_up`]). Answers already counted are
+//!   skipped; any other repeat is refused by the asking outbox as already
+//!   decided, so catching up twice decides nothing twice.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -18,7 +24,8 @@ use broker::approval::{Outcome, Verdict};
 use broker::ingest::Ingest;
 use broker::{Error, Result, Shutdown};
 use serenity::all::{
-    Context, EventHandler, GatewayIntents, Message, Reaction, ReactionType, Ready, UserId,
+    ChannelId, Context, EventHandler, GatewayIntents, GetMessages, Message, MessageId, Reaction,
+    ReactionType, Ready, UserId,
 };
 use serenity::async_trait;
 use tokio::sync::Mutex;
@@ -137,6 +144,132 @@ impl Handler {
         Ok(())
     }
 
+    /// Answers with what was said on the live cards while no session was
+    /// listening: each card's approve and reject reactions and the replies to
+    /// it, read over REST. An approver already counted on the record is not
+    /// answered for again.
+    async fn catch_up(&self, ctx: &Context) -> Result<()> {
+        let cards = {
+            let mut ingest = self.ingest.lock().await;
+            if !ingest.is_approval_surface() {
+                return Ok(());
+            }
+            let name = ingest.name().to_string();
+            ingest.approvals().map_entries(&name).await?
+        };
+        let (mut reactions, mut replies) = (0, 0);
+        for (card, approval_id) in cards {
+            let Ok(card) = card.parse::<u64>().map(MessageId::new) else {
+                continue;
+            };
+            let record = self
+                .ingest
+                .lock()
+                .await
+                .approvals()
+                .load(&approval_id)
+                .await?;
+            let Some(record) = record.filter(|r| !r.is_settled()) else {
+                continue;
+            };
+            let Some(channel) = crate::send::canonical_snowflake(&record.notify_channel) else {
+                continue;
+            };
+            let channel = ChannelId::new(channel);
+            let counted = |user: UserId| {
+                let who = format!("discord:{user}");
+                record.approvals.contains(&who)
+            };
+            let emoji = self
+                .settings
+                .approve_emoji
+                .iter()
+                .map(|e| (e, Verdict::Approved))
+                .chain(
+                    self.settings
+                        .reject_emoji
+                        .iter()
+                        .map(|e| (e, Verdict::Rejected)),
+                );
+            for (e, verdict) in emoji {
+                let mut after: Option<UserId> = None;
+                loop {
+                    let users = channel
+                        .reaction_users(
+                            &ctx.http,
+                            card,
+                            ReactionType::Unicode(e.clone()),
+                            Some(100),
+                            after,
+                        )
+                        .await
+                        .map_err(|err| {
+                            Error::Request(format!("Discord reactions on {card}: {err}"))
+                        })?;
+                    for u in &users {
+                        if self.is_bot(u.id) || (verdict == Verdict::Approved && counted(u.id)) {
+                            continue;
+                        }
+                        reactions += 1;
+                        let reaction = ReactionType::Unicode(e.clone());
+                        if self.answer(card.get(), verdict, u.id, "").await? == Outcome::NotAllowed
+                        {
+                            // As when it is seen live: the card stays clean.
+                            if let Err(err) = channel
+                                .delete_reaction(&ctx.http, card, Some(u.id), reaction)
+                                .await
+                            {
+                                tracing::debug!(error = %err, "could not remove a stranger's reaction");
+                            }
+                        }
+                    }
+                    match users.last() {
+                        Some(last) if users.len() == 100 => after = Some(last.id),
+                        _ => break,
+                    }
+                }
+            }
+            let mut after = card;
+            loop {
+                let page = channel
+                    .messages(&ctx.http, GetMessages::new().after(after).limit(100))
+                    .await
+                    .map_err(|err| {
+                        Error::Request(format!("Discord messages after {card}: {err}"))
+                    })?;
+                let mut page: Vec<Message> = page;
+                page.sort_by_key(|m| m.id);
+                for m in &page {
+                    let to_card =
+                        m.message_reference.as_ref().and_then(|r| r.message_id) == Some(card);
+                    if !to_card || self.is_bot(m.author.id) {
+                        continue;
+                    }
+                    if let Some((verdict, reason)) = render::reply_verdict(&m.content) {
+                        if verdict == Verdict::Approved && counted(m.author.id) {
+                            continue;
+                        }
+                        replies += 1;
+                        self.answer(card.get(), verdict, m.author.id, &reason)
+                            .await?;
+                    }
+                }
+                match page.last() {
+                    Some(last) if page.len() == 100 => after = last.id,
+                    _ => break,
+                }
+            }
+        }
+        if reactions + replies > 0 {
+            tracing::info!(
+                reactions,
+                replies,
+                "answers made while no session was listening were caught up"
+            );
+        }
+        Ok(())
+    }
+
     async fn on_reaction(&self, ctx: &Context, reaction: &Reaction) -> Result<()> {
         let Some(user) = reaction.user_id else {
             return Ok(());
@@ -173,10 +306,20 @@ impl Handler {
 
 #[async_trait]
 impl EventHandler for Handler {
-    async fn ready(&self, _ctx: Context, ready: Ready) {
+    async fn ready(&self, ctx: Context, ready: Ready) {
         let _ = self.bot.set(ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
+        let mut attempt = 0;
+        while let Err(e) = self.catch_up(&ctx).await {
+            attempt += 1;
+            if attempt > RETRIES {
+                tracing::error!(error = %e, "answers made while no session was listening were not caught up");
+                return;
+            }
+            tracing::warn!(error = %e, attempt, "catching up on the cards failed; trying again");
+            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+        }
     }
 
     async fn message(&self, _ctx: Context, msg: Message) {

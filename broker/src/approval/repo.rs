@@ -940,6 +940,16 @@ impl<'a> Approvals<'a> {
             .map_err(|e| Error::from_redis(&format!("HEXISTS {map}"), e))
     }
 
+    /// Every live card of surface `bridge`: (external id, approval id).
+    pub async fn map_entries(&mut self, bridge: &str) -> Result<Vec<(String, String)>> {
+        let map = keys::approval_map(bridge);
+        self.store
+            .conn
+            .hgetall(&map)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HGETALL {map}"), e))
+    }
+
     /// Disarms a card: answers to it are no longer looked up.
     pub async fn map_delete(&mut self, bridge: &str, external_id: &str) -> Result<()> {
         let map = keys::approval_map(bridge);

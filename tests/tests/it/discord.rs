@@ -427,6 +427,70 @@ async fn approval_by_reaction() {
     no_records_left(&store).await;
 }
 
+/// A restarted ingest identifies afresh, and the gateway replays nothing to a
+/// new session: what approvers did on live cards meanwhile is read over REST
+/// when it connects. The approver's ✅ on one card delivers it (a stranger's
+/// ✅ there decides nothing and is removed), the approver's reply `reject`
+/// to another rejects it with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_made_while_the_ingest_was_away_are_caught_up() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    for (content, request) in [("one", "r1"), ("two", "r2")] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                    ("request_id", request.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let (first, second) = (card(&fake, 0).await, card(&fake, 1).await);
+    assert_eq!(ingest.stop(), Some(0));
+    fake.user_reaction(OPS, first.id, STRANGER, "✅");
+    fake.user_reaction(OPS, first.id, APPROVER, "✅");
+    fake.user_message(OPS, APPROVER, "boss", "reject not now", Some(second.id));
+    assert!(
+        fake.with(|r| contents(r, TALK)).is_empty(),
+        "nobody listened"
+    );
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    wait_until("the approved message delivered", SOON, || async {
+        fake.with(|r| (!contents(r, TALK).is_empty()).then_some(()))
+    })
+    .await;
+    let rejected = wait_until("the rejection notice", SOON, || async {
+        inbox(&d, "ann:dc:inbox")
+            .await
+            .into_iter()
+            .find(|n| n.get("status").map(String::as_str) == Some("rejected"))
+    })
+    .await;
+    assert_eq!(
+        (rejected["request_id"].as_str(), rejected["reason"].as_str()),
+        ("r2", "not now")
+    );
+    wait_until("the stranger's reaction removed", SOON, || async {
+        fake.with(|r| {
+            r.removed
+                .iter()
+                .any(|(m, e, u)| *m == first.id && e == "✅" && *u == STRANGER)
+                .then_some(())
+        })
+    })
+    .await;
+    assert_eq!(fake.with(|r| contents(r, TALK)), ["one"]);
+    no_records_left(&store).await;
+}
+
 /// The notify side deletes a settled record once the card shows its outcome.
 async fn no_records_left(store: &broker::Store) {
     wait_until("every approval record deleted", SOON, || {
