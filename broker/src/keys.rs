@@ -61,7 +61,8 @@ pub fn heartbeat(bridge: &str) -> String {
     format!("{bridge}:heartbeat")
 }
 
-/// Where an ingest that reads a local source (the console file) keeps its position.
+/// Where an ingest keeps its position: the console file's offset, the mail
+/// folder's UID, the last Discord message carried per listened channel.
 pub fn ingest_cursor(bridge: &str) -> String {
     format!("{bridge}:ingest:cursor")
 }

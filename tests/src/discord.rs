@@ -99,6 +99,15 @@ pub struct FakeDiscord {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A snowflake for the current time (Discord's epoch is 2015-01-01).
+fn snowflake_now() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    (ms - 1_420_070_400_000) << 22
+}
+
 fn user(id: u64, name: &str, bot: bool) -> Value {
     json!({"id": id.to_string(), "username": name, "discriminator": "0", "global_name": name, "avatar": null, "bot": bot})
 }
@@ -133,7 +142,9 @@ impl FakeDiscord {
         let (kill, _) = broadcast::channel(4);
         let rec = Recorded {
             channels: channels.iter().copied().collect(),
-            next_id: 1_100_000_000_000_000_000,
+            // Snowflakes of now, as Discord's are: a client may take an id
+            // for a point in time.
+            next_id: snowflake_now(),
             ..Recorded::default()
         };
         let shared = Arc::new(Shared {
@@ -217,7 +228,7 @@ impl FakeDiscord {
         reference: Option<u64>,
     ) -> u64 {
         let id = self.with(|r| {
-            r.next_id += 1;
+            r.next_id = (r.next_id + 1).max(snowflake_now());
             r.next_id
         });
         let m = Posted {
@@ -357,7 +368,7 @@ async fn create_message(
             return Json(message_json(&existing, user(BOT_ID, "cowboy-bot", true))).into_response();
         }
     }
-    rec.next_id += 1;
+    rec.next_id = (rec.next_id + 1).max(snowflake_now());
     let reference = body["message_reference"]["message_id"]
         .as_str()
         .and_then(|s| s.parse().ok());

@@ -16,6 +16,11 @@
 //!   answers with them ([`Handler::catch_up`]). Answers already counted are
 //!   skipped; any other repeat is refused by the asking outbox as already
 //!   decided, so catching up twice decides nothing twice.
+//! - Messages in listened channels are caught up the same way, from the last
+//!   one carried per channel (kept in `{bridge}:ingest:cursor`); none is
+//!   carried twice by one process (the ids carried are remembered, checked
+//!   and recorded under the ingest's lock). The first start carries nothing
+//!   from before it.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -35,6 +40,26 @@ use crate::render;
 
 /// Attempts at an event while Redis is unavailable (about two minutes in all).
 const RETRIES: u32 = 10;
+/// Message ids remembered as carried, so a message both caught up and heard
+/// live reaches the inbox once.
+const CARRIED_KEPT: usize = 10_000;
+
+/// The snowflake of this moment (Discord's epoch is 2015-01-01): a message id
+/// every later message exceeds.
+fn snowflake_now() -> u64 {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    ms.saturating_sub(1_420_070_400_000) << 22
+}
+
+/// What this process carried to the inbox: recent ids, and the last per channel.
+#[derive(Default)]
+struct Carried {
+    ids: HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+    last: std::collections::BTreeMap<u64, u64>,
+}
 
 /// The gateway intents the ingest asks for.
 pub fn intents(dms: bool) -> GatewayIntents {
@@ -53,6 +78,7 @@ pub struct Handler {
     settings: DiscordSettings,
     channels: HashSet<u64>,
     bot: OnceLock<UserId>,
+    carried: std::sync::Mutex<Carried>,
 }
 
 impl Handler {
@@ -67,6 +93,7 @@ impl Handler {
             settings,
             channels,
             bot: OnceLock::new(),
+            carried: Default::default(),
         }
     }
 
@@ -140,7 +167,108 @@ impl Handler {
         if let Some(r) = &reply_to {
             fields.push(("reply_to", r.as_bytes()));
         }
-        self.ingest.lock().await.inbound(None, &fields).await?;
+        let (channel, id) = (msg.channel_id.get(), msg.id.get());
+        // Under the lock: a message caught up and heard live is carried once.
+        let mut ingest = self.ingest.lock().await;
+        if self.carried().ids.contains(&id) {
+            return Ok(());
+        }
+        ingest.inbound(None, &fields).await?;
+        let cursor = {
+            let mut c = self.carried();
+            c.ids.insert(id);
+            c.order.push_back(id);
+            if c.order.len() > CARRIED_KEPT {
+                let old = c.order.pop_front().unwrap_or_default();
+                c.ids.remove(&old);
+            }
+            let last = c.last.entry(channel).or_default();
+            *last = (*last).max(id);
+            serde_json::to_string(&c.last).unwrap_or_default()
+        };
+        let key = broker::keys::ingest_cursor(ingest.name());
+        let _: () = redis::AsyncCommands::set(&mut ingest.store.conn, &key, cursor)
+            .await
+            .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
+        Ok(())
+    }
+
+    fn carried(&self) -> std::sync::MutexGuard<'_, Carried> {
+        self.carried.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Carries what was written in the listened channels since the last
+    /// message carried there (nothing on a first start: no cursor yet).
+    async fn catch_up_messages(&self, ctx: &Context) -> Result<()> {
+        let stored: Option<String> = {
+            let mut ingest = self.ingest.lock().await;
+            let key = broker::keys::ingest_cursor(ingest.name());
+            redis::AsyncCommands::get(&mut ingest.store.conn, &key)
+                .await
+                .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?
+        };
+        let stored: std::collections::BTreeMap<u64, u64> = stored
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default();
+        {
+            let mut c = self.carried();
+            for (channel, id) in &stored {
+                let last = c.last.entry(*channel).or_default();
+                *last = (*last).max(*id);
+            }
+        }
+        // A channel with no position yet (a first start, a channel added to
+        // the config) starts from now: what comes after is caught up next time.
+        let fresh: Vec<u64> = self
+            .channels
+            .iter()
+            .copied()
+            .filter(|c| !stored.contains_key(c))
+            .collect();
+        if !fresh.is_empty() {
+            let now = snowflake_now();
+            let cursor = {
+                let mut c = self.carried();
+                for channel in &fresh {
+                    c.last.entry(*channel).or_insert(now);
+                }
+                serde_json::to_string(&c.last).unwrap_or_default()
+            };
+            let mut ingest = self.ingest.lock().await;
+            let key = broker::keys::ingest_cursor(ingest.name());
+            let _: () = redis::AsyncCommands::set(&mut ingest.store.conn, &key, cursor)
+                .await
+                .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
+        }
+        let mut carried = 0;
+        for channel in self.channels.iter().copied() {
+            let Some(mut after) = stored.get(&channel).copied().map(MessageId::new) else {
+                continue;
+            };
+            loop {
+                let mut page = ChannelId::new(channel)
+                    .messages(&ctx.http, GetMessages::new().after(after).limit(100))
+                    .await
+                    .map_err(|err| {
+                        Error::Request(format!("Discord messages in {channel}: {err}"))
+                    })?;
+                page.sort_by_key(|m| m.id);
+                for m in &page {
+                    self.on_message(m).await?;
+                    carried += 1;
+                }
+                match page.last() {
+                    Some(last) if page.len() == 100 => after = last.id,
+                    _ => break,
+                }
+            }
+        }
+        if carried > 0 {
+            tracing::info!(
+                carried,
+                "messages written while no session was listening were caught up"
+            );
+        }
         Ok(())
     }
 
@@ -310,6 +438,16 @@ impl EventHandler for Handler {
         let _ = self.bot.set(ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
+        let mut attempt = 0;
+        while let Err(e) = self.catch_up_messages(&ctx).await {
+            attempt += 1;
+            if attempt > RETRIES {
+                tracing::error!(error = %e, "messages written while no session was listening were not caught up");
+                break;
+            }
+            tracing::warn!(error = %e, attempt, "catching up on the channels failed; trying again");
+            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+        }
         let mut attempt = 0;
         while let Err(e) = self.catch_up(&ctx).await {
             attempt += 1;

@@ -491,6 +491,45 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
     no_records_left(&store).await;
 }
 
+/// Messages written in a listened channel while the ingest was down reach
+/// the inbox when it comes back, in order and once each, from where it left
+/// off; the bot's own are not carried, and live ones go on as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_written_while_the_ingest_was_away_are_carried_once() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    fake.user_message(TALK, APPROVER, "boss", "before", None);
+    wait_until("the first message carried", SOON, || async {
+        (inbox(&d, "dc:inbox").await.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    fake.user_message(TALK, APPROVER, "boss", "while away 1", None);
+    fake.user_message(OPS, APPROVER, "boss", "while away 2", None);
+    fake.user_message(TALK, STRANGER, "eve", "while away 3", None);
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    wait_until("the missed messages carried", SOON, || async {
+        (inbox(&d, "dc:inbox").await.len() >= 4).then_some(())
+    })
+    .await;
+    fake.user_message(TALK, APPROVER, "boss", "live again", None);
+    let entries = wait_until("the live message carried", SOON, || async {
+        let e = inbox(&d, "dc:inbox").await;
+        (e.len() >= 5).then_some(e)
+    })
+    .await;
+    let texts: Vec<&str> = entries.iter().map(|e| e["content"].as_str()).collect();
+    // Each channel in its order (OPS had carried nothing yet: its position
+    // was taken when the first session connected).
+    let at = |t: &str| texts.iter().position(|x| *x == t).unwrap();
+    assert_eq!(texts.len(), 5, "each once: {texts:?}");
+    assert!(at("before") < at("while away 1") && at("while away 1") < at("while away 3"));
+    assert_eq!(texts[4], "live again", "{texts:?}");
+    assert!(texts.contains(&"while away 2"), "{texts:?}");
+}
+
 /// The notify side deletes a settled record once the card shows its outcome.
 async fn no_records_left(store: &broker::Store) {
     wait_until("every approval record deleted", SOON, || {
