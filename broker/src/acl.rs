@@ -105,7 +105,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             // also read the entry's pending state on its stream).
             sels.push(selector(
                 &[format!("~{}", keys::in_flight(name))],
-                "+hget +hset +hdel +hexists +evalsha +eval +script|load",
+                "+hget +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
             ));
             let mut gated = vec![format!("~{}", keys::in_flight(name))];
             gated.push(format!("~{}", keys::outbox(name)));

@@ -125,31 +125,37 @@ impl IdKey {
     /// a human's answer to the genuine card.
     ///
     /// After an edit it also covers who edited (`editors`), so that list, which
-    /// keeps an editor's own approval out of a quorum, cannot be shortened.
-    /// Unedited records are sealed as before that was added, so approvals
-    /// parked before an upgrade still verify.
+    /// keeps an editor's own approval out of a quorum, cannot be shortened,
+    /// and the revision, so a count made before an edit chain came back to
+    /// the same text does not count after it. Unedited records are sealed as
+    /// before that was added, so approvals parked before an upgrade still
+    /// verify.
     pub fn seal_version(&self, record: &super::Record) -> String {
         let mut text = format!(
             "version\n{}\n{}\n{}\n{}",
             record.id, record.message_sha256, record.quorum, record.expires_at
         );
-        if !record.editors.is_empty() {
+        if record.revision > 0 || !record.editors.is_empty() {
             let editors = fields_sha256([("editors", Some(record.editors.as_bytes()))]);
-            text.push_str(&format!("\n{editors}"));
+            text.push_str(&format!("\n{editors}\n{}", record.revision));
         }
         self.seal(&text)
     }
 
-    /// The seal over the count of approval `id` so far: the people counted
-    /// and the shared proofs they came through, as stored, for the version
-    /// with digest `version` (so a count made for a version an edit replaced
-    /// cannot be carried over to the new one). None is needed while both are
-    /// empty.
-    pub fn seal_count(&self, id: &str, version: &str, people: &str, proofs: &str) -> String {
+    /// The seal over the count of approval `id` so far, as stored: who
+    /// approved (`approvals`, what the trail and `approvals show` name), the
+    /// people counted and the shared proofs they came through, for the version
+    /// with digest `version` at `revision` (so a count made for a version an
+    /// edit replaced cannot be carried over to the next, even when an edit
+    /// chain comes back to the same text). None is needed while all are empty.
+    pub fn seal_count(&self, id: &str, version: (&str, u32), count: &super::Tally) -> String {
+        let revision = version.1.to_string();
         let digest = fields_sha256([
-            ("people", Some(people.as_bytes())),
-            ("proofs", Some(proofs.as_bytes())),
-            ("version", Some(version.as_bytes())),
+            ("approvals", Some(count.approvals.as_bytes())),
+            ("people", Some(count.people.as_bytes())),
+            ("proofs", Some(count.proofs.as_bytes())),
+            ("version", Some(version.0.as_bytes())),
+            ("revision", Some(revision.as_bytes())),
         ]);
         self.seal(&format!("count\n{id}\n{digest}"))
     }

@@ -263,12 +263,41 @@ async fn decide_once(
     apply(store, config, &record, answer).await
 }
 
-/// Under a quorum, the count an approval is counted from (as verified) and
-/// the seal of the count once it is added.
-#[derive(Debug, Clone, Default)]
-pub struct Count {
+/// A count of approvals as the record stores it: who approved, the people
+/// they count as, the shared proofs they came through (each one a line).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub approvals: String,
     pub people: String,
     pub proofs: String,
+}
+
+impl Tally {
+    /// The count `record` holds.
+    pub fn of(record: &Record) -> Tally {
+        Tally {
+            approvals: record.approvals.join("\n"),
+            people: record.approval_people.clone(),
+            proofs: record.approval_proofs.clone(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.approvals.is_empty() && self.people.is_empty() && self.proofs.is_empty()
+    }
+}
+
+/// What an approval was verified against, for the script to check it still
+/// holds when it decides (`stale` otherwise: a write between the check and
+/// the script must not change what is counted or what it is counted toward),
+/// and the seal of the count once this approval is added.
+#[derive(Debug, Clone, Default)]
+pub struct Count {
+    pub tally: Tally,
+    /// `quorum`, `editors` and `expires_at` as verified; empty when nothing was.
+    pub quorum: String,
+    pub editors: String,
+    pub expires_at: String,
     pub next_seal: String,
 }
 
@@ -320,46 +349,45 @@ async fn apply(
     let seal = match (verdict, given.seen) {
         (Verdict::Approved, Some(seen)) => {
             let key = IdKey::existing(store, record.source()).await?;
+            let tally = Tally::of(record);
+            let version = (record.message_sha256.as_str(), record.revision);
             let counted = match (&key, &record.count_seal) {
-                (Some(k), Some(s)) => same_secret(
-                    &k.seal_count(
-                        id,
-                        &record.message_sha256,
-                        &record.approval_people,
-                        &record.approval_proofs,
-                    ),
-                    s,
-                ),
-                _ => record.approval_people.is_empty() && record.approval_proofs.is_empty(),
+                (Some(k), Some(s)) => same_secret(&k.seal_count(id, version, &tally), s),
+                _ => tally.is_empty(),
             };
-            let intact = counted
-                && match (&key, &record.version_seal) {
-                    (Some(k), Some(s)) => same_secret(&k.seal_version(record), s),
-                    _ => false,
-                };
+            let sealed = match (&key, &record.version_seal) {
+                (Some(k), Some(s)) => same_secret(&k.seal_version(record), s),
+                _ => false,
+            };
             if let Some(k) = &key {
                 let join = |list: &str, item: &str| match (list.is_empty(), item.is_empty()) {
                     (_, true) => list.to_string(),
                     (true, false) => item.to_string(),
                     (false, false) => format!("{list}\n{item}"),
                 };
-                let people = join(&record.approval_people, given.counts_as.unwrap_or(approver));
-                let proofs = join(&record.approval_proofs, given.proof.unwrap_or(""));
+                let next = Tally {
+                    approvals: join(&tally.approvals, approver),
+                    people: join(&tally.people, given.counts_as.unwrap_or(approver)),
+                    proofs: join(&tally.proofs, given.proof.unwrap_or("")),
+                };
                 count = Count {
-                    people: record.approval_people.clone(),
-                    proofs: record.approval_proofs.clone(),
-                    next_seal: k.seal_count(id, &record.message_sha256, &people, &proofs),
+                    next_seal: k.seal_count(id, version, &next),
+                    tally,
+                    quorum: record.quorum.to_string(),
+                    editors: record.editors.clone(),
+                    expires_at: record.expires_at.to_string(),
                 };
             }
-            if !intact {
+            if !(counted && sealed) {
+                let which = if sealed { "count" } else { "version" };
                 tracing::error!(
                     approval = id,
                     approver,
-                    "a record changed outside the broker; nothing decided"
+                    "a record changed outside the broker ({which} seal); nothing decided"
                 );
                 let event = given.event(record, audit::Kind::Ignored).with(
                     audit::field::WHY,
-                    "the record was changed outside the broker (its version seal does not verify): nothing decided",
+                    format!("the record was changed outside the broker (its {which} seal does not verify): nothing decided"),
                 );
                 audit::append(store, config, &[event]).await?;
                 return Ok(Outcome::Late("tampered".into()));

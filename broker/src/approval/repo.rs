@@ -40,10 +40,12 @@ return 1
 /// a quorum, and the shared proof the answer came through (`page` for the
 /// approval page, whose one Redis password proves every `web:` user; empty for
 /// a proof of its own), the requesting bridge's seal, stored with an
-/// approval (see [`super::IdKey::seal_decision`]), and under a quorum the
-/// people and proofs counted so far as the caller verified them, and the seal
-/// of the count with this approval added (`stale` when the record's count is
-/// no longer the verified one). Returns `superseded` for an answer to an earlier version (a card
+/// approval (see [`super::IdKey::seal_decision`]); then, for an approval,
+/// what the caller verified against the seals (the approvals, people and
+/// proofs counted so far, the quorum, the editors, the deadline: `stale` when
+/// the record no longer holds exactly these, so nothing written between the
+/// check and this step changes what is counted or toward what), and the seal
+/// of the count with this approval added. Returns `superseded` for an answer to an earlier version (a card
 /// the record lists as superseded, or a digest it no longer has), `decided`,
 /// `counted` (an approval short of the record's quorum, kept in `approvals`,
 /// its person in `approval_people`), `counted-again` (this person's approval
@@ -70,10 +72,15 @@ if ARGV[7] ~= '' and f[7] then
 end
 if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
 if f[1] ~= 'pending' then return {f[1], worker, have} end
+if ARGV[1] == 'approved' and ARGV[17] ~= '' then
+  -- Decided only on the state the caller verified against its seals.
+  if have ~= ARGV[13] or (f[9] or '') ~= ARGV[14] or (f[11] or '') ~= ARGV[15]
+    or (f[5] or '1') ~= ARGV[17] or (f[10] or '') ~= ARGV[18] or (f[2] or '0') ~= ARGV[19] then
+    return {'stale', worker, have}
+  end
+end
 local quorum = tonumber(f[5]) or 1
 if ARGV[1] == 'approved' and quorum > 1 then
-  -- Counted only from the state the caller verified against its seal.
-  if (f[9] or '') ~= ARGV[13] or (f[11] or '') ~= ARGV[14] then return {'stale', worker, have} end
   if ARGV[10] ~= '1' and f[10] then
     for editor in string.gmatch(f[10], sep) do
       if editor == ARGV[9] then return {'editor', worker, have} end
@@ -98,11 +105,11 @@ if ARGV[1] == 'approved' and quorum > 1 then
   if have ~= '' then have = have .. ARGV[6] end
   have = have .. ARGV[2]
   if n + 1 < quorum then
-    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[15])
+    redis.call('HSET', KEYS[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[16])
     return {'counted', worker, have}
   end
   local all = string.gsub(have, ARGV[6], ', ')
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[15], 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5], 'decision_seal', ARGV[12])
+  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approvals', have, 'approval_people', people, 'approval_proofs', proofs, 'count_seal', ARGV[16], 'approver', all, 'reason', ARGV[3], 'decided_at', ARGV[5], 'decision_seal', ARGV[12])
   return {'decided', worker, have}
 end
 redis.call('HSET', KEYS[1], 'status', ARGV[1], 'approver', ARGV[2], 'reason', ARGV[3], 'decided_at', ARGV[5])
@@ -216,6 +223,18 @@ elseif not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
 return {answer, redis.call('HGETALL', KEYS[1])}
 "#;
 
+/// Forgets the notify side's claim of notification entry ARGV[1] when that
+/// entry vanished unshown (a flat-stream writer trimmed it while a worker
+/// held it), so the notification can be written and claimed again. Not once
+/// the card was shown. Returns 1 when forgotten.
+const FORGET_CLAIM: &str = r#"
+if redis.call('HGET', KEYS[1], 'notify_external_id') then return 0 end
+if redis.call('HGET', KEYS[1], 'notify_entry') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], 'notify_entry', 'notified')
+return 1
+"#;
+
+static FORGET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FORGET_CLAIM));
 static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CREATE));
 static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DECIDE));
 static SET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SET_IF_EXISTS));
@@ -238,7 +257,8 @@ pub struct SweepState {
     /// `None`: the record is gone.
     pub status: Option<Status>,
     pub notified: bool,
-    pub claimed: bool,
+    /// Its card is shown (`notify_external_id`).
+    pub shown: bool,
 }
 
 /// Separates the identities in a record's `approvals` (none contains a newline:
@@ -620,6 +640,18 @@ impl<'a> Approvals<'a> {
     }
 
     /// Remembers the notification entry written for a record.
+    /// See [`FORGET_CLAIM`]. Returns whether the claim was forgotten.
+    pub async fn forget_claim(&mut self, id: &str, entry: &str) -> Result<bool> {
+        let key = keys::approval(id);
+        let n: i64 = FORGET_SCRIPT
+            .key(&key)
+            .arg(entry)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA forget claim {key}"), e))?;
+        Ok(n == 1)
+    }
+
     pub async fn mark_notified(&mut self, id: &str, notification: &str) -> Result<bool> {
         self.set(id, &[(field::NOTIFIED, notification)]).await
     }
@@ -738,9 +770,13 @@ impl<'a> Approvals<'a> {
             .arg(if a.editors_count { "1" } else { "0" })
             .arg(a.proof.unwrap_or(""))
             .arg(seal)
-            .arg(&count.people)
-            .arg(&count.proofs)
+            .arg(&count.tally.approvals)
+            .arg(&count.tally.people)
+            .arg(&count.tally.proofs)
             .arg(&count.next_seal)
+            .arg(&count.quorum)
+            .arg(&count.editors)
+            .arg(&count.expires_at)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
@@ -969,7 +1005,7 @@ impl<'a> Approvals<'a> {
             pipe.cmd("HMGET").arg(keys::approval(id)).arg(&[
                 field::STATUS,
                 field::NOTIFIED,
-                field::NOTIFY_ENTRY,
+                field::NOTIFY_EXTERNAL_ID,
             ]);
         }
         // Bytes: a forged field that is not UTF-8 reads as an unknown status.
@@ -979,12 +1015,12 @@ impl<'a> Approvals<'a> {
             .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
         Ok(states
             .into_iter()
-            .map(|(status, notified, claimed)| SweepState {
+            .map(|(status, notified, shown)| SweepState {
                 status: status
                     .as_deref()
                     .map(|s| Status::parse(&String::from_utf8_lossy(s))),
                 notified: notified.is_some(),
-                claimed: claimed.is_some(),
+                shown: shown.is_some(),
             })
             .collect())
     }
@@ -1006,6 +1042,7 @@ mod tests {
             EDIT,
             START_DELIVERY,
             NOTE_SHOWN,
+            FORGET_CLAIM,
         ] {
             for quoted in script.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());

@@ -86,6 +86,21 @@ end
 return n
 "#;
 
+/// Drops a mark whose entry is no longer pending in its group (acked, or
+/// gone from the stream): no worker can send it any more, so the mark is a
+/// leftover (a crash between the ack and the clear, a card dead-lettered by
+/// a taker, an entry trimmed under a worker). A mark of a pending entry
+/// stays. KEYS: the in-flight hash, the entry's stream. ARGV: delivery key,
+/// group, entry id. Returns 1 when dropped.
+const TRIM: &str = r#"
+local ok, p = pcall(redis.call, 'XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
+if not ok or p[1] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+"#;
+
+static TRIM_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(TRIM));
 static MARK_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(MARK));
 static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -195,6 +210,45 @@ impl<S: Sender> OutboxService<S> {
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
         Ok(Prior::parse(&previous, &self.worker))
+    }
+
+    /// Drops the marks left behind for entries no longer pending (see
+    /// [`TRIM`]), so `{bridge}:in-flight` does not grow with every crash.
+    /// Returns how many went.
+    pub(super) async fn trim_marks(&mut self) -> Result<usize> {
+        let key = keys::in_flight(&self.name);
+        let marks: Vec<String> = self
+            .store
+            .conn
+            .hkeys(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
+        let mut dropped = 0;
+        for mark in marks {
+            let Some((stream, entry_id)) = mark.rsplit_once('/') else {
+                continue;
+            };
+            if !self.sources.iter().any(|s| s.key == stream) {
+                continue;
+            }
+            let n: i64 = TRIM_SCRIPT
+                .key(&key)
+                .key(stream)
+                .arg(&mark)
+                .arg(&self.group)
+                .arg(entry_id)
+                .invoke_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
+            dropped += n as usize;
+        }
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                "in-flight marks of entries no longer pending dropped"
+            );
+        }
+        Ok(dropped)
     }
 
     /// Removes this worker's marks of `delivery_keys`.

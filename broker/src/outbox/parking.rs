@@ -456,8 +456,23 @@ impl<S: Sender> OutboxService<S> {
     /// notify side took it (someone trimmed the flat notify outbox): then it must
     /// be written again, or nobody is ever asked.
     pub(super) async fn notification_lost(&mut self, record: &Record) -> Result<bool> {
-        if record.notify_entry.is_some() || record.notify_external_id.is_some() {
+        if record.notify_external_id.is_some() {
             return Ok(false);
+        }
+        if let Some(claimed) = &record.notify_entry {
+            // Taken by the notify side and not shown yet: lost only if the
+            // entry is gone, which then no worker's recovery will show.
+            let stream = keys::outbox(&record.notify);
+            if self.store.entry(&stream, claimed).await?.is_some() {
+                return Ok(false);
+            }
+            let forgot = Approvals::on(&mut self.store)
+                .forget_claim(&record.id, claimed)
+                .await?;
+            if forgot {
+                tracing::warn!(approval = %record.id, stream, "the notification vanished while the notify side held it, unshown; writing it again");
+            }
+            return Ok(forgot);
         }
         // An edit clears it before writing the new version's notification.
         let Some(notified) = &record.notified else {
@@ -566,9 +581,11 @@ impl<S: Sender> OutboxService<S> {
         for (id, state) in ids.into_iter().zip(states) {
             if state.status != Some(Status::Pending) {
                 self.settle(id).await?;
-            } else if !state.claimed {
-                // Unshown: its notification may have been trimmed, or an edit
-                // may have stopped before writing the new one.
+            } else if !state.shown {
+                // Unshown: its notification may have been trimmed (before
+                // the notify side took it, or while a worker that crashed
+                // held it), or an edit may have stopped before writing the
+                // new one.
                 unclaimed.push(id);
             }
         }

@@ -19,8 +19,10 @@ use super::*;
 pub(super) const RETAIN_EVERY: Duration = Duration::from_secs(300);
 
 impl<S: Sender> OutboxService<S> {
-    /// Trims this bridge's outbox streams, inboxes and dead letters.
+    /// Trims this bridge's outbox streams, inboxes and dead letters, and the
+    /// in-flight marks nothing can use any more.
     pub(super) async fn retain(&mut self) -> Result<()> {
+        self.trim_marks().await?;
         let now_ms = self.clock.now_millis();
         let keep = self.bridge.retention_seconds;
         if keep > 0 {

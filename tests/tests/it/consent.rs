@@ -587,6 +587,68 @@ async fn a_trimmed_notification_is_written_again() {
     assert_eq!(d.delivered("desk.out").len(), 1, "asked once");
 }
 
+/// The same when a notify worker had taken the notification (claimed it on
+/// the record, marked its send) and died before showing it, and the entry was
+/// trimmed meanwhile: no worker's recovery can show it, so the asking outbox
+/// forgets the claim and writes it again; the dead worker's mark is dropped
+/// as a leftover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_trimmed_while_a_dead_worker_held_it_is_written_again() {
+    let d = Deployment::new(&approval_config(3600));
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "ask me", "r").await;
+    let mut store = d.store().await;
+    let taken = wait_until("the notification written", SOON, || {
+        let mut store = store.clone();
+        async move { stream(&mut store, "desk:outbox").await.into_iter().next() }
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    let entry_id = store
+        .range("desk:outbox", "-", "+", 1)
+        .await
+        .unwrap()
+        .remove(0)
+        .id;
+    let id = taken["approval_id"].clone();
+    let mark = broker::outbox::delivery_key("desk:outbox", &entry_id);
+    let mut conn = store.conn.clone();
+    let _: () =
+        redis::AsyncCommands::hset(&mut conn, keys::approval(&id), "notify_entry", &entry_id)
+            .await
+            .unwrap();
+    let _: () =
+        redis::AsyncCommands::hset(&mut conn, keys::in_flight("desk"), &mark, "writing:ghost")
+            .await
+            .unwrap();
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(&["desk:outbox", "MAXLEN", "0"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let (shown, external) = notification(&d, 0).await;
+    assert_eq!(shown, id);
+    react(&d, &external, "✅", "boss", "");
+    wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    wait_until("the dead worker's mark dropped", SOON, || async {
+        let marks = hash(&mut d.store().await, &keys::in_flight("desk")).await;
+        (!marks.contains_key(&mark)).then_some(())
+    })
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("desk.out").len(), 1, "asked once");
+}
+
 /// Agents may not post where approval requests are shown: a look-alike card
 /// sent through the notify bridge's own outbox is refused, so only the broker's
 /// cards reach the approvers' channel.

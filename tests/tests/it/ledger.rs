@@ -230,7 +230,7 @@ fn quorum_of_two(approvers: &str) -> (Deployment, [harness::Running; 3]) {
 /// The last card shown for approval `id` (a new one after each edit), once
 /// there are `n` cards for it.
 async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
-    wait_until(&format!("card {n} of {id}"), SOON, || async {
+    let card = wait_until(&format!("card {n} of {id}"), SOON, || async {
         let cards: Vec<String> = d
             .delivered("desk.out")
             .into_iter()
@@ -239,7 +239,14 @@ async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
             .collect();
         (cards.len() >= n).then(|| cards[n - 1].clone())
     })
-    .await
+    .await;
+    // Shown is not yet answerable: its map entry follows (with the batch).
+    wait_until(&format!("card {n} of {id} answerable"), SOON, || async {
+        let map = hash(&mut d.store().await, &keys::approval_map("desk")).await;
+        map.contains_key(&card).then_some(())
+    })
+    .await;
+    card
 }
 
 /// Approver `console:boss` replaces approval `id`'s content, from the version
@@ -472,6 +479,152 @@ async fn a_count_or_an_editor_list_from_outside_the_broker_decides_nothing() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// A count brought back after an edit chain returned to the same text does
+/// not count (the count is sealed with the revision), and neither does a
+/// forged list of who approved (it is sealed with the count): in both cases
+/// the next answer is ignored as a record changed outside the broker, named
+/// by the seal that failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_from_an_earlier_revision_or_with_forged_names_decides_nothing() {
+    let (d, services) = quorum_of_two(r#""console:boss", "console:amy", "console:carl""#);
+    agent_sends(&d, "the text", "r1").await;
+    let (id, card) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let rec = keys::approval(&id);
+    react(&d, &card, "✅", "amy", "");
+    history_of_len(&d, &id, 3).await;
+    let before = hash(&mut store, &rec).await;
+    let mut conn = store.conn.clone();
+    let _: () = redis::AsyncCommands::hset(&mut conn, &rec, "approvals", "console:boss")
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "carl", "");
+    let why = |n: usize| {
+        let d = &d;
+        let id = id.clone();
+        async move {
+            let h = wait_until("an answer ignored", SOON, || async {
+                let h = history(d, &id).await;
+                let ignored: Vec<String> = h
+                    .iter()
+                    .filter_map(|e| e.get("why"))
+                    .filter(|w| w.contains("changed outside the broker"))
+                    .map(str::to_string)
+                    .collect();
+                (ignored.len() >= n).then_some(ignored)
+            })
+            .await;
+            h[n - 1].clone()
+        }
+    };
+    assert!(why(1).await.contains("its count seal"));
+    let _: () = redis::AsyncCommands::hset(&mut conn, &rec, "approvals", &before["approvals"])
+        .await
+        .unwrap();
+    edit_as_boss(&d, &id, "other text").await;
+    edit_as_boss(&d, &id, "the text").await;
+    let card = card_of(&d, &id, 3).await;
+    assert_eq!(
+        hash(&mut store, &rec).await["message_sha256"],
+        before["message_sha256"]
+    );
+    let count = [
+        "approvals",
+        "approval_people",
+        "approval_proofs",
+        "count_seal",
+    ];
+    let pairs: Vec<(&str, &str)> = count.iter().map(|f| (*f, before[*f].as_str())).collect();
+    let _: () = redis::AsyncCommands::hset_multiple(&mut conn, &rec, &pairs)
+        .await
+        .unwrap();
+    react(&d, &card, "✅", "carl", "");
+    assert!(why(2).await.contains("its count seal"));
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending");
+    assert!(d.delivered("mail.out").is_empty(), "nothing sent");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// The decision step decides only on the state its caller verified against
+/// the seals: a quorum lowered, an editor taken off the list or a deadline
+/// moved between the check and the step makes it answer `stale` (and
+/// `decide` reads the record again), so a writer racing the check gains
+/// nothing. Put back, the same step counts the approval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_step_decides_only_on_what_was_verified() {
+    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
+    agent_sends(&d, "race me", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let rec = keys::approval(&id);
+    let record = approval::Approvals::on(&mut store)
+        .load(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    let count = approval::Count {
+        tally: approval::Tally::of(&record),
+        quorum: record.quorum.to_string(),
+        editors: record.editors.clone(),
+        expires_at: record.expires_at.to_string(),
+        next_seal: "seal".into(),
+    };
+    let mut answer = approval::Answer::new(
+        &Clock::system(),
+        approval::Verdict::Approved,
+        "console:boss",
+        "",
+    );
+    answer.seen = Some(&record.message_sha256);
+    answer.counts_as = Some("person:boss");
+    let mut conn = store.conn.clone();
+    for (field, forged) in [
+        ("quorum", "1"),
+        ("editors", ""),
+        ("expires_at", "4102444800"),
+    ] {
+        let genuine = hash(&mut store, &rec).await.get(field).cloned();
+        let _: () = redis::AsyncCommands::hset(&mut conn, &rec, field, forged)
+            .await
+            .unwrap();
+        if field == "editors" {
+            // Verified with boss as an editor; the step finds the list emptied.
+            let mut c = count.clone();
+            c.editors = "person:boss".into();
+            let d = approval::Approvals::on(&mut store)
+                .decide(&id, &answer, "seal", &c)
+                .await
+                .unwrap();
+            assert_eq!(d.answer, "stale", "{field}");
+        } else {
+            let d = approval::Approvals::on(&mut store)
+                .decide(&id, &answer, "seal", &count)
+                .await
+                .unwrap();
+            assert_eq!(d.answer, "stale", "{field}");
+        }
+        match genuine {
+            Some(v) => redis::AsyncCommands::hset::<_, _, _, ()>(&mut conn, &rec, field, v)
+                .await
+                .unwrap(),
+            None => redis::AsyncCommands::hdel::<_, _, ()>(&mut conn, &rec, field)
+                .await
+                .unwrap(),
+        }
+    }
+    assert_eq!(hash(&mut store, &rec).await["status"], "pending");
+    let d2 = approval::Approvals::on(&mut store)
+        .decide(&id, &answer, "seal", &count)
+        .await
+        .unwrap();
+    assert_eq!(d2.answer, "counted");
+    for s in services {
+        s.stop().await.unwrap();
+    }
 }
 
 /// Quorum 2: one approval sends nothing, the same approver twice counts once,
