@@ -36,6 +36,21 @@ pub const APPROVE: &[&str] = &[
     "send it",
     "send",
     "lgtm",
+    "looks good",
+    "sounds good",
+    "all good",
+    "good to go",
+    "ship it",
+    "yep",
+    "yup",
+    "yeah",
+    "absolutely",
+    "confirmed",
+    "agreed",
+    "fine by me",
+    "works for me",
+    "go for it",
+    "do it",
     "👍",
     "✅",
     "genehmigt",
@@ -43,17 +58,38 @@ pub const APPROVE: &[&str] = &[
     "freigegeben",
     "ja",
     "einverstanden",
+    "passt",
+    "passt so",
+    "geht klar",
+    "in ordnung",
+    "alles klar",
+    "mach das",
     "oui",
     "d'accord",
     "approuvé",
     "approuve",
     "vas-y",
+    "allez-y",
+    "c'est bon",
+    "ça marche",
+    "ca marche",
+    "parfait",
+    "validé",
+    "valide",
+    "je valide",
     "sí",
     "aprobado",
     "apruebo",
     "de acuerdo",
     "adelante",
     "vale",
+    "dale",
+    "perfecto",
+    "listo",
+    "envíalo",
+    "envialo",
+    "está bien",
+    "esta bien",
 ];
 
 /// Rejections, and negations (which make an approval word mean its opposite).
@@ -164,6 +200,11 @@ const LEAD: &[&str] = &[
     "please",
     "thanks",
     "thank",
+    "thx",
+    "cheers",
+    "and",
+    "und",
+    "et",
     "hi",
     "hello",
     "bitte",
@@ -667,6 +708,58 @@ mod tests {
             "Reject: the contract is not signed yet, but soon",
             "the contract is not signed yet, but soon",
         );
+    }
+
+    /// The corpus of answers people write (`corpus/answers.txt`): nothing that
+    /// must not approve approves (false-approve rate 0), and the false-block
+    /// rate (approvals read as anything else) is printed beside it and held
+    /// at 0 for what the corpus holds.
+    #[test]
+    fn the_answer_corpus() {
+        let mut counts = std::collections::BTreeMap::<&str, (usize, usize)>::new();
+        let (mut false_approve, mut false_block, mut misread) =
+            (Vec::new(), Vec::new(), Vec::new());
+        for line in include_str!("../corpus/answers.txt").lines() {
+            let Some((expect, text)) = line.split_once(" | ") else {
+                continue;
+            };
+            let text = text.replace("\\n", "\n");
+            let got = match p(&text) {
+                Answer::Decided(Verdict::Approved, _) => "approve",
+                Answer::Decided(Verdict::Rejected, _) => "reject",
+                Answer::NotUnderstood { .. } => "nothing",
+            };
+            let c = counts.entry(expect).or_default();
+            c.0 += 1;
+            if got == expect {
+                c.1 += 1;
+            } else if got == "approve" {
+                false_approve.push(text);
+            } else if expect == "approve" {
+                false_block.push(text);
+            } else {
+                misread.push((expect, got, text));
+            }
+        }
+        let approvals = counts.get("approve").map_or(0, |c| c.0);
+        let others: usize = counts
+            .iter()
+            .filter(|(k, _)| **k != "approve")
+            .map(|(_, c)| c.0)
+            .sum();
+        println!(
+            "answer corpus: false-approve {}/{others}, false-block {}/{approvals}, other misreadings {}",
+            false_approve.len(),
+            false_block.len(),
+            misread.len()
+        );
+        assert!(false_approve.is_empty(), "approved: {false_approve:?}");
+        assert!(
+            false_block.is_empty(),
+            "approvals not read as such: {false_block:?}"
+        );
+        assert!(misread.is_empty(), "{misread:?}");
+        assert!(approvals >= 50 && others >= 40, "{counts:?}");
     }
 
     #[test]
