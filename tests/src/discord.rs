@@ -78,6 +78,14 @@ pub struct Recorded {
     pub post_delay: std::time::Duration,
     /// Per channel: create-message calls answered 429.
     pub rate_limited_on: HashMap<u64, usize>,
+    /// Discord's per-route buckets for create-message, when enforced: at most
+    /// this many posts per channel in each window ([`FakeDiscord::enforce_buckets`]).
+    pub bucket: Option<(usize, std::time::Duration)>,
+    /// Per channel: the current window's start and the posts made in it.
+    windows: HashMap<u64, (std::time::Instant, usize)>,
+    /// Per channel: posts refused because its bucket was empty (429 with the
+    /// real headers, `Retry-After` included).
+    pub bucket_429s: HashMap<u64, usize>,
     seq: u64,
     next_id: u64,
     /// Dispatches sent, for RESUME replays: (seq, payload).
@@ -213,6 +221,13 @@ impl FakeDiscord {
         self.with(|r| r.rate_limit_until.insert(channel, until));
     }
 
+    /// Enforces Discord's create-message buckets: `limit` posts per channel in
+    /// each `window`, answered with the real `X-RateLimit-*` headers; a post
+    /// to an empty bucket gets 429 with `Retry-After`, as from discord.com.
+    pub fn enforce_buckets(&self, limit: usize, window: std::time::Duration) {
+        self.with(|r| r.bucket = Some((limit, window)));
+    }
+
     /// Sends a dispatch to every identified gateway session.
     pub fn dispatch(&self, t: &str, d: Value) {
         FakeRef(self.shared.clone()).dispatch(t, d);
@@ -343,6 +358,46 @@ async fn create_message(
     if !rec.channels.contains(&channel) {
         return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     }
+    // The bucket's headers, on every answer while buckets are enforced.
+    let mut bucket_headers = Vec::new();
+    if let Some((limit, window)) = rec.bucket {
+        let now = std::time::Instant::now();
+        let (start, used) = rec.windows.entry(channel).or_insert((now, 0));
+        if now.duration_since(*start) >= window {
+            (*start, *used) = (now, 0);
+        }
+        let reset_after = window
+            .saturating_sub(now.duration_since(*start))
+            .as_secs_f64();
+        let unix_reset = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            + reset_after;
+        let full = *used >= limit;
+        if !full {
+            *used += 1;
+        }
+        let remaining = limit - (*used).min(limit);
+        bucket_headers = vec![
+            ("x-ratelimit-limit", limit.to_string()),
+            ("x-ratelimit-remaining", remaining.to_string()),
+            ("x-ratelimit-reset", format!("{unix_reset:.3}")),
+            ("x-ratelimit-reset-after", format!("{reset_after:.3}")),
+            ("x-ratelimit-bucket", format!("create-message-{channel}")),
+        ];
+        if full {
+            *rec.bucket_429s.entry(channel).or_default() += 1;
+            rec.rate_limited += 1;
+            let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": reset_after, "global": false, "code": 0}))).into_response();
+            bucket_headers.push(("retry-after", format!("{reset_after:.3}")));
+            bucket_headers.push(("x-ratelimit-scope", "user".into()));
+            for (k, v) in bucket_headers {
+                response.headers_mut().insert(k, v.parse().unwrap());
+            }
+            return response;
+        }
+    }
     let content = body["content"].as_str().unwrap_or("").to_string();
     if content.encode_utf16().count() > 2000 {
         return error(
@@ -388,7 +443,11 @@ async fn create_message(
     // Discord tells the gateway about the bot's own messages too.
     let fake = FakeRef(s.clone());
     fake.dispatch("MESSAGE_CREATE", json.clone());
-    Json(json).into_response()
+    let mut response = Json(json).into_response();
+    for (k, v) in bucket_headers {
+        response.headers_mut().insert(k, v.parse().unwrap());
+    }
+    response
 }
 
 async fn edit_message(

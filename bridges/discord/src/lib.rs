@@ -59,10 +59,10 @@ impl Bridge for Discord {
     }
 
     fn sender(&self, _name: &str) -> Result<DiscordSender> {
-        Ok(DiscordSender {
-            http: Arc::new(http(&self.settings, &self.token)),
-            mentions: self.settings.mentions.clone(),
-        })
+        Ok(DiscordSender::new(
+            Arc::new(http(&self.settings, &self.token)),
+            self.settings.mentions.clone(),
+        ))
     }
 
     /// The gateway connection.
@@ -84,10 +84,10 @@ impl Bridge for Discord {
 
     /// `users/@me`.
     fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
-        let sender = Arc::new(DiscordSender {
-            http: Arc::new(http(&self.settings, &self.token)),
-            mentions: Vec::new(),
-        });
+        let sender = Arc::new(DiscordSender::new(
+            Arc::new(http(&self.settings, &self.token)),
+            Vec::new(),
+        ));
         Ok(Some(Box::new(move || {
             let sender = sender.clone();
             Box::pin(async move { sender.check().await })

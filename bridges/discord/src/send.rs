@@ -10,7 +10,8 @@ use std::sync::Arc;
 
 use broker::outbox::{Outcome, Outgoing, SendError, Sender, Sent};
 use serenity::builder::{CreateAllowedMentions, CreateMessage, EditMessage};
-use serenity::http::{Http, HttpError};
+use serenity::http::{Http, HttpError, LightMethod, Request, Route};
+use serenity::model::channel::Message;
 use serenity::model::channel::{MessageReference, Nonce, ReactionType};
 use serenity::model::id::{ChannelId, MessageId};
 
@@ -68,6 +69,41 @@ pub struct DiscordSender {
     pub http: Arc<Http>,
     /// The `mentions` setting: what agent messages may ping.
     pub mentions: Vec<String>,
+    /// What Discord last said of each channel's create-message bucket.
+    pub buckets: Buckets,
+}
+
+/// Discord's create-message buckets as its `X-RateLimit-*` headers describe
+/// them, per channel: posts left, and when the bucket refills. A post waits
+/// for an empty bucket to refill instead of drawing a 429 (serenity's own
+/// limiter cannot do this with `api_base`: it then sends to discord.com).
+#[derive(Default)]
+pub struct Buckets(std::sync::Mutex<std::collections::HashMap<u64, (u64, std::time::Instant)>>);
+
+impl Buckets {
+    /// When an empty bucket of `channel` refills, if it is empty.
+    fn empty_until(&self, channel: u64) -> Option<std::time::Instant> {
+        let b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match b.get(&channel) {
+            Some((0, at)) if *at > std::time::Instant::now() => Some(*at),
+            _ => None,
+        }
+    }
+
+    /// Notes what a response's headers (`number` reads one) say of
+    /// `channel`'s bucket.
+    fn note(&self, channel: u64, number: impl Fn(&str) -> Option<f64>) {
+        let (Some(remaining), Some(after)) = (
+            number("x-ratelimit-remaining"),
+            number("x-ratelimit-reset-after"),
+        ) else {
+            return;
+        };
+        let at = std::time::Instant::now()
+            + std::time::Duration::from_secs_f64(after.clamp(0.0, 3600.0));
+        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        b.insert(channel, (remaining.max(0.0) as u64, at));
+    }
 }
 
 /// Pings that a message may make: none on cards; on deliveries, the kinds the
@@ -81,6 +117,41 @@ fn allowed(kinds: &[String]) -> CreateAllowedMentions {
 }
 
 impl DiscordSender {
+    pub fn new(http: Arc<Http>, mentions: Vec<String>) -> DiscordSender {
+        DiscordSender {
+            http,
+            mentions,
+            buckets: Buckets::default(),
+        }
+    }
+
+    /// Creates one message, after its channel's bucket refills if it is
+    /// empty, and notes what the answer says of the bucket.
+    async fn create(
+        &self,
+        channel_id: ChannelId,
+        msg: &CreateMessage,
+    ) -> Result<Message, SendError> {
+        if let Some(at) = self.buckets.empty_until(channel_id.get()) {
+            tokio::time::sleep_until(at.into()).await;
+        }
+        let body = serde_json::to_vec(msg)
+            .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;
+        let request =
+            Request::new(Route::ChannelMessages { channel_id }, LightMethod::Post).body(Some(body));
+        let response = self.http.request(request).await.map_err(classify)?;
+        let headers = response.headers();
+        self.buckets.note(channel_id.get(), |name| {
+            headers.get(name)?.to_str().ok()?.parse().ok()
+        });
+        // Created: a body lost now is found again by its nonce on the retry.
+        let bytes = response.bytes().await.map_err(|e| {
+            SendError::Transient(format!("Discord: reading the created message: {e}"))
+        })?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| SendError::Transient(format!("Discord: the created message: {e}")))
+    }
+
     /// Posts `parts` in order; returns the first message's id.
     async fn post(
         &self,
@@ -100,10 +171,7 @@ impl DiscordSender {
             if let (0, Some(r)) = (i, reply_to) {
                 msg = msg.reference_message(MessageReference::from((channel_id, r)));
             }
-            let sent = channel_id
-                .send_message(&*self.http, msg)
-                .await
-                .map_err(classify)?;
+            let sent = self.create(channel_id, &msg).await?;
             first.get_or_insert(sent.id);
         }
         first.ok_or_else(|| SendError::Permanent("nothing to send".into()))

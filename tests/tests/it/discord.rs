@@ -230,6 +230,65 @@ async fn a_long_message_arrives_whole_split() {
     assert_eq!(parts.join(" "), content, "nothing cut");
 }
 
+/// Discord's buckets are obeyed before they bite: with the local Discord
+/// enforcing 5 posts per channel per second and sending the real
+/// X-RateLimit-* headers, 20 messages to one channel and 20 spread over four
+/// are all delivered, in order per channel, with no 429 at all (the sender
+/// reads each channel's bucket from the headers and waits for it to refill), and a
+/// full bucket on one channel holds back no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_buckets_are_obeyed_before_they_bite() {
+    const MORE: [u64; 3] = [
+        444_444_444_444_444_444,
+        555_555_555_555_555_555,
+        666_666_666_666_666_666,
+    ];
+    let fake = FakeDiscord::start(&[TALK, OPS, MORE[0], MORE[1], MORE[2]]).await;
+    fake.enforce_buckets(5, Duration::from_secs(1));
+    let d = deployment(&fake, "", "");
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    let spread = [TALK, MORE[0], MORE[1], MORE[2]];
+    for i in 0..20 {
+        for (to, text) in [
+            (TALK, format!("one {i}")),
+            (spread[i % 4], format!("spread {i}")),
+        ] {
+            store
+                .xadd(
+                    "ann:dc:outbox",
+                    &[
+                        ("channel_id", to.to_string().as_bytes()),
+                        ("content", text.as_bytes()),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+    }
+    wait_until("all 40 delivered", Duration::from_secs(60), || async {
+        fake.with(|r| (r.posted.len() == 40).then_some(()))
+    })
+    .await;
+    let in_order = |channel: u64| {
+        let c = fake.with(|r| contents(r, channel));
+        let mut sorted = c.clone();
+        sorted.sort_by_key(|t| t.rsplit(' ').next().unwrap().parse::<u32>().unwrap());
+        (c.len(), c == sorted)
+    };
+    assert_eq!(in_order(TALK), (25, true));
+    for c in MORE {
+        assert_eq!(in_order(c), (5, true));
+    }
+    let refused = fake.with(|r| r.bucket_429s.clone());
+    assert!(refused.is_empty(), "429s per channel: {refused:?}");
+    assert!(inbox(&d, "ann:dc:inbox")
+        .await
+        .iter()
+        .all(|n| n["status"] == "delivered"));
+    assert_eq!(outbox.stop(), Some(0));
+}
+
 /// A retried send with the same nonce creates one message, and returns its id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_send_creates_one_message() {
@@ -237,10 +296,10 @@ async fn a_retried_send_creates_one_message() {
     let fake = FakeDiscord::start(&[TALK]).await;
     let d = deployment(&fake, "", "");
     let s = discord::settings(&d.config, "dc").unwrap();
-    let sender = discord::send::DiscordSender {
-        mentions: vec!["users".into()],
-        http: std::sync::Arc::new(discord::http(&s, TOKEN)),
-    };
+    let sender = discord::send::DiscordSender::new(
+        std::sync::Arc::new(discord::http(&s, TOKEN)),
+        vec!["users".into()],
+    );
     let message = broker::entry::Message {
         channel_id: TALK.to_string(),
         content: "once".into(),
