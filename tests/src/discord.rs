@@ -264,6 +264,30 @@ impl FakeDiscord {
         id
     }
 
+    /// Someone writes to the bot in a direct message (no guild). Returns the message id.
+    pub fn user_dm(&self, channel: u64, author: u64, name: &str, content: &str) -> u64 {
+        let id = self.with(|r| {
+            r.next_id = (r.next_id + 1).max(snowflake_now());
+            r.next_id
+        });
+        let m = Posted {
+            id,
+            channel_id: channel,
+            content: content.into(),
+            nonce: None,
+            enforce_nonce: false,
+            reference: None,
+            edits: vec![],
+            allowed_mentions: vec![],
+        };
+        self.with(|r| r.said.push((m.clone(), user(author, name, false))));
+        self.dispatch(
+            "MESSAGE_CREATE",
+            message_json(&m, user(author, name, false)),
+        );
+        id
+    }
+
     /// Someone reacts to a message.
     pub fn user_reaction(&self, channel: u64, message: u64, user_id: u64, emoji: &str) {
         self.with(|r| r.user_reactions.push((message, emoji.to_string(), user_id)));

@@ -289,6 +289,67 @@ async fn rate_limit_buckets_are_obeyed_before_they_bite() {
     assert_eq!(outbox.stop(), Some(0));
 }
 
+/// With `dms = true` a direct message to the bot reaches the inbox (with its
+/// DM channel, which is not listed in `channels`), and the agent's answer to
+/// that channel is delivered there; with `dms` off, a DM is not carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_messages_in_and_out() {
+    const DM: u64 = 777_777_777_777_777_777;
+    let fake = FakeDiscord::start(&[TALK, DM]).await;
+    let d = deployment(&fake, "", "dms = true");
+    let outbox = d.process("cowboy-discord-outbox", "dc");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let id = fake.user_dm(DM, APPROVER, "boss", "are you there?");
+    let entry = wait_until("the DM in the inbox", SOON, || async {
+        inbox(&d, "dc:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        (
+            entry["channel_id"].as_str(),
+            entry["message_id"].as_str(),
+            entry["content"].as_str()
+        ),
+        (
+            DM.to_string().as_str(),
+            id.to_string().as_str(),
+            "are you there?"
+        )
+    );
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", DM.to_string().as_bytes()),
+                ("content", b"yes, here"),
+            ],
+        )
+        .await
+        .unwrap();
+    wait_until("the answer in the DM", SOON, || async {
+        fake.with(|r| (contents(r, DM) == ["yes, here"]).then_some(()))
+    })
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    assert_eq!(outbox.stop(), Some(0));
+
+    let fake = FakeDiscord::start(&[TALK, DM]).await;
+    let d = deployment(&fake, "", "");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    fake.user_dm(DM, APPROVER, "boss", "not carried");
+    fake.user_message(TALK, APPROVER, "boss", "carried", None);
+    let entries = wait_until("the channel message", SOON, || async {
+        let e = inbox(&d, "dc:inbox").await;
+        (!e.is_empty()).then_some(e)
+    })
+    .await;
+    let texts: Vec<&str> = entries.iter().map(|e| e["content"].as_str()).collect();
+    assert_eq!(texts, ["carried"]);
+}
+
 /// A retried send with the same nonce creates one message, and returns its id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_send_creates_one_message() {
