@@ -491,6 +491,19 @@ maximal_backoff_time = 2s
             .collect()
     }
 
+    /// Drops `raw` into `user`'s Maildir the way a delivery agent does (written
+    /// in `tmp/`, renamed into `new/`), without Postfix: for backlogs.
+    /// `n` orders the names, as a delivery agent's timestamps do.
+    pub fn deliver_directly(&self, user: &str, n: u64, raw: &[u8]) {
+        let base = self.d().join(format!("mail/bridge.test/{user}/Maildir"));
+        for sub in ["tmp", "new", "cur"] {
+            std::fs::create_dir_all(base.join(sub)).unwrap();
+        }
+        let name = format!("{}.M{n}P1.backlog", 1_700_000_000 + n);
+        std::fs::write(base.join("tmp").join(&name), raw).unwrap();
+        std::fs::rename(base.join("tmp").join(&name), base.join("new").join(&name)).unwrap();
+    }
+
     /// The file the bridge reads a password from.
     pub fn password_file(&self, user: &str) -> PathBuf {
         let path = self.d().join(format!("{user}.password"));

@@ -591,6 +591,60 @@ async fn ingest_resumes_after_restarts() {
     assert_eq!(entries.len(), 3);
 }
 
+/// A day's outage: 5,000 mails of 16 KiB (80 MB in all) arrive while the
+/// ingest is down. When it comes back each is read once, in the order they
+/// arrived, and its memory stays flat: the ingest fetches one mail at a
+/// time, so its peak resident size stays under 64 MiB, below the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_5000_mails_is_read_once_each_with_flat_memory() {
+    const BACKLOG: u64 = 5_000;
+    let stack = MailStack::start();
+    let d = deployment(&stack, "", "");
+    let ingest = d.process("cowboy-email-ingest", "mail");
+    stack.send_raw(
+        "bob@bridge.test",
+        "bridge@bridge.test",
+        "From: bob@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: before\r\n\r\nx\r\n",
+        None,
+    );
+    wait_until("the first mail read", MAIL, || async {
+        (inbox(&d, "mail:inbox").await.len() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    let filler = "0123456789abcdef".repeat(1024);
+    for n in 0..BACKLOG {
+        let raw = format!(
+            "From: bob@bridge.test\r\nTo: bridge@bridge.test\r\nSubject: m{n}\r\nMessage-ID: <m{n}@bridge.test>\r\n\r\n{filler}\r\n"
+        );
+        stack.deliver_directly("bridge", n, raw.as_bytes());
+    }
+    let ingest = d.process("cowboy-email-ingest", "mail");
+    let entries = wait_until("the backlog read", Duration::from_secs(240), || async {
+        let e = inbox(&d, "mail:inbox").await;
+        (e.len() as u64 > BACKLOG).then_some(e)
+    })
+    .await;
+    let peak_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", ingest.0.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    let subjects: Vec<&str> = entries.iter().map(|e| e["subject"].as_str()).collect();
+    let expected: Vec<String> = std::iter::once("before".to_string())
+        .chain((0..BACKLOG).map(|n| format!("m{n}")))
+        .collect();
+    assert_eq!(subjects.len(), expected.len(), "each once");
+    assert!(
+        subjects.iter().zip(&expected).all(|(a, b)| a == b),
+        "in order"
+    );
+    println!("backlog of {BACKLOG}: peak RSS {peak_kib} KiB");
+    assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
+    assert_eq!(ingest.stop(), Some(0));
+}
+
 /// With `imap.move_to`, handled mail is moved to that folder (created if missing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handled_mail_can_be_moved() {
