@@ -100,7 +100,7 @@ let
 
   # dir = null renders the secrets' source paths (for root-run tools).
   renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
-    redis = { url = cfg.redis.url; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
+    redis = { url = cfg.redis.url; caFile = cfg.redis.caFile; allowPlaintext = cfg.redis.allowPlaintext; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
@@ -220,6 +220,8 @@ in
       createLocally = mkOption { type = types.bool; default = true; description = "Run a dedicated services.redis.servers.cowboy."; };
       port = mkOption { type = types.port; default = 6390; description = "Port of the dedicated Redis."; };
       url = mkOption { type = types.str; default = "redis://127.0.0.1:${toString cfg.redis.port}"; defaultText = literalExpression ''"redis://127.0.0.1:''${toString port}"''; description = "Redis to use (an external one when createLocally is false)."; };
+      caFile = mkOption { type = types.nullOr types.path; default = null; description = "PEM certificates of the CA that signed the Redis server's certificate, trusted for a rediss:// url instead of the system's roots."; };
+      allowPlaintext = mkOption { type = types.bool; default = false; description = "Allow redis:// (no TLS) to a host that is not loopback (passwords and messages then cross the network in clear)."; };
       acl = mkOption { type = types.bool; default = true; description = "Render ACL users with `cowboy acl` and turn the default user off."; };
       operator = mkOption { type = types.str; default = "cowboy-admin"; description = "Redis user of the operator CLI."; };
       operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };

@@ -106,6 +106,8 @@ table "redis" {
   url = redis.url or "redis://127.0.0.1:6379";
   username = redis.username or null;
   password_file = redis.passwordFile or null;
+  ca_file = redis.caFile or null;
+  allow_plaintext = redis.allowPlaintext or null;
 }
 + (if audit ? retentionDays then table "audit" { retention_days = audit.retentionDays; } else "")
 + (if web == null then "" else webTables)

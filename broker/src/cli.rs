@@ -241,9 +241,9 @@ pub async fn decision_store(config: &Config, operator: &str) -> Result<Store> {
         ))
     })?;
     let redis = crate::config::RedisConfig {
-        url: config.redis.url.clone(),
         username: Some(operator.to_string()),
         password_file: Some(op.password_file.clone()),
+        ..config.redis.clone()
     };
     let mut store = Store::connect(&redis).await?;
     let whoami: String = redis::cmd("ACL")

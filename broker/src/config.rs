@@ -183,6 +183,14 @@ pub struct RedisConfig {
     /// File holding that user's password (systemd `LoadCredential` friendly).
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// PEM certificates of the CA that signed the server's, trusted for a
+    /// `rediss://` URL instead of the system's roots (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// Allows `redis://` (no TLS) to a host that is not loopback, where
+    /// passwords and messages would cross the network in clear.
+    #[serde(default)]
+    pub allow_plaintext: bool,
 }
 
 impl Default for RedisConfig {
@@ -191,6 +199,8 @@ impl Default for RedisConfig {
             url: default_redis_url(),
             username: None,
             password_file: None,
+            ca_file: None,
+            allow_plaintext: false,
         }
     }
 }

@@ -103,6 +103,17 @@ impl Store {
                     command: format!("AUTH as {user}"),
                     message: e.to_string(),
                 }
+            } else if refused_certificate(&e) {
+                // Waiting cannot fix a certificate: a configuration error, named.
+                let at = match client.get_connection_info().addr() {
+                    redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
+                    other => other.to_string(),
+                };
+                ConfigError::invalid(
+                    "redis.ca_file",
+                    format!("the TLS certificate of {at} was refused: {e}"),
+                )
+                .into()
             } else {
                 Error::Redis(e)
             }
@@ -451,13 +462,33 @@ fn parse_read(v: Value) -> StreamBatch {
         .collect()
 }
 
-/// Builds a client from `[redis]`: the URL, then `username` / `password_file` on top.
+/// Builds a client from `[redis]`: the URL, then `username` / `password_file`
+/// on top. `rediss://` verifies the server's certificate against `ca_file`
+/// (or the system's roots) and its host name; `redis://` is refused to a host
+/// that is not loopback unless `allow_plaintext` says so.
 pub fn client_for(config: &RedisConfig) -> Result<redis::Client> {
     let mut info: redis::ConnectionInfo = config
         .url
         .as_str()
         .into_connection_info()
         .map_err(|e| ConfigError::invalid("redis.url", e.to_string()))?;
+    let tls = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => true,
+        redis::ConnectionAddr::Tcp(host, _) => {
+            if !config.allow_plaintext && !is_loopback(host) {
+                return Err(ConfigError::invalid(
+                    "redis.url",
+                    format!("`{host}` is not loopback: use rediss:// (TLS), or set redis.allow_plaintext = true to send passwords and messages in clear"),
+                )
+                .into());
+            }
+            false
+        }
+        _ => false,
+    };
+    if config.ca_file.is_some() && !tls {
+        return Err(ConfigError::invalid("redis.ca_file", "needs a rediss:// url").into());
+    }
     let mut redis_info = info.redis_settings().clone();
     if let Some(user) = &config.username {
         redis_info = redis_info.set_username(user.clone());
@@ -467,7 +498,44 @@ pub fn client_for(config: &RedisConfig) -> Result<redis::Client> {
         redis_info = redis_info.set_password(password);
     }
     info = info.set_redis_settings(redis_info);
-    Ok(redis::Client::open(info)?)
+    if !tls {
+        return Ok(redis::Client::open(info)?);
+    }
+    // One provider for the process; a second install is refused, harmlessly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let root_cert = match &config.ca_file {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            ConfigError::invalid(
+                "redis.ca_file",
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?),
+        None => None,
+    };
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert,
+    };
+    redis::Client::build_with_tls(info, certs)
+        .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()).into())
+}
+
+/// Whether a connection failed on the server's certificate (not trusted, or
+/// not for that host).
+fn refused_certificate(e: &redis::RedisError) -> bool {
+    let text = e.to_string();
+    text.contains("certificate")
+        || text.contains("UnknownIssuer")
+        || text.contains("NotValidForName")
+}
+
+/// Whether `host` is this machine (where plain TCP crosses no network).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 use redis::IntoConnectionInfo;

@@ -46,6 +46,8 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     extra: Vec<String>,
     pub engine: Engine,
+    /// Serving TLS only, with the certificates in `dir` (see [`Self::start_tls`]).
+    tls: bool,
 }
 
 impl RedisServer {
@@ -61,17 +63,55 @@ impl RedisServer {
 
     /// Starts a server of `engine` with extra arguments.
     pub fn start_on(engine: Engine, extra: &[&str]) -> RedisServer {
+        Self::launch(engine, extra, false)
+    }
+
+    /// Starts a redis-server that speaks TLS only, with a certificate for
+    /// 127.0.0.1 signed by a private CA ([`Self::ca`]); [`Self::url`] is then
+    /// `rediss://`.
+    pub fn start_tls() -> RedisServer {
+        Self::launch(Engine::Redis, &[], true)
+    }
+
+    /// The private CA of a TLS server; another CA's file beside it
+    /// (`other-ca.pem`) signed nothing.
+    pub fn ca(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("redis-ca.pem"),
+            self.dir.path().join("other-ca.pem"),
+        )
+    }
+
+    fn launch(engine: Engine, extra: &[&str], tls: bool) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if tls {
+            crate::mail::make_ca(dir.path(), "redis", true);
+            crate::mail::make_ca(dir.path(), "other", false);
+        }
+        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if tls {
+            let at = |f: &str| dir.path().join(f).display().to_string();
+            extra.extend([
+                "--tls-cert-file".into(),
+                at("server.pem"),
+                "--tls-key-file".into(),
+                at("server.key"),
+                "--tls-ca-cert-file".into(),
+                at("redis-ca.pem"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ]);
+        }
         for attempt in 0..5 {
             let port = free_port();
-            if let Some(child) = spawn_redis(engine, port, dir.path(), &extra) {
+            if let Some(child) = spawn_redis(engine, port, dir.path(), &extra, tls) {
                 return RedisServer {
                     child,
                     port,
                     dir,
                     extra,
                     engine,
+                    tls,
                 };
             }
             eprintln!("redis-server attempt {attempt} on port {port} failed; retrying");
@@ -85,7 +125,13 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(child) = spawn_redis(self.engine, self.port, self.dir.path(), &self.extra) {
+            if let Some(child) = spawn_redis(
+                self.engine,
+                self.port,
+                self.dir.path(),
+                &self.extra,
+                self.tls,
+            ) {
                 self.child = child;
                 return;
             }
@@ -99,7 +145,8 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Kills the server (to test behaviour when Redis goes away).
@@ -116,11 +163,30 @@ impl Drop for RedisServer {
 }
 
 /// Starts the server and waits until it accepts connections; None if it exited.
-fn spawn_redis(engine: Engine, port: u16, dir: &Path, extra: &[String]) -> Option<Child> {
+fn spawn_redis(
+    engine: Engine,
+    port: u16,
+    dir: &Path,
+    extra: &[String],
+    tls: bool,
+) -> Option<Child> {
+    let ports = match tls {
+        false => [
+            "--port".to_string(),
+            port.to_string(),
+            String::new(),
+            String::new(),
+        ],
+        true => [
+            "--port".to_string(),
+            "0".to_string(),
+            "--tls-port".to_string(),
+            port.to_string(),
+        ],
+    };
     let mut child = match Command::new(engine.binary())
+        .args(ports.iter().filter(|a| !a.is_empty()))
         .args([
-            "--port",
-            &port.to_string(),
             "--bind",
             "127.0.0.1",
             "--save",
@@ -150,8 +216,9 @@ fn spawn_redis(engine: Engine, port: u16, dir: &Path, extra: &[String]) -> Optio
     while Instant::now() < deadline {
         if let Ok(conn) = std::net::TcpStream::connect(("127.0.0.1", port)) {
             // Accepting connections is not ready: a restarted server answers
-            // LOADING until its data is back.
-            if answers_pong(conn) {
+            // LOADING until its data is back. A TLS server is taken as ready
+            // once it accepts (this check speaks no TLS).
+            if tls || answers_pong(conn) {
                 return Some(child);
             }
         }

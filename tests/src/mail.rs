@@ -46,8 +46,8 @@ pub struct TlsPorts {
 }
 
 /// Makes a CA (`{name}-ca.pem`) in `dir`; with `server`, also a certificate and
-/// key for `localhost` signed by it (`server.pem`, `server.key`).
-fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
+/// key for `localhost` and 127.0.0.1 signed by it (`server.pem`, `server.key`).
+pub fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)
@@ -96,7 +96,7 @@ fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
         run(&args);
         std::fs::write(
             dir.join("server.ext"),
-            "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
         )
         .unwrap();
         run(&[

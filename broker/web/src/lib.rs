@@ -73,9 +73,9 @@ pub fn redis_config_for(config: &Config, role: Role) -> RedisConfig {
     });
     let mut redis = match own {
         Some((user, file)) => RedisConfig {
-            url: config.redis.url.clone(),
             username: Some(user.to_string()),
             password_file: Some(file),
+            ..config.redis.clone()
         },
         None => config.redis.clone(),
     };

@@ -453,7 +453,13 @@ async fn approval_flow_under_least_privilege(engine: Engine) {
         (n.len() == 2).then_some(n)
     })
     .await;
-    for (note, emoji) in notes.iter().zip(["✅", "❌"]) {
+    // Cards are shown side by side: which is which is read from the card.
+    for note in &notes {
+        let emoji = if note.content.contains("approve me") {
+            "✅"
+        } else {
+            "❌"
+        };
         d.write_input(
             "desk.in",
             json!({"kind": "reaction", "message_id": note.external_id, "emoji": emoji, "user": "boss", "reason": "no"}),

@@ -14,6 +14,7 @@ mod invalid;
 mod ledger;
 mod ping;
 mod retention;
+mod servers;
 mod supervisor;
 mod web;
 mod workers;
