@@ -46,8 +46,14 @@ pub struct TlsPorts {
 }
 
 /// Makes a CA (`{name}-ca.pem`) in `dir`; with `server`, also a certificate and
-/// key for `localhost` and 127.0.0.1 signed by it (`server.pem`, `server.key`).
-pub fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
+/// key for `localhost` signed by it (`server.pem`, `server.key`).
+fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
+    make_ca_for(dir, name, server.then_some("DNS:localhost"))
+}
+
+/// [`make_ca`] with the server certificate's subject alternative names
+/// (`DNS:localhost,IP:127.0.0.1`), or no server certificate.
+pub fn make_ca_for(dir: &Path, name: &str, server: Option<&str>) -> PathBuf {
     let run = |args: &[&str]| {
         let out = Command::new("openssl")
             .args(args)
@@ -82,7 +88,7 @@ pub fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
         "keyUsage=critical,keyCertSign,cRLSign",
     ]);
     run(&args);
-    if server {
+    if let Some(sans) = server {
         let mut args = vec![
             "req",
             "-subj",
@@ -96,7 +102,9 @@ pub fn make_ca(dir: &Path, name: &str, server: bool) -> PathBuf {
         run(&args);
         std::fs::write(
             dir.join("server.ext"),
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+            format!(
+                "subjectAltName={sans}\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
+            ),
         )
         .unwrap();
         run(&[

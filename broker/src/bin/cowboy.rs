@@ -508,7 +508,17 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(cli_exit_code(&e))
         }
+    }
+}
+
+/// The services' exit codes where they mean the same (78: the config or a
+/// permission, which retrying cannot fix; 69: Redis unavailable), and 1 for
+/// everything an operator asked that could not be done.
+fn cli_exit_code(e: &broker::Error) -> u8 {
+    match broker::service::exit_code(e) {
+        code @ (broker::service::EXIT_CONFIG | broker::service::EXIT_UNAVAILABLE) => code as u8,
+        _ => 1,
     }
 }

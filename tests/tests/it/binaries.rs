@@ -188,6 +188,32 @@ async fn cli_ids_by_prefix() {
     );
 }
 
+/// `cowboy` exits as the services do where the cause is the same: 78 for a
+/// refused configuration (plain `redis://` to another host), 69 when Redis is
+/// away, 1 for a request that cannot be met (an unknown approval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_exits_like_the_services() {
+    let mut d = Deployment::new(&crate::approval_config(3600));
+    let unknown = d.cowboy(&["approvals", "show", "zzz"]);
+    assert_eq!(unknown.status.code(), Some(1), "{:?}", text(&unknown));
+    let remote = d.path("remote.toml");
+    let body = std::fs::read_to_string(&d.config_path)
+        .unwrap()
+        .replace(&d.redis.url(), "redis://192.0.2.1:6379");
+    std::fs::write(&remote, body).unwrap();
+    let out = Command::new(binary("cowboy"))
+        .arg("--config")
+        .arg(&remote)
+        .arg("status")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78), "{:?}", text(&out));
+    assert!(text(&out).1.contains("redis.url"), "{:?}", text(&out));
+    d.redis.kill();
+    let away = d.cowboy(&["status"]);
+    assert_eq!(away.status.code(), Some(69), "{:?}", text(&away));
+}
+
 /// Bad config fails at start-up with exit code 78 and the offending key named.
 #[test]
 fn bad_config_names_the_key() {
