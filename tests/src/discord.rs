@@ -57,6 +57,9 @@ pub struct Recorded {
     pub said: Vec<(Posted, Value)>,
     /// `GET` calls for reactions and for messages.
     pub reads: usize,
+    /// Create-message calls refused as invalid (an unknown channel): what
+    /// Discord counts toward its ban on an address.
+    pub invalid: usize,
     /// Create-message calls answered 429.
     pub rate_limited: usize,
     /// Create-message calls that returned an existing message for a repeated nonce.
@@ -380,6 +383,7 @@ async fn create_message(
         return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
     }
     if !rec.channels.contains(&channel) {
+        rec.invalid += 1;
         return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
     }
     // The bucket's headers, on every answer while buckets are enforced.

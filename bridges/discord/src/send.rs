@@ -71,7 +71,14 @@ pub struct DiscordSender {
     pub mentions: Vec<String>,
     /// What Discord last said of each channel's create-message bucket.
     pub buckets: Buckets,
+    /// Channels Discord refused (403 Missing Access, 404 Unknown Channel):
+    /// when, and what it said. Not asked again for [`REFUSAL_KEPT`]: Discord
+    /// bans an address that makes 10,000 invalid requests in 10 minutes.
+    refused: std::sync::Mutex<std::collections::HashMap<u64, (std::time::Instant, String)>>,
 }
+
+/// How long a channel Discord refused is refused without asking again.
+pub const REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Discord's create-message buckets as its `X-RateLimit-*` headers describe
 /// them, per channel: posts left, and when the bucket refills. A post waits
@@ -122,6 +129,7 @@ impl DiscordSender {
             http,
             mentions,
             buckets: Buckets::default(),
+            refused: Default::default(),
         }
     }
 
@@ -132,6 +140,20 @@ impl DiscordSender {
         channel_id: ChannelId,
         msg: &CreateMessage,
     ) -> Result<Message, SendError> {
+        let remembered = {
+            let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            refused.retain(|_, (at, _)| at.elapsed() < REFUSAL_KEPT);
+            refused
+                .get(&channel_id.get())
+                .map(|(at, why)| (at.elapsed(), why.clone()))
+        };
+        if let Some((ago, why)) = remembered {
+            return Err(SendError::Permanent(format!(
+                "{why} (answered {} s ago; not asked again for {} s, so refused requests do not pile up toward Discord's ban)",
+                ago.as_secs(),
+                REFUSAL_KEPT.as_secs()
+            )));
+        }
         if let Some(at) = self.buckets.empty_until(channel_id.get()) {
             tokio::time::sleep_until(at.into()).await;
         }
@@ -139,7 +161,23 @@ impl DiscordSender {
             .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;
         let request =
             Request::new(Route::ChannelMessages { channel_id }, LightMethod::Post).body(Some(body));
-        let response = self.http.request(request).await.map_err(classify)?;
+        let response = match self.http.request(request).await {
+            Ok(r) => r,
+            Err(e) => {
+                let refusal = match &e {
+                    serenity::Error::Http(HttpError::UnsuccessfulRequest(r)) => {
+                        matches!(r.status_code.as_u16(), 403 | 404)
+                    }
+                    _ => false,
+                };
+                let e = classify(e);
+                if refusal {
+                    let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    refused.insert(channel_id.get(), (std::time::Instant::now(), e.to_string()));
+                }
+                return Err(e);
+            }
+        };
         let headers = response.headers();
         self.buckets.note(channel_id.get(), |name| {
             headers.get(name)?.to_str().ok()?.parse().ok()

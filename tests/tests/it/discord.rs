@@ -410,34 +410,44 @@ async fn rate_limits_are_waited_out() {
     assert!(stream(&mut store, "dc:dead").await.is_empty());
 }
 
-/// An unknown channel is a permanent error: dead letter with Discord's reason, and a notice.
+/// An unknown channel is a permanent error: dead letter with Discord's reason, and a
+/// notice. Discord is asked once: later entries to that channel are refused from
+/// memory for ten minutes (refused requests count toward its ban on an address).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_channel_is_dead_lettered() {
     let fake = FakeDiscord::start(&[TALK]).await;
     let d = deployment(&fake, "", "");
     let _outbox = d.process("cowboy-discord-outbox", "dc");
     let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:dc:outbox",
-            &[
-                ("channel_id", NOWHERE.to_string().as_bytes()),
-                ("content", b"lost"),
-            ],
-        )
-        .await
-        .unwrap();
-    let notice = wait_until("a notice", SOON, || async {
-        inbox(&d, "ann:dc:inbox").await.into_iter().next()
+    for _ in 0..5 {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", NOWHERE.to_string().as_bytes()),
+                    ("content", b"lost"),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let notices = wait_until("five notices", SOON, || async {
+        let n = inbox(&d, "ann:dc:inbox").await;
+        (n.len() == 5).then_some(n)
     })
     .await;
-    assert_eq!(notice["status"], "failed");
-    assert!(
-        notice["reason"].contains("Unknown Channel"),
-        "{}",
-        notice["reason"]
-    );
-    assert_eq!(stream(&mut store, "dc:dead").await.len(), 1);
+    for notice in &notices {
+        assert_eq!(notice["status"], "failed");
+        assert!(
+            notice["reason"].contains("Unknown Channel"),
+            "{}",
+            notice["reason"]
+        );
+    }
+    assert_eq!(stream(&mut store, "dc:dead").await.len(), 5);
+    // Discord was asked once: the refusal is remembered, so invalid requests
+    // do not pile up toward its ban on the address.
+    assert_eq!(fake.with(|r| r.invalid), 1);
 }
 
 /// The approval channel under another spelling is still the approval channel:
