@@ -58,7 +58,39 @@ fn snowflake_now() -> u64 {
 struct Carried {
     ids: HashSet<u64>,
     order: std::collections::VecDeque<u64>,
+    /// The position saved per channel: everything up to it was carried.
     last: std::collections::BTreeMap<u64, u64>,
+    /// Channels being caught up: a live message there must not move the saved
+    /// position past older ones not carried yet; its id waits in `live`.
+    catching: HashSet<u64>,
+    live: std::collections::BTreeMap<u64, u64>,
+}
+
+impl Carried {
+    /// Notes message `id` of `channel` carried (live, or by catch-up).
+    fn note(&mut self, channel: u64, id: u64, caught_up: bool) {
+        self.ids.insert(id);
+        self.order.push_back(id);
+        if self.order.len() > CARRIED_KEPT {
+            let old = self.order.pop_front().unwrap_or_default();
+            self.ids.remove(&old);
+        }
+        let at = if caught_up || !self.catching.contains(&channel) {
+            self.last.entry(channel).or_default()
+        } else {
+            self.live.entry(channel).or_default()
+        };
+        *at = (*at).max(id);
+    }
+
+    /// `channel` is caught up (or given up on): live positions count again.
+    fn caught_up(&mut self, channel: u64) {
+        self.catching.remove(&channel);
+        if let Some(live) = self.live.remove(&channel) {
+            let last = self.last.entry(channel).or_default();
+            *last = (*last).max(live);
+        }
+    }
 }
 
 /// The gateway intents the ingest asks for.
@@ -129,7 +161,7 @@ impl Handler {
             .await
     }
 
-    async fn on_message(&self, msg: &Message) -> Result<()> {
+    async fn on_message(&self, msg: &Message, caught_up: bool) -> Result<()> {
         if self.is_bot(msg.author.id) {
             return Ok(());
         }
@@ -174,18 +206,14 @@ impl Handler {
             return Ok(());
         }
         ingest.inbound(None, &fields).await?;
-        let cursor = {
-            let mut c = self.carried();
-            c.ids.insert(id);
-            c.order.push_back(id);
-            if c.order.len() > CARRIED_KEPT {
-                let old = c.order.pop_front().unwrap_or_default();
-                c.ids.remove(&old);
-            }
-            let last = c.last.entry(channel).or_default();
-            *last = (*last).max(id);
-            serde_json::to_string(&c.last).unwrap_or_default()
-        };
+        self.carried().note(channel, id, caught_up);
+        self.save_positions(&mut ingest).await
+    }
+
+    /// Saves the position per channel (under the ingest's lock, so saves
+    /// never overtake each other).
+    async fn save_positions(&self, ingest: &mut Ingest) -> Result<()> {
+        let cursor = serde_json::to_string(&self.carried().last).unwrap_or_default();
         let key = broker::keys::ingest_cursor(ingest.name());
         let _: () = redis::AsyncCommands::set(&mut ingest.store.conn, &key, cursor)
             .await
@@ -200,68 +228,57 @@ impl Handler {
     /// Carries what was written in the listened channels since the last
     /// message carried there (nothing on a first start: no cursor yet).
     async fn catch_up_messages(&self, ctx: &Context) -> Result<()> {
-        let stored: Option<String> = {
+        // Read, merged and marked under the ingest's lock, so no live message
+        // is carried between reading the positions and marking the channels.
+        let stored = {
             let mut ingest = self.ingest.lock().await;
             let key = broker::keys::ingest_cursor(ingest.name());
-            redis::AsyncCommands::get(&mut ingest.store.conn, &key)
+            let stored: Option<String> = redis::AsyncCommands::get(&mut ingest.store.conn, &key)
                 .await
-                .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?
-        };
-        let stored: std::collections::BTreeMap<u64, u64> = stored
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default();
-        {
-            let mut c = self.carried();
-            for (channel, id) in &stored {
-                let last = c.last.entry(*channel).or_default();
-                *last = (*last).max(*id);
-            }
-        }
-        // A channel with no position yet (a first start, a channel added to
-        // the config) starts from now: what comes after is caught up next time.
-        let fresh: Vec<u64> = self
-            .channels
-            .iter()
-            .copied()
-            .filter(|c| !stored.contains_key(c))
-            .collect();
-        if !fresh.is_empty() {
-            let now = snowflake_now();
-            let cursor = {
+                .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+            let stored: std::collections::BTreeMap<u64, u64> = stored
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or_default();
+            {
                 let mut c = self.carried();
-                for channel in &fresh {
-                    c.last.entry(*channel).or_insert(now);
+                for (channel, id) in &stored {
+                    let last = c.last.entry(*channel).or_default();
+                    *last = (*last).max(*id);
                 }
-                serde_json::to_string(&c.last).unwrap_or_default()
-            };
-            let mut ingest = self.ingest.lock().await;
-            let key = broker::keys::ingest_cursor(ingest.name());
-            let _: () = redis::AsyncCommands::set(&mut ingest.store.conn, &key, cursor)
-                .await
-                .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
-        }
+                // A channel with no position yet (a first start, a channel
+                // added to the config) starts from now: what comes after is
+                // caught up next time.
+                let now = snowflake_now();
+                for channel in &self.channels {
+                    match stored.contains_key(channel) {
+                        true => {
+                            c.catching.insert(*channel);
+                        }
+                        false => {
+                            c.last.entry(*channel).or_insert(now);
+                        }
+                    }
+                }
+            }
+            self.save_positions(&mut ingest).await?;
+            stored
+        };
         let mut carried = 0;
         for channel in self.channels.iter().copied() {
-            let Some(mut after) = stored.get(&channel).copied().map(MessageId::new) else {
+            let Some(after) = stored.get(&channel).copied().map(MessageId::new) else {
                 continue;
             };
-            loop {
-                let mut page = ChannelId::new(channel)
-                    .messages(&ctx.http, GetMessages::new().after(after).limit(100))
-                    .await
-                    .map_err(|err| {
-                        Error::Request(format!("Discord messages in {channel}: {err}"))
-                    })?;
-                page.sort_by_key(|m| m.id);
-                for m in &page {
-                    self.on_message(m).await?;
-                    carried += 1;
-                }
-                match page.last() {
-                    Some(last) if page.len() == 100 => after = last.id,
-                    _ => break,
+            // Each channel on its own: one that cannot be read (no access
+            // any more) holds up no other.
+            match self.catch_up_channel(ctx, channel, after).await {
+                Ok(n) => carried += n,
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "messages written meanwhile in this channel were not caught up")
                 }
             }
+            self.carried().caught_up(channel);
+            let mut ingest = self.ingest.lock().await;
+            self.save_positions(&mut ingest).await?;
         }
         if carried > 0 {
             tracing::info!(
@@ -270,6 +287,31 @@ impl Handler {
             );
         }
         Ok(())
+    }
+
+    /// Carries `channel`'s messages after `after`, oldest first; returns how many.
+    async fn catch_up_channel(
+        &self,
+        ctx: &Context,
+        channel: u64,
+        mut after: MessageId,
+    ) -> Result<usize> {
+        let mut carried = 0;
+        loop {
+            let mut page = ChannelId::new(channel)
+                .messages(&ctx.http, GetMessages::new().after(after).limit(100))
+                .await
+                .map_err(|err| Error::Request(format!("Discord messages in {channel}: {err}")))?;
+            page.sort_by_key(|m| m.id);
+            for m in &page {
+                self.on_message(m, true).await?;
+                carried += 1;
+            }
+            match page.last() {
+                Some(last) if page.len() == 100 => after = last.id,
+                _ => return Ok(carried),
+            }
+        }
     }
 
     /// Answers with what was said on the live cards while no session was
@@ -319,6 +361,9 @@ impl Handler {
                         .iter()
                         .map(|e| (e, Verdict::Rejected)),
                 );
+            // Everything said on the card first, then answered rejections
+            // first: one ❌ rejects, whatever order the API lists them in.
+            let mut said: Vec<(Verdict, UserId, String, Option<String>)> = Vec::new();
             for (e, verdict) in emoji {
                 let mut after: Option<UserId> = None;
                 loop {
@@ -335,20 +380,8 @@ impl Handler {
                             Error::Request(format!("Discord reactions on {card}: {err}"))
                         })?;
                     for u in &users {
-                        if self.is_bot(u.id) || (verdict == Verdict::Approved && counted(u.id)) {
-                            continue;
-                        }
-                        reactions += 1;
-                        let reaction = ReactionType::Unicode(e.clone());
-                        if self.answer(card.get(), verdict, u.id, "").await? == Outcome::NotAllowed
-                        {
-                            // As when it is seen live: the card stays clean.
-                            if let Err(err) = channel
-                                .delete_reaction(&ctx.http, card, Some(u.id), reaction)
-                                .await
-                            {
-                                tracing::debug!(error = %err, "could not remove a stranger's reaction");
-                            }
+                        if !self.is_bot(u.id) {
+                            said.push((verdict, u.id, String::new(), Some(e.clone())));
                         }
                     }
                     match users.last() {
@@ -374,17 +407,33 @@ impl Handler {
                         continue;
                     }
                     if let Some((verdict, reason)) = render::reply_verdict(&m.content) {
-                        if verdict == Verdict::Approved && counted(m.author.id) {
-                            continue;
-                        }
-                        replies += 1;
-                        self.answer(card.get(), verdict, m.author.id, &reason)
-                            .await?;
+                        said.push((verdict, m.author.id, reason, None));
                     }
                 }
                 match page.last() {
                     Some(last) if page.len() == 100 => after = last.id,
                     _ => break,
+                }
+            }
+            said.sort_by_key(|(verdict, ..)| *verdict != Verdict::Rejected);
+            for (verdict, user, reason, emoji) in said {
+                if verdict == Verdict::Approved && counted(user) {
+                    continue;
+                }
+                match &emoji {
+                    Some(_) => reactions += 1,
+                    None => replies += 1,
+                }
+                let outcome = self.answer(card.get(), verdict, user, &reason).await?;
+                if let (Outcome::NotAllowed, Some(e)) = (outcome, emoji) {
+                    // As when it is seen live: the card stays clean.
+                    let reaction = ReactionType::Unicode(e);
+                    if let Err(err) = channel
+                        .delete_reaction(&ctx.http, card, Some(user), reaction)
+                        .await
+                    {
+                        tracing::debug!(error = %err, "could not remove a stranger's reaction");
+                    }
                 }
             }
         }
@@ -462,7 +511,7 @@ impl EventHandler for Handler {
 
     async fn message(&self, _ctx: Context, msg: Message) {
         let mut attempt = 0;
-        while let Err(e) = self.on_message(&msg).await {
+        while let Err(e) = self.on_message(&msg, false).await {
             attempt += 1;
             if !e.is_retriable() || attempt > RETRIES {
                 tracing::error!(error = %e, message = %msg.id, "message not carried");

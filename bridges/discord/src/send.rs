@@ -71,7 +71,7 @@ pub struct DiscordSender {
     pub mentions: Vec<String>,
     /// What Discord last said of each channel's create-message bucket.
     pub buckets: Buckets,
-    /// Channels Discord refused (403 Missing Access, 404 Unknown Channel):
+    /// Channels Discord refused (Unknown Channel, Missing Access, no DMs):
     /// when, and what it said. Not asked again for [`REFUSAL_KEPT`]: Discord
     /// bans an address that makes 10,000 invalid requests in 10 minutes.
     refused: std::sync::Mutex<std::collections::HashMap<u64, (std::time::Instant, String)>>,
@@ -164,9 +164,12 @@ impl DiscordSender {
         let response = match self.http.request(request).await {
             Ok(r) => r,
             Err(e) => {
+                // Only refusals of the channel itself (Unknown Channel,
+                // Missing Access, no DMs with that user): a 403 for one
+                // message (Missing Permissions to reply, say) stays its own.
                 let refusal = match &e {
                     serenity::Error::Http(HttpError::UnsuccessfulRequest(r)) => {
-                        matches!(r.status_code.as_u16(), 403 | 404)
+                        matches!(r.error.code, 10003 | 50001 | 50007)
                     }
                     _ => false,
                 };

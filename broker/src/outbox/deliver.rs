@@ -249,6 +249,13 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         self.clear_in_flight(&[&flight.key]).await?;
+        // Nor did an approved entry's send start: after the fix it is a first
+        // attempt, not a retry a sender that cannot deduplicate calls uncertain.
+        if let Purpose::Approved { record } = &flight.purpose {
+            Approvals::on(&mut self.store)
+                .clear_delivery_started(&record.id)
+                .await?;
+        }
         Err(crate::error::ConfigError::invalid(
             format!("bridges.{}", self.name),
             format!("the platform refused this bridge's credentials ({why}); nothing was sent, and the entries wait until the config is fixed"),

@@ -265,9 +265,16 @@ impl<S: Sender> OutboxService<S> {
             .into_iter()
             .zip(counts.into_iter().zip(sizes))
             .collect();
+        // The largest entry of the batch: an agent whose waiting bytes plus it
+        // would pass the limit is pruned first, as one at its count limit is.
+        let largest = batch
+            .iter()
+            .map(|p| p.message.content.len() as u64)
+            .max()
+            .unwrap_or(0);
         for (agent, (n, bytes)) in per.iter_mut() {
             let full = (agent_limit > 0 && *n >= agent_limit)
-                || (bytes_limit > 0 && *bytes >= bytes_limit);
+                || (bytes_limit > 0 && *bytes + largest > bytes_limit);
             if full {
                 *n = Approvals::on(&mut self.store)
                     .prune_agent(&self.name, agent)

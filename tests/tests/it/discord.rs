@@ -561,7 +561,8 @@ async fn approval_by_reaction() {
 /// new session: what approvers did on live cards meanwhile is read over REST
 /// when it connects. The approver's ✅ on one card delivers it (a stranger's
 /// ✅ there decides nothing and is removed), the approver's reply `reject`
-/// to another rejects it with the reason.
+/// to another rejects it with the reason, and a card with both ✅ and ❌ is
+/// rejected (rejections are answered first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_made_while_the_ingest_was_away_are_caught_up() {
     let fake = FakeDiscord::start(&[TALK, OPS]).await;
@@ -570,7 +571,7 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
     let ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let mut store = d.store().await;
-    for (content, request) in [("one", "r1"), ("two", "r2")] {
+    for (content, request) in [("one", "r1"), ("two", "r2"), ("three", "r3")] {
         store
             .xadd(
                 "ann:dc:outbox",
@@ -584,7 +585,11 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
             .unwrap();
     }
     let (first, second) = (card(&fake, 0).await, card(&fake, 1).await);
+    let third = card(&fake, 2).await;
     assert_eq!(ingest.stop(), Some(0));
+    // Both on one card: a rejection counts whatever order they are listed in.
+    fake.user_reaction(OPS, third.id, APPROVER, "✅");
+    fake.user_reaction(OPS, third.id, APPROVER, "❌");
     fake.user_reaction(OPS, first.id, STRANGER, "✅");
     fake.user_reaction(OPS, first.id, APPROVER, "✅");
     fake.user_message(OPS, APPROVER, "boss", "reject not now", Some(second.id));
@@ -608,6 +613,14 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
         (rejected["request_id"].as_str(), rejected["reason"].as_str()),
         ("r2", "not now")
     );
+    wait_until("the third rejected", SOON, || async {
+        inbox(&d, "ann:dc:inbox")
+            .await
+            .into_iter()
+            .find(|n| n.get("request_id").map(String::as_str) == Some("r3"))
+            .filter(|n| n["status"] == "rejected")
+    })
+    .await;
     wait_until("the stranger's reaction removed", SOON, || async {
         fake.with(|r| {
             r.removed
