@@ -245,6 +245,30 @@ impl FakeDiscord {
         content: &str,
         reference: Option<u64>,
     ) -> u64 {
+        let (id, mut d) = self.say(channel, author, name, content, reference);
+        d["guild_id"] = json!("700000000000000001");
+        d["member"] = json!({"roles": [], "joined_at": "2026-01-01T00:00:00.000000+00:00", "deaf": false, "mute": false, "flags": 0});
+        self.dispatch("MESSAGE_CREATE", d);
+        id
+    }
+
+    /// Someone writes to the bot in a direct message (no guild). Returns the message id.
+    pub fn user_dm(&self, channel: u64, author: u64, name: &str, content: &str) -> u64 {
+        let (id, d) = self.say(channel, author, name, content, None);
+        self.dispatch("MESSAGE_CREATE", d);
+        id
+    }
+
+    /// Records a message someone wrote (kept for `GET …/messages`); returns
+    /// its id and its JSON, to dispatch.
+    fn say(
+        &self,
+        channel: u64,
+        author: u64,
+        name: &str,
+        content: &str,
+        reference: Option<u64>,
+    ) -> (u64, Value) {
         let id = self.with(|r| {
             r.next_id = (r.next_id + 1).max(snowflake_now());
             r.next_id
@@ -260,35 +284,7 @@ impl FakeDiscord {
             allowed_mentions: vec![],
         };
         self.with(|r| r.said.push((m.clone(), user(author, name, false))));
-        let mut d = message_json(&m, user(author, name, false));
-        d["guild_id"] = json!("700000000000000001");
-        d["member"] = json!({"roles": [], "joined_at": "2026-01-01T00:00:00.000000+00:00", "deaf": false, "mute": false, "flags": 0});
-        self.dispatch("MESSAGE_CREATE", d);
-        id
-    }
-
-    /// Someone writes to the bot in a direct message (no guild). Returns the message id.
-    pub fn user_dm(&self, channel: u64, author: u64, name: &str, content: &str) -> u64 {
-        let id = self.with(|r| {
-            r.next_id = (r.next_id + 1).max(snowflake_now());
-            r.next_id
-        });
-        let m = Posted {
-            id,
-            channel_id: channel,
-            content: content.into(),
-            nonce: None,
-            enforce_nonce: false,
-            reference: None,
-            edits: vec![],
-            allowed_mentions: vec![],
-        };
-        self.with(|r| r.said.push((m.clone(), user(author, name, false))));
-        self.dispatch(
-            "MESSAGE_CREATE",
-            message_json(&m, user(author, name, false)),
-        );
-        id
+        (id, message_json(&m, user(author, name, false)))
     }
 
     /// Someone reacts to a message.

@@ -44,6 +44,25 @@ const RETRIES: u32 = 10;
 /// live reaches the inbox once.
 const CARRIED_KEPT: usize = 10_000;
 
+/// Runs a catch-up `step` until it succeeds, [`RETRIES`] times at most (with
+/// the broker's back-off); a step given up on is logged, naming `what`.
+async fn retried<F, Fut>(what: &str, mut step: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut attempt = 0;
+    while let Err(e) = step().await {
+        attempt += 1;
+        if attempt > RETRIES {
+            tracing::error!(error = %e, "{what} while no session was listening were not caught up");
+            return;
+        }
+        tracing::warn!(error = %e, attempt, "catching up on {what} failed; trying again");
+        tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+    }
+}
+
 /// The snowflake of this moment (Discord's epoch is 2015-01-01): a message id
 /// every later message exceeds.
 fn snowflake_now() -> u64 {
@@ -487,26 +506,8 @@ impl EventHandler for Handler {
         let _ = self.bot.set(ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
-        let mut attempt = 0;
-        while let Err(e) = self.catch_up_messages(&ctx).await {
-            attempt += 1;
-            if attempt > RETRIES {
-                tracing::error!(error = %e, "messages written while no session was listening were not caught up");
-                break;
-            }
-            tracing::warn!(error = %e, attempt, "catching up on the channels failed; trying again");
-            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
-        }
-        let mut attempt = 0;
-        while let Err(e) = self.catch_up(&ctx).await {
-            attempt += 1;
-            if attempt > RETRIES {
-                tracing::error!(error = %e, "answers made while no session was listening were not caught up");
-                return;
-            }
-            tracing::warn!(error = %e, attempt, "catching up on the cards failed; trying again");
-            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
-        }
+        retried("the channels' messages", || self.catch_up_messages(&ctx)).await;
+        retried("the cards' answers", || self.catch_up(&ctx)).await;
     }
 
     async fn message(&self, _ctx: Context, msg: Message) {

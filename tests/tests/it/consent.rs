@@ -28,6 +28,19 @@ async fn dead(store: &mut Store, bridge: &str, n: usize) -> Vec<HashMap<String, 
     .await
 }
 
+/// Agent `agent` asks bridge `mail` to send `text` to x@example.org.
+async fn mail_from(store: &Store, agent: &str, text: String) -> String {
+    let fields = [
+        ("channel_id", b"x@example.org".as_slice()),
+        ("content", text.as_bytes()),
+    ];
+    let mut store = store.clone();
+    store
+        .xadd(&keys::agent_outbox(agent, "mail"), &fields)
+        .await
+        .unwrap()
+}
+
 async fn gone(store: &Store, id: &str) {
     wait_until("the record is deleted", SOON, || {
         let mut store = store.clone();
@@ -697,21 +710,7 @@ async fn one_agent_cannot_starve_the_others() {
         d.spawn("ingest", "desk"),
     ];
     let store = d.store().await;
-    let send = |agent: &'static str, text: String| {
-        let mut store = store.clone();
-        async move {
-            store
-                .xadd(
-                    &keys::agent_outbox(agent, "mail"),
-                    &[
-                        ("channel_id", b"x@example.org".as_slice()),
-                        ("content", text.as_bytes()),
-                    ],
-                )
-                .await
-                .unwrap()
-        }
-    };
+    let send = |agent: &'static str, text: String| mail_from(&store, agent, text);
     for i in 0..5 {
         send("ann", format!("flood {i}")).await;
     }
@@ -780,17 +779,7 @@ async fn an_agent_parks_no_more_bytes_than_its_limit() {
         d.spawn("ingest", "desk"),
     ];
     let store = d.store().await;
-    let sends = |agent: &'static str, text: &'static str| {
-        let mut store = store.clone();
-        async move {
-            let to = keys::agent_outbox(agent, "mail");
-            let fields = [
-                ("channel_id", b"x@example.org".as_slice()),
-                ("content", text.as_bytes()),
-            ];
-            store.xadd(&to, &fields).await.unwrap()
-        }
-    };
+    let sends = |agent: &'static str, text: &'static str| mail_from(&store, agent, text.into());
     sends("ann", "eight b.").await;
     let (_, first) = notification(&d, 0).await;
     sends("ann", "three").await;
@@ -863,17 +852,7 @@ async fn a_flood_of_cards_takes_turns_with_the_other_agents() {
         .await
         .unwrap();
     let mail = d.spawn("outbox", "mail");
-    let sends = |agent: &'static str, text: String| {
-        let mut store = store.clone();
-        async move {
-            let to = keys::agent_outbox(agent, "mail");
-            let fields = [
-                ("channel_id", b"x@example.org".as_slice()),
-                ("content", text.as_bytes()),
-            ];
-            store.xadd(&to, &fields).await.unwrap()
-        }
-    };
+    let sends = |agent: &'static str, text: String| mail_from(&store, agent, text);
     for i in 0..FLOOD {
         sends("ann", format!("flood {i}")).await;
     }
