@@ -541,6 +541,17 @@ async fn delete_reaction(
     StatusCode::NO_CONTENT.into_response()
 }
 
+/// A list request's page: `limit` (Discord's default for the route when
+/// absent) and `after` (an id; 0 when absent).
+fn page(q: &HashMap<String, String>, default: usize) -> (usize, u64) {
+    let limit = q
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(default);
+    let after = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    (limit, after)
+}
+
 /// `GET /channels/{c}/messages/{m}/reactions/{emoji}?limit&after`: who reacted
 /// so, in user id order, `limit` (default 25) after `after`.
 async fn reaction_users(
@@ -552,8 +563,7 @@ async fn reaction_users(
     if !authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
     }
-    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(25);
-    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let (limit, after) = page(&q, 25);
     let mut rec = s.rec.lock().unwrap();
     rec.reads += 1;
     let mut ids: Vec<u64> = rec
@@ -584,8 +594,7 @@ async fn list_messages(
     if !authorized(&headers) {
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
     }
-    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(50);
-    let after: u64 = q.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let (limit, after) = page(&q, 50);
     let mut rec = s.rec.lock().unwrap();
     rec.reads += 1;
     let bot = user(BOT_ID, "cowboy-bot", true);
