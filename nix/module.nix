@@ -12,9 +12,11 @@ let
   render = import ./render.nix;
   services = [ "ingest" "outbox" "ping" ];
   enabledBridges = filterAttrs (_: b: b.enable) cfg.bridges;
+  # The bridge types, one list for the Rust loader and this module.
+  registry = builtins.fromTOML (builtins.readFile ../bridges/registry/bridges.toml);
 
   approvalOptions = {
-    required = mkOption { type = types.nullOr types.bool; default = null; description = "Hold outbound messages until a human approves them. Null: true on an effects or rebuild bridge (which cannot turn it off), false otherwise."; };
+    required = mkOption { type = types.nullOr types.bool; default = null; description = "Hold outbound messages until a human approves them. Null: true on a gated bridge type (see bridges/registry/bridges.toml: effects, rebuild), which cannot turn it off; false otherwise."; };
     notify = mkOption { type = types.nullOr types.str; default = null; description = "Bridge whose outbox carries the approval notifications (default: this bridge)."; };
     notify_channel = mkOption { type = types.str; default = ""; description = "Destination within the notify bridge (channel id, address)."; };
     timeout = mkOption { type = types.ints.unsigned; default = 3600; description = "Seconds before a pending approval expires; 0 = never."; };
@@ -37,7 +39,7 @@ let
   bridgeModule = { name, ... }: {
     options = {
       enable = mkEnableOption "the cowboy bridge ${name}" // { default = true; };
-      type = mkOption { type = types.enum [ "console" "discord" "email" "effects" "rebuild" ]; description = "Platform of this bridge (effects: declared actions run after approval; rebuild: a system rebuild at an approved commit, its keys in settings)."; };
+      type = mkOption { type = types.enum (attrNames registry); description = "Platform of this bridge: " + lib.concatStringsSep "; " (mapAttrsToList (t: k: "${t}: ${k.about}") registry) + "."; };
       actions = mkOption {
         type = types.attrsOf (types.submodule {
           options = {
@@ -290,7 +292,7 @@ in
       let
         b = cfg.bridges.${name};
         notify = if b.approval.notify == null then name else b.approval.notify;
-        gated = b.type == "effects" || b.type == "rebuild";
+        gated = registry.${b.type}.gated;
         required = if b.approval.required == null then gated else b.approval.required;
       in [
         { assertion = !(gated && b.approval.required == false); message = "services.cowboy.bridges.${name}.approval.required cannot be false on an ${b.type} bridge: every request waits for approval (leave it unset)."; }

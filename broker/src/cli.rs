@@ -94,54 +94,48 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         let _ = writeln!(out, "approvals: {progress}");
     }
     out.push('\n');
-    let entry = store.entry(&r.stream, &r.entry_id).await?;
-    let gated = config
-        .bridges
-        .get(&r.source)
-        .is_some_and(|b| crate::config::GATED_TYPES.contains(&b.kind.as_str()));
-    match entry {
-        // A declared action: the request as the agent wrote it. What the
-        // approval binds (the exact argv at that commit) is in the notification.
-        Some(_) if gated => {
-            match approval::shown_card(store, &r).await? {
-                Some(card) => out.push_str(&card),
+    let view = approval::View::load(store, config, r).await?;
+    let r = &view.record;
+    match &view.shown {
+        // A declared action: what the approval binds (the exact argv at that
+        // commit) is in the card, not in the agent's request.
+        approval::Shown::Card(card) => {
+            match card {
+                Some(card) => out.push_str(card),
                 None => out.push_str("the card approvers were shown is no longer kept: reject this and ask the agent again\n"),
             }
             out.push_str(
                 "\n\nThe bridge derives the command from its config and the repository again before it runs, and runs nothing if that differs from what was approved.\n",
             );
         }
-        Some(entry) => {
-            let text = |k: &str| entry.text(k).filter(|v| !v.is_empty()).map(str::to_string);
-            let agents = Message {
-                channel_id: text("channel_id").unwrap_or_default(),
-                content: String::from_utf8_lossy(entry.get("content").unwrap_or_default())
-                    .into_owned(),
-                subject: text("subject"),
-                reply_to: text("reply_to"),
-                ..Message::default()
-            };
-            // The version that will be sent: an approver's edit, if any.
-            let message = approval::edit::apply(agents, &r).map_err(Error::Request)?;
+        // The version that will be sent: an approver's edit, if any.
+        approval::Shown::Message { message, matches } => {
             let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
             out.push_str(&approval::render_notification(
-                &r,
+                r,
                 &message.content,
                 &how,
                 None,
             ));
-            let sha = message.sha256();
             let _ = writeln!(
                 out,
-                "\n\nThe entry's digest {sha} {}",
-                if sha == r.message_sha256 {
-                    "matches the approval."
-                } else {
-                    "DIFFERS FROM THE APPROVAL: it will not be sent."
+                "\n\nThe entry's digest {} {}",
+                message.sha256(),
+                match matches {
+                    true => "matches the approval.",
+                    false => "DIFFERS FROM THE APPROVAL: it will not be sent.",
                 }
             );
         }
-        None => out.push_str("the entry is no longer in its stream: it will not be sent\n"),
+        approval::Shown::Unreadable(why) => {
+            let _ = writeln!(
+                out,
+                "the entry no longer reads as a message ({why}): it will not be sent"
+            );
+        }
+        approval::Shown::Gone => {
+            out.push_str("the entry is no longer in its stream: it will not be sent\n")
+        }
     }
     out.push_str("\nrecord:\n");
     for (k, v) in r.to_pairs() {

@@ -15,15 +15,19 @@ use serde::Deserialize;
 
 use crate::error::ConfigError;
 
-/// Bridge types this workspace ships. An unknown `type` fails the load.
-pub const BRIDGE_TYPES: &[&str] = &["console", "discord", "email", "effects", "rebuild"];
+/// Surfaces an approver identity may come from besides the bridges'
+/// platforms: the operator CLI and the page.
+pub const BROKER_SURFACES: &[&str] = &["cli", "web"];
 
-/// Bridge types whose every entry waits for approval: `approval.required` is
-/// implied, and setting it false fails the load.
-pub const GATED_TYPES: &[&str] = &["effects", "rebuild"];
-
-/// Surfaces an approver identity may come from: the bridge types plus the operator CLI.
-pub const APPROVER_KINDS: &[&str] = &["console", "discord", "email", "cli", "web"];
+/// Every kind of approver identity (`KIND:id`): the registry's surface
+/// types, then [`BROKER_SURFACES`].
+pub fn approver_kinds() -> Vec<&'static str> {
+    let platforms = registry::kinds().iter().filter(|k| k.surface);
+    platforms
+        .map(|k| k.name.as_str())
+        .chain(BROKER_SURFACES.iter().copied())
+        .collect()
+}
 
 /// A whole deployment.
 #[derive(Debug, Clone)]
@@ -244,7 +248,7 @@ impl std::ops::DerefMut for BridgeConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BridgeCommon {
-    /// Which platform: one of [`BRIDGE_TYPES`].
+    /// Which platform: a type of the bridge registry ([`registry::kinds`]).
     #[serde(rename = "type")]
     pub kind: String,
     /// The approval gate of this bridge (the protocol's `approval` options).
@@ -301,7 +305,8 @@ impl BridgeConfig {
         let gated = table
             .get("type")
             .and_then(|t| t.as_str())
-            .is_some_and(|t| GATED_TYPES.contains(&t));
+            .and_then(registry::kind)
+            .is_some_and(|k| k.gated);
         if gated {
             let approval = table
                 .entry("approval")
@@ -654,7 +659,7 @@ impl Config {
                         key,
                         format!(
                             "`{who}` is not `type:id` with type one of {}",
-                            APPROVER_KINDS.join(", ")
+                            approver_kinds().join(", ")
                         ),
                     ));
                 }
@@ -675,13 +680,13 @@ impl Config {
                     "a bridge and an agent cannot share a name (their keys would overlap)",
                 ));
             }
-            if !BRIDGE_TYPES.contains(&bridge.kind.as_str()) {
+            if registry::kind(&bridge.kind).is_none() {
                 return Err(ConfigError::invalid(
                     format!("{at}.type"),
                     format!(
                         "unknown bridge type `{}` (known: {})",
                         bridge.kind,
-                        BRIDGE_TYPES.join(", ")
+                        registry::names().join(", ")
                     ),
                 ));
             }
@@ -754,7 +759,7 @@ impl Config {
                         format!("{at}.approval.approvers[{i}]"),
                         format!(
                             "`{who}` is not `type:id` with type one of {}",
-                            APPROVER_KINDS.join(", ")
+                            approver_kinds().join(", ")
                         ),
                     ));
                 }
@@ -964,7 +969,7 @@ fn identity_eq(a: &str, b: &str) -> bool {
 /// quorum keeps identities one per line).
 fn well_formed_identity(who: &str) -> bool {
     who.split_once(':').is_some_and(|(kind, id)| {
-        APPROVER_KINDS.contains(&kind) && !id.is_empty() && !id.chars().any(char::is_control)
+        approver_kinds().contains(&kind) && !id.is_empty() && !id.chars().any(char::is_control)
     })
 }
 

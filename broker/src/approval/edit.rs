@@ -24,7 +24,7 @@ use super::record::{field, Record, State};
 use super::repo::Approvals;
 use crate::audit;
 use crate::clock::Clock;
-use crate::config::{Config, GATED_TYPES};
+use crate::config::Config;
 use crate::entry::Message;
 use crate::error::{Error, Result};
 use crate::keys;
@@ -90,7 +90,7 @@ pub async fn edit(
         return refuse(format!("no approval {id}"));
     };
     let bridge = config.bridge(record.source())?;
-    if GATED_TYPES.contains(&bridge.kind.as_str()) {
+    if record.is_gated(config) {
         return refuse(format!(
             "{id} asks to run a declared action: its command is bound to a commit, not to text; reject it and ask the agent instead"
         ));

@@ -7,6 +7,7 @@
 //! - [`repo`]: [`Approvals`], the only issuer of `approval:*` commands, and its Lua.
 //! - [`id`]: keyed approval ids and canonical digests.
 //! - [`frame`]: the plain-text frame around a parked message.
+//! - [`view`]: what approvers are shown of one approval, on every surface.
 //!
 //! Invariants of the decision rules:
 //! - A decision changes a record only while it is `pending` and inside its
@@ -31,11 +32,13 @@ pub mod frame;
 pub mod id;
 pub mod record;
 pub mod repo;
+pub mod view;
 
 pub use frame::*;
 pub use id::*;
 pub use record::{field, Record, State, Status, Verdict};
 pub use repo::Approvals;
+pub use view::{Shown, View};
 
 use crate::audit;
 use crate::clock::Clock;

@@ -71,6 +71,9 @@ pub mod field {
     /// (`approval_people`, `approval_proofs`; see
     /// [`crate::approval::IdKey::seal_count`]).
     pub const COUNT_SEAL: &str = "count_seal";
+    /// `1` when the approval asks to run a declared action (its bridge's type
+    /// is gated in the registry): approvers judge the card, edits are refused.
+    pub const GATED: &str = "gated";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -121,6 +124,7 @@ pub mod field {
         DECISION_SEAL,
         VERSION_SEAL,
         COUNT_SEAL,
+        GATED,
     ];
 }
 
@@ -283,6 +287,9 @@ pub struct Record {
     pub editors: String,
     /// The requesting bridge's seal over those two.
     pub count_seal: Option<String>,
+    /// Whether the approval asks to run a declared action, as written at park
+    /// time; `None` on records written before the field existed.
+    pub gated: Option<bool>,
 }
 
 impl Record {
@@ -344,6 +351,7 @@ impl Record {
             approval_proofs: text(APPROVAL_PROOFS).unwrap_or_default(),
             editors: text(EDITORS).unwrap_or_default(),
             count_seal: text(COUNT_SEAL),
+            gated: text(GATED).map(|g| g != "0"),
         }
     }
 
@@ -401,6 +409,8 @@ impl Record {
             text(APPROVAL_PROOFS, &self.approval_proofs),
             text(EDITORS, &self.editors),
             some(COUNT_SEAL, &self.count_seal),
+            self.gated
+                .map(|g| (GATED, if g { "1" } else { "0" }.to_string())),
         ]
         .into_iter()
         .flatten()
@@ -411,6 +421,18 @@ impl Record {
     /// The state now (lazy expiry).
     pub fn state(&self, now: f64) -> State {
         State::of(self.status.as_str(), self.expires_at, now)
+    }
+
+    /// Whether the approval asks to run a declared action: as written at park
+    /// time, else (an older record) by its bridge's type in the registry; a
+    /// bridge no longer configured reads as gated, the careful way.
+    pub fn is_gated(&self, config: &crate::config::Config) -> bool {
+        self.gated.unwrap_or_else(|| {
+            config
+                .bridges
+                .get(&self.source)
+                .is_none_or(|b| registry::is_gated(&b.kind))
+        })
     }
 
     /// Whether the record was approved before its deadline (`decided_at` is

@@ -38,8 +38,7 @@ use axum::Router;
 use serde::Deserialize;
 
 use broker::approval::{self, field, Answer, Approvals, Outcome, State as ApprovalState, Verdict};
-use broker::config::{Config, RedisConfig, GATED_TYPES};
-use broker::entry::Message;
+use broker::config::{Config, RedisConfig};
 use broker::{audit, keys, Clock, Shutdown, Store};
 
 use session::{Keys, Session, LOGIN_COOKIE, SESSION_COOKIE};
@@ -700,41 +699,40 @@ async fn render_detail(
         Err(e) => return failed(e),
     };
     let bridge = app.config.bridges.get(r.source());
-    let gated = bridge.is_some_and(|b| GATED_TYPES.contains(&b.kind.as_str()));
-    let entry = match store.entry(&r.stream, &r.entry_id).await {
-        Ok(e) => e,
+    let view = match approval::View::load(&mut store, &app.config, r).await {
+        Ok(v) => v,
         Err(e) => return failed(e),
     };
+    let gated = view.gated;
     let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
-    if let (Some(entry), Some(bridge)) = (&entry, bridge) {
-        if gated {
-            // A declared action: the card approvers were shown, which holds
-            // what the approval binds (the command, the bridge's findings),
-            // never the agent's raw fields.
-            content = match approval::shown_card(&mut store, &r).await {
-                Ok(card) => card,
-                Err(e) => return failed(e),
-            };
-            matches = Some(content.is_some());
-        } else {
-            match Message::from_entry(entry, bridge).and_then(|m| approval::edit::apply(m, &r)) {
-                Ok(m) => {
-                    matches = Some(m.sha256() == r.message_sha256);
-                    fields.push(("to", m.channel_id.clone()));
-                    fields.push((
-                        "subject",
-                        m.subject.clone().unwrap_or_else(|| "(none)".into()),
-                    ));
-                    fields.push((
-                        "reply to",
-                        m.reply_to.clone().unwrap_or_else(|| "(none)".into()),
-                    ));
-                    content = Some(m.content);
-                }
-                Err(_) => matches = Some(false),
-            }
+    match view.shown {
+        approval::Shown::Gone => {}
+        // A declared action: the card approvers were shown, which holds
+        // what the approval binds (the command, the bridge's findings),
+        // never the agent's raw fields.
+        approval::Shown::Card(card) => {
+            matches = Some(card.is_some());
+            content = card;
         }
+        approval::Shown::Message {
+            message: m,
+            matches: same,
+        } => {
+            matches = Some(same);
+            fields.push(("to", m.channel_id.clone()));
+            fields.push((
+                "subject",
+                m.subject.clone().unwrap_or_else(|| "(none)".into()),
+            ));
+            fields.push((
+                "reply to",
+                m.reply_to.clone().unwrap_or_else(|| "(none)".into()),
+            ));
+            content = Some(m.content);
+        }
+        approval::Shown::Unreadable(_) => matches = Some(false),
     }
+    let r = view.record;
     let identity = format!("web:{}", session.user);
     let cannot_decide = match bridge {
         _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use broker::bridge::Bridge;
 use broker::Config;
 
 fn root() -> PathBuf {
@@ -95,24 +96,11 @@ fn rendered_examples_load() {
         let config = Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
         // Each bridge crate accepts its own settings (unknown keys would fail here).
         for (name, bridge) in &config.bridges {
-            let checked: Result<(), String> = match bridge.kind.as_str() {
-                "console" => bridge
-                    .settings::<console::config::ConsoleSettings>(name)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                "email" => email::settings(&config, name)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                "discord" => discord::settings(&config, name)
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                "effects" => bridge
-                    .settings::<effects::config::EffectsSettings>(name)
-                    .and_then(|s| s.validate(name))
-                    .map_err(|e| e.to_string()),
-                other => panic!("unknown type {other}"),
-            };
-            checked.unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
+            let (_, check) = SETTINGS
+                .iter()
+                .find(|(kind, _)| *kind == bridge.kind)
+                .unwrap_or_else(|| panic!("no settings check for type {}", bridge.kind));
+            check(&config, name).unwrap_or_else(|e| panic!("{example}: {e}\n{text}"));
         }
     }
     let c = Config::parse(&render("discord-approved-by-email")).unwrap();
@@ -129,6 +117,79 @@ fn rendered_examples_load() {
     let mail = &c.bridges["mail"].approval;
     assert!(mail.required && mail.notify.as_deref() == Some("desk") && mail.timeout == 600);
     assert_eq!(Config::parse(&render("per-agent")).unwrap().agents.len(), 2);
+}
+
+/// Reads a bridge's type-specific settings without its secrets.
+type SettingsCheck = fn(&Config, &str) -> Result<(), String>;
+
+/// Every bridge crate of the workspace: its `Bridge::TYPE` and how its
+/// settings are read. A new bridge crate adds a line here.
+const SETTINGS: &[(&str, SettingsCheck)] = &[
+    (<console::Console as Bridge>::TYPE, |c, name| {
+        c.bridge(name)
+            .map_err(|e| e.to_string())?
+            .settings::<console::config::ConsoleSettings>(name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }),
+    (<discord::Discord as Bridge>::TYPE, |c, name| {
+        discord::settings(c, name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }),
+    (<email::Email as Bridge>::TYPE, |c, name| {
+        email::settings(c, name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }),
+    (<effects::Effects as Bridge>::TYPE, |c, name| {
+        c.bridge(name)
+            .map_err(|e| e.to_string())?
+            .settings::<effects::config::EffectsSettings>(name)
+            .and_then(|s| s.validate(name))
+            .map_err(|e| e.to_string())
+    }),
+    (<effects::rebuild::Rebuild as Bridge>::TYPE, |c, name| {
+        c.bridge(name).map(|_| ()).map_err(|e| e.to_string())
+    }),
+];
+
+/// One list of bridge types: the registry the loader, the CLI and the page
+/// read is exactly the NixOS module's `type` enum (which reads the same file)
+/// and exactly the types the workspace's bridge crates serve.
+#[test]
+fn the_registry_is_the_module_enum_and_the_crates() {
+    let module = std::fs::read_to_string(root().join("nix/module.nix")).unwrap();
+    assert!(
+        module.contains(
+            "registry = builtins.fromTOML (builtins.readFile ../bridges/registry/bridges.toml);"
+        ) && module.contains("types.enum (attrNames registry)"),
+        "the module's type enum must be read from the registry"
+    );
+    let out = tool("nix-instantiate", "nix-bin")
+        .current_dir(root().join("nix"))
+        .args(["--eval", "--strict", "--json", "-E"])
+        .arg("builtins.attrNames (builtins.fromTOML (builtins.readFile ../bridges/registry/bridges.toml))")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let in_nix: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        in_nix,
+        registry::names(),
+        "Nix reads the registry as Rust does"
+    );
+    let mut crates: Vec<&str> = SETTINGS.iter().map(|(kind, _)| *kind).collect();
+    crates.sort();
+    assert_eq!(
+        crates,
+        registry::names(),
+        "one bridge crate per registry type"
+    );
 }
 
 fn key_paths(prefix: &str, table: &toml::Table, out: &mut BTreeSet<String>) {

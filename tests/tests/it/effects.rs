@@ -173,6 +173,33 @@ async fn an_approved_push_publishes_exactly_the_approved_commit() {
     ] {
         assert!(shown.contains(expected), "{expected:?} not shown:\n{shown}");
     }
+    // The record says it asks to run an action (its type is gated in the
+    // registry): the CLI shows the card, not the agent's fields, and refuses
+    // an edit; a record from before the field existed reads the same.
+    let mut store = d.store().await;
+    let record = harness::hash(&mut store, &format!("approval:{id}")).await;
+    assert_eq!(
+        record.get("gated").map(String::as_str),
+        Some("1"),
+        "{record:?}"
+    );
+    for round in ["written at park time", "read by the type"] {
+        let show = d.cowboy(&["approvals", "show", &id]);
+        let text = String::from_utf8_lossy(&show.stdout);
+        assert!(
+            text.contains("Publish the A page") && text.contains("derives the command"),
+            "{round}: {text}"
+        );
+        let edit = d.cowboy(&["approvals", "edit", &id, "--content", "x", "--as", "op"]);
+        assert!(
+            !edit.status.success()
+                && String::from_utf8_lossy(&edit.stderr).contains("bound to a commit"),
+            "{round}: {edit:?}"
+        );
+        let _: () = redis::AsyncCommands::hdel(&mut store.conn, format!("approval:{id}"), "gated")
+            .await
+            .unwrap();
+    }
     let b = commit(
         &work,
         "index.html",
