@@ -1231,7 +1231,7 @@ pub async fn check(config: &Config, admin: &mut Store, real: bool) -> Result<(St
     for probe in all_probes(config) {
         if current.as_ref().map(|(u, _)| u) != Some(&probe.user) {
             let file = password_file_of(config, &probe.user)
-                .ok_or_else(|| Error::Request(format!("no password file for {}", probe.user)))?;
+                .ok_or_else(|| Error::usage(format!("no password file for {}", probe.user)))?;
             current = Some((
                 probe.user.clone(),
                 connect_as(config, &probe.user, &file).await?,

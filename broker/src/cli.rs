@@ -18,7 +18,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::deliveries;
 use crate::entry::Message;
-use crate::error::{Error, Result};
+use crate::error::{ConfigError, Error, Result};
 use crate::keys;
 use crate::store::Store;
 
@@ -79,7 +79,7 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         };
         let history = audit::query(store, config, &filter).await?;
         if history.is_empty() {
-            return Err(Error::Request(format!("no approval {id}")));
+            return Err(Error::refused(format!("no approval {id}")));
         }
         return Ok(format!(
             "approval {id}\nstate: settled (the record is gone)\n\nhistory:\n{}",
@@ -167,7 +167,7 @@ pub async fn audit(
 /// `--since`: unix seconds, or how long ago (`90s`, `15m`, `2h`, `7d`).
 pub fn parse_since(text: &str, now: f64) -> Result<f64> {
     let bad = || {
-        Error::Request(format!(
+        Error::usage(format!(
             "--since `{text}`: give unix seconds or an age like 2h or 7d"
         ))
     };
@@ -206,7 +206,7 @@ pub async fn deliveries_reconcile(
     operator: &str,
 ) -> Result<String> {
     let finding = deliveries::Finding::parse(outcome).ok_or_else(|| {
-        Error::Request(format!(
+        Error::usage(format!(
             "--outcome `{outcome}`: give delivered or not-delivered"
         ))
     })?;
@@ -230,7 +230,7 @@ pub async fn decision_store(config: &Config, operator: &str) -> Result<Store> {
         return Store::connect(&config.redis).await;
     }
     let op = config.operators.get(operator).ok_or_else(|| {
-        Error::Request(format!(
+        Error::usage(format!(
             "`{operator}` is not declared in [operators]; pass --as NAME (COWBOY_OPERATOR) with your operator name"
         ))
     })?;
@@ -246,8 +246,11 @@ pub async fn decision_store(config: &Config, operator: &str) -> Result<Store> {
         .await
         .map_err(|e| Error::from_redis("ACL WHOAMI", e))?;
     if whoami != operator {
-        return Err(Error::Request(format!(
-            "connected as Redis user `{whoami}`, not `{operator}`: is the Redis ACL loaded?"
+        return Err(Error::Config(ConfigError::invalid(
+            "operators",
+            format!(
+                "connected as Redis user `{whoami}`, not `{operator}`: is the Redis ACL loaded?"
+            ),
         )));
     }
     Ok(store)
@@ -288,7 +291,7 @@ pub async fn approvals_decide(
                 None
             };
             if let Some(why) = why {
-                return Err(Error::Request(format!(
+                return Err(Error::usage(format!(
                     "{id}: {why}, so an approval must name the version it approves: \
                      pass --digest SHA256 as `cowboy approvals show {id}` prints it (nothing decided)"
                 )));
@@ -319,24 +322,24 @@ pub async fn approvals_decide(
         } => Ok(format!(
             "{id}: approval by {approver} counted, {have} of {need}; not sent until {need} approvers approve\n"
         )),
-        Outcome::Counted { have, need, .. } => Err(Error::Request(format!(
+        Outcome::Counted { have, need, .. } => Err(Error::refused(format!(
             "{approver} has approved {id} already ({have} of {need}): each approver counts once"
         ))),
-        Outcome::NotAllowed => Err(Error::Request(format!(
+        Outcome::NotAllowed => Err(Error::refused(format!(
             "{approver} is not on the approvers list of the requesting bridge"
         ))),
-        Outcome::Late(state) if state == "superseded" => Err(Error::Request(format!(
+        Outcome::Late(state) if state == "superseded" => Err(Error::refused(format!(
             "{id} was edited since it was shown: nothing decided; look at it again"
         ))),
-        Outcome::SharedProofCounted => Err(Error::Request(format!(
+        Outcome::SharedProofCounted => Err(Error::refused(format!(
             "{id}: another approval came through the same shared proof; not counted"
         ))),
-        Outcome::EditorNotCounted => Err(Error::Request(format!(
+        Outcome::EditorNotCounted => Err(Error::refused(format!(
             "{approver} edited {id}: under a quorum the editor's approval does not count; the other approvers decide"
         ))),
-        Outcome::Late(state) => Err(Error::Request(format!("{id} is already {state}"))),
+        Outcome::Late(state) => Err(Error::refused(format!("{id} is already {state}"))),
         Outcome::Unknown | Outcome::Submitted => {
-            Err(Error::Request(format!("no approval {id}")))
+            Err(Error::refused(format!("no approval {id}")))
         }
     }
 }
@@ -375,19 +378,19 @@ pub async fn approval_content(
     let r = Approvals::on(store)
         .load(&id)
         .await?
-        .ok_or_else(|| Error::Request(format!("no approval {id}")))?;
+        .ok_or_else(|| Error::refused(format!("no approval {id}")))?;
     let entry = store
         .entry(&r.stream, &r.entry_id)
         .await?
-        .ok_or_else(|| Error::Request(format!("{id}: the entry is gone from its stream")))?;
+        .ok_or_else(|| Error::refused(format!("{id}: the entry is gone from its stream")))?;
     let m = Message::from_entry(&entry, config.bridge(r.source())?)
         .and_then(|m| approval::edit::apply(m, &r))
-        .map_err(Error::Request)?;
+        .map_err(Error::refused)?;
     Ok((m.content, r.message_sha256))
 }
 
 fn terminal(e: std::io::Error) -> Error {
-    Error::Request(format!("terminal: {e}"))
+    Error::platform(false, format!("terminal: {e}"))
 }
 
 /// One line of input with its end, or `None` at the end of the input.
@@ -563,7 +566,7 @@ pub async fn send(store: &mut Store, config: &Config, a: &SendArgs) -> Result<St
     config.bridge(&a.bridge)?;
     if let Some(agent) = &a.agent {
         if !config.agents.contains_key(agent) {
-            return Err(Error::Request(format!("no agent `{agent}` in the config")));
+            return Err(Error::usage(format!("no agent `{agent}` in the config")));
         }
     }
     let mut fields: Vec<(&str, &[u8])> = vec![

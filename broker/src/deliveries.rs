@@ -87,7 +87,7 @@ impl Uncertain {
 
 /// Keeps an uncertain delivery until it is reconciled, and audits it.
 pub async fn record(store: &mut Store, config: &Config, u: &Uncertain) -> Result<()> {
-    let json = serde_json::to_string(u).map_err(|e| Error::Request(e.to_string()))?;
+    let json = serde_json::to_string(u).map_err(|e| Error::internal(e.to_string()))?;
     let mut pipe = redis::pipe();
     pipe.hset(keys::uncertain(&u.bridge), &u.id, json).ignore();
     audit::prepare(&mut pipe);
@@ -157,15 +157,14 @@ pub async fn reconcile(
     by: &str,
 ) -> Result<Option<String>> {
     if evidence.trim().is_empty() {
-        return Err(Error::Request(
-            "--evidence is required: say how you know (a message id, a log line, the recipient)"
-                .into(),
+        return Err(Error::usage(
+            "--evidence is required: say how you know (a message id, a log line, the recipient)",
         ));
     }
     let (bridge, u) = find(store, config, id).await?;
     let approval = &config.bridge(&bridge)?.approval;
     if approval.required && !approval.allows(by) {
-        return Err(Error::Request(format!(
+        return Err(Error::refused(format!(
             "{by} is not on the approvers list of bridge `{bridge}`"
         )));
     }
@@ -174,7 +173,7 @@ pub async fn reconcile(
         .await
         .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
     if removed == 0 {
-        return Err(Error::Request(format!("{id} was reconciled meanwhile")));
+        return Err(Error::refused(format!("{id} was reconciled meanwhile")));
     }
     let put_back = match finding {
         Finding::Delivered => None,
@@ -248,8 +247,8 @@ async fn find(store: &mut Store, config: &Config, id: &str) -> Result<(String, U
     };
     match matching.as_slice() {
         [one] => Ok((one.bridge.clone(), (*one).clone())),
-        [] => Err(Error::Request(format!("no uncertain delivery `{id}`"))),
-        many => Err(Error::Request(format!(
+        [] => Err(Error::refused(format!("no uncertain delivery `{id}`"))),
+        many => Err(Error::refused(format!(
             "`{id}` matches {} uncertain deliveries; give the whole id",
             many.len()
         ))),

@@ -1,4 +1,15 @@
-//! Typed errors of the broker, each classified so callers know whether to retry.
+//! Typed errors of the broker, each classified so callers know whether to
+//! retry, and each mapped to one exit code ([`Error::exit_code`]) that every
+//! binary uses: the services, `cowboy` and `cowboy web`.
+//!
+//! | class | exit | restart helps |
+//! | --- | --- | --- |
+//! | [`Error::Config`], [`Error::Permission`] | 78 ([`EXIT_CONFIG`]) | no: the units do not restart it |
+//! | retriable: [`Error::Redis`] (connection), [`Error::Io`], [`Error::Platform`] | 69 ([`EXIT_UNAVAILABLE`]) | yes |
+//! | [`Error::Internal`], any other Redis error | 70 ([`EXIT_SOFTWARE`]) | perhaps |
+//! | [`Operator::Usage`] | 2 (as clap's own usage errors) | (the CLI) |
+//! | [`Operator::Refused`] | 1 | (the CLI) |
+//! | [`Operator::Busy`] | 75 ([`EXIT_TEMPFAIL`]) | (the CLI: try again) |
 
 use std::path::PathBuf;
 
@@ -28,6 +39,31 @@ impl ConfigError {
     }
 }
 
+/// Bad configuration or permissions: restarting will not help.
+pub const EXIT_CONFIG: u8 = 78;
+/// Redis or the platform stayed unreachable.
+pub const EXIT_UNAVAILABLE: u8 = 69;
+/// An invariant broke.
+pub const EXIT_SOFTWARE: u8 = 70;
+/// Too many answers at once on one approval: try again.
+pub const EXIT_TEMPFAIL: u8 = 75;
+/// A bad argument (clap's own code for usage errors).
+pub const EXIT_USAGE: u8 = 2;
+/// What an operator asked cannot be done in this state.
+pub const EXIT_REFUSED: u8 = 1;
+
+/// Why an operator's request was not met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operator {
+    /// The request itself is malformed (an unparsable `--since`, a missing flag).
+    Usage,
+    /// Well formed, but not possible in this state (no such approval, not an
+    /// approver, too late).
+    Refused,
+    /// Others are answering the same approval right now: try again.
+    Busy,
+}
+
 /// Errors of the broker's services and operations.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -40,9 +76,16 @@ pub enum Error {
     Redis(#[from] redis::RedisError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    /// An operator request that cannot be met (unknown id, ambiguous prefix, ...).
-    #[error("{0}")]
-    Request(String),
+    /// An operator's request that cannot be met as asked or in this state.
+    #[error("{message}")]
+    Operator { kind: Operator, message: String },
+    /// A platform (Discord, a mail server, a helper program) failed;
+    /// `retriable` when waiting and trying again may help.
+    #[error("{message}")]
+    Platform { retriable: bool, message: String },
+    /// An invariant of this program broke: a bug, or data no broker writes.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -59,8 +102,53 @@ impl Error {
                     )
             }
             Error::Io(_) => true,
+            Error::Platform { retriable, .. } => *retriable,
             _ => false,
         }
+    }
+
+    /// The exit code of a process that stops with this error (see the module doc).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Config(_) | Error::Permission { .. } => EXIT_CONFIG,
+            Error::Operator { kind, .. } => match kind {
+                Operator::Usage => EXIT_USAGE,
+                Operator::Refused => EXIT_REFUSED,
+                Operator::Busy => EXIT_TEMPFAIL,
+            },
+            Error::Platform { .. } => EXIT_UNAVAILABLE,
+            e if e.is_retriable() => EXIT_UNAVAILABLE,
+            _ => EXIT_SOFTWARE,
+        }
+    }
+
+    /// A malformed operator request.
+    pub fn usage(message: impl Into<String>) -> Self {
+        Error::Operator {
+            kind: Operator::Usage,
+            message: message.into(),
+        }
+    }
+
+    /// An operator request this state refuses.
+    pub fn refused(message: impl Into<String>) -> Self {
+        Error::Operator {
+            kind: Operator::Refused,
+            message: message.into(),
+        }
+    }
+
+    /// A platform failure; `retriable` when waiting may help.
+    pub fn platform(retriable: bool, message: impl Into<String>) -> Self {
+        Error::Platform {
+            retriable,
+            message: message.into(),
+        }
+    }
+
+    /// A broken invariant.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::Internal(message.into())
     }
 
     /// Turns a NOPERM reply into [`Error::Permission`] naming the command.

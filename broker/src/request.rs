@@ -180,6 +180,11 @@ pub enum Reply {
     Refused {
         message: String,
     },
+    /// Not applied because the outbox failed (its config, a broken
+    /// invariant), not because of anything the operator asked.
+    Failed {
+        message: String,
+    },
 }
 
 impl From<Outcome> for Reply {
@@ -206,8 +211,9 @@ impl Reply {
             Reply::SharedProofCounted => Ok(Outcome::SharedProofCounted),
             Reply::Late { state } => Ok(Outcome::Late(state)),
             Reply::Unknown => Ok(Outcome::Unknown),
-            Reply::Refused { message } => Err(Error::Request(message)),
-            Reply::Edited { .. } => Err(Error::Request("an edit's reply to a decision".into())),
+            Reply::Refused { message } => Err(Error::refused(message)),
+            Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
+            Reply::Edited { .. } => Err(Error::internal("an edit's reply to a decision")),
         }
     }
 
@@ -222,8 +228,9 @@ impl Reply {
                 new_digest,
                 revision,
             }),
-            Reply::Refused { message } => Err(Error::Request(message)),
-            other => Err(Error::Request(format!(
+            Reply::Refused { message } => Err(Error::refused(message)),
+            Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
+            other => Err(Error::internal(format!(
                 "unexpected reply to an edit: {other:?}"
             ))),
         }
@@ -291,7 +298,7 @@ pub async fn answer_card(
 
 /// Appends one request to its stream; returns the entry's id.
 async fn write(store: &mut Store, requests: &str, request: &Request) -> Result<String> {
-    let json = serde_json::to_string(request).map_err(|e| Error::Request(e.to_string()))?;
+    let json = serde_json::to_string(request).map_err(|e| Error::internal(e.to_string()))?;
     redis::cmd("XADD")
         .arg(requests)
         .arg("MAXLEN")
@@ -314,7 +321,7 @@ pub async fn edit(
     identity: &str,
 ) -> Result<Edited> {
     let Some(bridge) = bridge_of(store, id).await? else {
-        return Err(Error::Request(format!("no approval {id}")));
+        return Err(Error::refused(format!("no approval {id}")));
     };
     let action = Action::Edit {
         content: change.content.clone(),
@@ -369,13 +376,16 @@ async fn submit(
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
-            return Err(Error::Request(format!(
-                "no answer from the outbox service of bridge `{bridge}` within {} s \
+            return Err(Error::platform(
+                true,
+                format!(
+                    "no answer from the outbox service of bridge `{bridge}` within {} s \
                  (is it running?); the request lapses unread after {} s, so nothing is \
                  decided by it then: look with `cowboy approvals show {id}`",
-                WAIT.as_secs(),
-                LAPSE.as_secs()
-            )));
+                    WAIT.as_secs(),
+                    LAPSE.as_secs()
+                ),
+            ));
         }
         let read: redis::streams::StreamReadReply = redis::cmd("XREAD")
             .arg("COUNT")
@@ -397,7 +407,7 @@ async fn submit(
                 }
                 let reply: String = entry.get("reply").unwrap_or_default();
                 return serde_json::from_str(&reply)
-                    .map_err(|e| Error::Request(format!("unreadable reply on {replies}: {e}")));
+                    .map_err(|e| Error::internal(format!("unreadable reply on {replies}: {e}")));
             }
         }
     }
@@ -588,7 +598,8 @@ async fn serve_once(
                 ),
             };
             let replies = keys::replies(bridge, &requester.suffix());
-            let reply = serde_json::to_string(&reply).map_err(|e| Error::Request(e.to_string()))?;
+            let reply =
+                serde_json::to_string(&reply).map_err(|e| Error::internal(e.to_string()))?;
             let _: String = redis::cmd("XADD")
                 .arg(&replies)
                 .arg("MAXLEN")
@@ -741,12 +752,14 @@ async fn apply(
 
 /// A request's result as its reply: an error that waiting may cure is passed
 /// on (the request stays pending); any other is the reply, never a reason to
-/// stop serving.
+/// stop serving: a refusal when the operator's request cannot be met, a
+/// failure when the outbox itself failed (the CLI exits 70, not 1).
 fn classify(result: Result<Reply>) -> Result<Reply> {
     match result {
         Ok(reply) => Ok(reply),
         Err(e) if e.is_retriable() => Err(e),
-        Err(e) => Ok(Reply::Refused {
+        Err(Error::Operator { message, .. }) => Ok(Reply::Refused { message }),
+        Err(e) => Ok(Reply::Failed {
             message: e.to_string(),
         }),
     }

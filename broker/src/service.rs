@@ -16,11 +16,11 @@ use crate::error::{ConfigError, Error};
 use crate::shutdown::Shutdown;
 
 /// Bad configuration or permissions: restarting will not help.
-pub const EXIT_CONFIG: i32 = 78;
+pub const EXIT_CONFIG: i32 = crate::error::EXIT_CONFIG as i32;
 /// Redis or the platform stayed unreachable.
-pub const EXIT_UNAVAILABLE: i32 = 69;
+pub const EXIT_UNAVAILABLE: i32 = crate::error::EXIT_UNAVAILABLE as i32;
 /// Anything else.
-pub const EXIT_SOFTWARE: i32 = 70;
+pub const EXIT_SOFTWARE: i32 = crate::error::EXIT_SOFTWARE as i32;
 
 /// Arguments every bridge binary takes.
 #[derive(Debug, Parser)]
@@ -66,13 +66,9 @@ pub fn init_tracing() {
     };
 }
 
-/// The exit code for an error.
+/// The exit code for an error (see [`Error::exit_code`]).
 pub fn exit_code(e: &Error) -> i32 {
-    match e {
-        Error::Config(_) | Error::Permission { .. } => EXIT_CONFIG,
-        e if e.is_retriable() => EXIT_UNAVAILABLE,
-        _ => EXIT_SOFTWARE,
-    }
+    i32::from(e.exit_code())
 }
 
 /// Loads the config and checks that bridge `name` exists and has type `kind`.
@@ -156,7 +152,7 @@ pub fn exec_service(
 ) -> Error {
     use std::os::unix::process::CommandExt;
     if !["ingest", "outbox", "ping"].contains(&service) {
-        return Error::Request(format!(
+        return Error::usage(format!(
             "unknown service `{service}` (ingest, outbox, ping)"
         ));
     }
@@ -180,5 +176,5 @@ pub fn exec_service(
         command.arg("--worker").arg(worker);
     }
     let err = command.exec();
-    Error::Request(format!("cannot run {}: {err}", program.display()))
+    Error::platform(false, format!("cannot run {}: {err}", program.display()))
 }

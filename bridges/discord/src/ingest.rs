@@ -54,12 +54,26 @@ where
     let mut attempt = 0;
     while let Err(e) = step().await {
         attempt += 1;
-        if attempt > RETRIES {
+        // A refusal (a channel the bot cannot read, a revoked token) is the
+        // same on every attempt: asking again only counts toward Discord's ban.
+        if attempt > RETRIES || !e.is_retriable() {
             tracing::error!(error = %e, "{what} while no session was listening were not caught up");
             return;
         }
         tracing::warn!(error = %e, attempt, "catching up on {what} failed; trying again");
         tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+    }
+}
+
+/// A failed Discord request of the catch-up, classified as a send's would be:
+/// a rate limit or an outage is worth retrying, a refusal is not.
+fn discord_error(what: String, err: serenity::Error) -> Error {
+    let message = format!("{what}: {err}");
+    match crate::send::classify(err) {
+        broker::outbox::SendError::Transient(_) | broker::outbox::SendError::Uncertain(_) => {
+            Error::platform(true, message)
+        }
+        _ => Error::platform(false, message),
     }
 }
 
@@ -320,7 +334,7 @@ impl Handler {
             let mut page = ChannelId::new(channel)
                 .messages(&ctx.http, GetMessages::new().after(after).limit(100))
                 .await
-                .map_err(|err| Error::Request(format!("Discord messages in {channel}: {err}")))?;
+                .map_err(|err| discord_error(format!("Discord messages in {channel}"), err))?;
             page.sort_by_key(|m| m.id);
             for m in &page {
                 self.on_message(m, true).await?;
@@ -396,7 +410,7 @@ impl Handler {
                         )
                         .await
                         .map_err(|err| {
-                            Error::Request(format!("Discord reactions on {card}: {err}"))
+                            discord_error(format!("Discord reactions on {card}"), err)
                         })?;
                     for u in &users {
                         if !self.is_bot(u.id) {
@@ -414,9 +428,7 @@ impl Handler {
                 let page = channel
                     .messages(&ctx.http, GetMessages::new().after(after).limit(100))
                     .await
-                    .map_err(|err| {
-                        Error::Request(format!("Discord messages after {card}: {err}"))
-                    })?;
+                    .map_err(|err| discord_error(format!("Discord messages after {card}"), err))?;
                 let mut page: Vec<Message> = page;
                 page.sort_by_key(|m| m.id);
                 for m in &page {
@@ -577,7 +589,7 @@ pub async fn run(
                 )
                 .into()
             }
-            e => Error::Request(format!("Discord gateway: {e}")),
+            e => Error::platform(true, format!("Discord gateway: {e}")),
         }),
         _ = shutdown.wait() => {
             shards.shutdown_all().await;

@@ -75,7 +75,7 @@ impl Bridge for Discord {
         let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
             .event_handler(handler)
             .await
-            .map_err(|e| Error::Request(format!("Discord client: {e}")))?;
+            .map_err(|e| Error::platform(true, format!("Discord client: {e}")))?;
         if let Some(url) = &s.gateway_url {
             *client.ws_url.lock().await = url.clone();
         }

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use async_imap::Session;
 use broker::approval::Outcome;
 use broker::config::read_secret;
+use broker::error::ConfigError;
 use broker::ingest::Ingest;
 use broker::outbox::backoff;
 use broker::{keys, Error, Result, Shutdown};
@@ -41,8 +42,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send + std::fmt::Debug> Io for T {}
 
 type ImapSession = Session<Box<dyn Io>>;
 
+/// A failed exchange with the IMAP server: worth trying again later.
 fn imap_err(what: &str, e: impl std::fmt::Display) -> Error {
-    Error::Io(std::io::Error::other(format!("IMAP {what}: {e}")))
+    Error::platform(true, format!("IMAP {what}: {e}"))
 }
 
 /// The TLS handshake with the IMAP server; every failure names the host.
@@ -55,9 +57,11 @@ async fn tls_connect(
         Some(path) => crate::tls::read_ca_file(&format!("bridges.{bridge}.imap.ca_file"), path)?,
         None => Vec::new(),
     };
-    let config = crate::tls::client_config(roots).map_err(|e| imap_err("tls setup", e))?;
+    let bad =
+        |key: &str, e: String| ConfigError::invalid(format!("bridges.{bridge}.imap.{key}"), e);
+    let config = crate::tls::client_config(roots).map_err(|e| bad("tls", e.to_string()))?;
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(imap.host.clone())
-        .map_err(|e| imap_err("tls server name", e))?;
+        .map_err(|e| bad("host", format!("not a TLS server name: {e}")))?;
     let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
         .connect(name, tcp)
         .await
@@ -70,7 +74,7 @@ async fn tls_connect(
     Ok(Box::new(stream))
 }
 
-/// Connects and logs in. A refused login is a [`Error::Permission`] (not retried).
+/// Connects and logs in. A refused login is a configuration error (not retried).
 pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
     let password = read_secret(
         &format!("bridges.{bridge}.imap.password_file"),
@@ -109,9 +113,15 @@ pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
     client
         .login(&imap.username, &password)
         .await
-        .map_err(|(e, _)| Error::Permission {
-            command: format!("IMAP LOGIN as {}", imap.username),
-            message: e.to_string(),
+        .map_err(|(e, _)| {
+            ConfigError::invalid(
+                format!("bridges.{bridge}.imap.password_file"),
+                format!(
+                    "the IMAP server refused the login as {}: {e}",
+                    imap.username
+                ),
+            )
+            .into()
         })
 }
 

@@ -50,9 +50,12 @@ pub fn transport(
                 })?;
             params = params.add_root_certificate(cert);
         }
-        params
-            .build()
-            .map_err(|e| broker::Error::Request(format!("smtp tls: {e}")))
+        params.build().map_err(|e| {
+            broker::Error::Config(broker::error::ConfigError::invalid(
+                format!("bridges.{bridge}.smtp.tls"),
+                e.to_string(),
+            ))
+        })
     };
     let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(smtp.host.clone())
         .port(smtp.port)
@@ -81,7 +84,12 @@ impl EmailSender {
         let from: Mailbox = settings
             .from
             .parse()
-            .map_err(|e| broker::Error::Request(format!("bridges.{bridge}.from: {e}")))?;
+            .map_err(|e: lettre::address::AddressError| {
+                broker::Error::Config(broker::error::ConfigError::invalid(
+                    format!("bridges.{bridge}.from"),
+                    e.to_string(),
+                ))
+            })?;
         let smtp = transport(&settings.smtp, bridge)?;
         Ok(EmailSender {
             settings,

@@ -85,7 +85,7 @@ pub async fn edit(
     change: &Change,
     editor: &str,
 ) -> Result<Edited> {
-    let refuse = |why: String| Err(Error::Request(why));
+    let refuse = |why: String| Err(Error::refused(why));
     let Some(record) = Approvals::on(store).load(id).await? else {
         return refuse(format!("no approval {id}"));
     };
@@ -120,7 +120,7 @@ pub async fn edit(
     };
     let current = Message::from_entry(&entry, bridge)
         .and_then(|m| apply(m, &record))
-        .map_err(Error::Request)?;
+        .map_err(Error::refused)?;
     let new = edited(&entry, &current, change, bridge)?;
     let new_digest = new.sha256();
     if new_digest == record.message_sha256 {
@@ -145,7 +145,7 @@ pub async fn edit(
         message_sha256: new_digest.clone(),
         revision,
         edited_message: Some(
-            serde_json::to_string(&saved).map_err(|e| Error::Request(e.to_string()))?,
+            serde_json::to_string(&saved).map_err(|e| Error::internal(e.to_string()))?,
         ),
         edited_by: Some(editor.to_string()),
         edited_at: Some(now as u64),
@@ -274,7 +274,7 @@ fn edited(
 ) -> Result<Message> {
     let channel = change.channel_id.as_ref().unwrap_or(&current.channel_id);
     if !bridge.allows_destination(channel) {
-        return Err(Error::Request(format!(
+        return Err(Error::refused(format!(
             "`{}` is not on the bridge's destinations: the edit is refused",
             super::display_safe(channel)
         )));
@@ -300,5 +300,5 @@ fn edited(
         fields,
     };
     Message::from_entry(&synthetic, bridge)
-        .map_err(|e| Error::Request(format!("the edited message is refused: {e}")))
+        .map_err(|e| Error::refused(format!("the edited message is refused: {e}")))
 }

@@ -58,7 +58,7 @@ impl IdKey {
                     .and_then(|b| <[u8; 32]>::try_from(b).ok())
                     .map(|b| IdKey::from_bytes(b, bridge))
                     .ok_or_else(|| {
-                        Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes"))
+                        Error::internal(format!("`{key}` does not hold 32 hex-encoded bytes"))
                     })
             })
             .transpose()
@@ -89,7 +89,9 @@ impl IdKey {
         let bytes = hex::decode(saved.trim())
             .ok()
             .and_then(|b| <[u8; 32]>::try_from(b).ok())
-            .ok_or_else(|| Error::Request(format!("`{key}` does not hold 32 hex-encoded bytes")))?;
+            .ok_or_else(|| {
+                Error::internal(format!("`{key}` does not hold 32 hex-encoded bytes"))
+            })?;
         Ok(IdKey::from_bytes(bytes, bridge))
     }
 

@@ -584,8 +584,8 @@ pub async fn find_by_prefix(store: &mut Store, config: &Config, prefix: &str) ->
     matching.dedup();
     match matching.as_slice() {
         [one] => Ok(one.clone()),
-        [] => Err(Error::Request(format!("no approval matches `{prefix}`"))),
-        many => Err(Error::Request(format!(
+        [] => Err(Error::refused(format!("no approval matches `{prefix}`"))),
+        many => Err(Error::refused(format!(
             "`{prefix}` is ambiguous: it matches {} approvals ({})",
             many.len(),
             many.join(", ")

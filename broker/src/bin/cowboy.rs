@@ -198,11 +198,10 @@ enum Approvals {
 /// returns what was saved.
 fn in_editor(text: &str) -> broker::Result<String> {
     use std::io::IsTerminal;
-    let fail = |why: String| broker::Error::Request(why);
+    let fail = |why: String| broker::Error::platform(false, why);
     if !std::io::stdin().is_terminal() {
-        return Err(fail(
-            "no --content, --content-file, --subject or --channel, and no terminal for $EDITOR"
-                .into(),
+        return Err(broker::Error::usage(
+            "no --content, --content-file, --subject or --channel, and no terminal for $EDITOR",
         ));
     }
     let editor = std::env::var("VISUAL")
@@ -222,7 +221,7 @@ fn in_editor(text: &str) -> broker::Result<String> {
             .status()
             .map_err(|e| fail(format!("{editor}: {e}")))?;
         if !status.success() {
-            return Err(fail(format!(
+            return Err(broker::Error::refused(format!(
                 "{editor} exited with {status}: nothing edited"
             )));
         }
@@ -296,7 +295,7 @@ async fn main() -> ExitCode {
             "commands" => broker::acl::Format::Commands,
             other => {
                 eprintln!("error: unknown format `{other}` (aclfile, commands)");
-                return ExitCode::FAILURE;
+                return ExitCode::from(broker::error::EXIT_USAGE);
             }
         };
         return match broker::acl::render(&config, format) {
@@ -378,7 +377,7 @@ async fn main() -> ExitCode {
                             (Some(c), _) => Some(c),
                             (None, Some(path)) => {
                                 Some(std::fs::read_to_string(&path).map_err(|e| {
-                                    broker::Error::Request(format!("{}: {e}", path.display()))
+                                    broker::Error::usage(format!("{}: {e}", path.display()))
                                 })?)
                             }
                             (None, None) if subject.is_none() && channel.is_none() => {
@@ -493,8 +492,8 @@ async fn main() -> ExitCode {
                     Ok(table)
                 } else {
                     print!("{table}");
-                    Err(broker::Error::Request(
-                        "some permissions are not as expected (SURPRISE rows)".into(),
+                    Err(broker::Error::refused(
+                        "some permissions are not as expected (SURPRISE rows)",
                     ))
                 }
             }
@@ -508,17 +507,7 @@ async fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(cli_exit_code(&e))
+            ExitCode::from(e.exit_code())
         }
-    }
-}
-
-/// The services' exit codes where they mean the same (78: the config or a
-/// permission, which retrying cannot fix; 69: Redis unavailable), and 1 for
-/// everything an operator asked that could not be done.
-fn cli_exit_code(e: &broker::Error) -> u8 {
-    match broker::service::exit_code(e) {
-        code @ (broker::service::EXIT_CONFIG | broker::service::EXIT_UNAVAILABLE) => code as u8,
-        _ => 1,
     }
 }

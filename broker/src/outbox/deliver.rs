@@ -229,7 +229,7 @@ impl<S: Sender> OutboxService<S> {
         let mut joined = Some(joined);
         while let Some(j) = joined.take().or_else(|| self.flights.try_join_next()) {
             let (flight, result) =
-                j.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
+                j.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
             self.stop_if_refused(&flight, &result).await?;
             self.complete(flight, result).await?;
         }
@@ -295,7 +295,7 @@ impl<S: Sender> OutboxService<S> {
                 return self.flush_acks().await;
             };
             let (flight, result) =
-                joined.map_err(|e| Error::Request(format!("a delivery task failed: {e}")))?;
+                joined.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
             self.watchdog.tick();
             self.stop_if_refused(&flight, &result).await?;
             self.complete(flight, result).await?;

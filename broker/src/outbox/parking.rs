@@ -22,7 +22,7 @@ use super::*;
 impl<S: Sender> OutboxService<S> {
     pub(super) fn approval_id(&self, stream: &str, entry_id: &str) -> Result<String> {
         let key = self.id_key.as_ref().ok_or_else(|| {
-            Error::Request("the approval id key is not loaded (prepare was not called)".into())
+            Error::internal("the approval id key is not loaded (prepare was not called)")
         })?;
         Ok(key.id_for(stream, entry_id))
     }

@@ -171,7 +171,7 @@ impl<S: Sender> OutboxService<S> {
             read = reads.recv() => {
                 let batch = match read {
                     Some(batch) => batch?,
-                    None => return Err(Error::Request("the outbox reader stopped".into())),
+                    None => return Err(Error::internal("the outbox reader stopped")),
                 };
                 self.prefetch_claims(&batch).await?;
                 for (key, entries) in batch {

@@ -162,21 +162,22 @@ const MAX_REASON_BYTES: usize = 2000;
 impl App {
     /// Loads users and keys from the config's `[web]` (refusing a bad one
     /// with the key named) and connects to Redis.
-    pub async fn new(config: Arc<Config>, clock: Clock) -> Result<App, String> {
+    pub async fn new(config: Arc<Config>, clock: Clock) -> broker::Result<App> {
         App::new_for(config, clock, Role::Page).await
     }
 
     /// As [`App::new`], connecting as `role`'s Redis user.
-    pub async fn new_for(config: Arc<Config>, clock: Clock, role: Role) -> Result<App, String> {
+    pub async fn new_for(config: Arc<Config>, clock: Clock, role: Role) -> broker::Result<App> {
+        // Everything but Redis is the `[web]` table: a failure there is the
+        // config's (exit 78); Redis being away is not (69).
+        let bad = |message: String| broker::error::ConfigError::invalid("web", message);
         let web = config
             .web
             .clone()
-            .ok_or("no [web] table in the config: nothing to serve")?;
-        let keys = Keys::load(web.session_key_file.as_deref())?;
-        let users = auth::Users::load(&web)?;
-        let store = Store::connect(&redis_config_for(&config, role))
-            .await
-            .map_err(|e| e.to_string())?;
+            .ok_or_else(|| bad("no [web] table in the config: nothing to serve".into()))?;
+        let keys = Keys::load(web.session_key_file.as_deref()).map_err(bad)?;
+        let users = auth::Users::load(&web).map_err(bad)?;
+        let store = Store::connect(&redis_config_for(&config, role)).await?;
         Ok(App {
             config,
             store,
@@ -852,7 +853,7 @@ async fn decide(
             "Nothing decided: no such approval.".to_string(),
             StatusCode::NOT_FOUND,
         ),
-        Err(broker::Error::Request(why)) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
+        Err(broker::Error::Operator { message: why, .. }) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
         Err(e) => return failed(e),
     };
     render_detail(&app, &s, &id, Some(message), status).await
@@ -899,7 +900,7 @@ async fn edit(
             ),
             StatusCode::OK,
         ),
-        Err(broker::Error::Request(why)) => {
+        Err(broker::Error::Operator { message: why, .. }) => {
             (format!("Nothing edited: {why}"), StatusCode::CONFLICT)
         }
         Err(e) => return failed(e),

@@ -190,12 +190,15 @@ async fn cli_ids_by_prefix() {
 
 /// `cowboy` exits as the services do where the cause is the same: 78 for a
 /// refused configuration (plain `redis://` to another host), 69 when Redis is
-/// away, 1 for a request that cannot be met (an unknown approval).
+/// away, 1 for a request that cannot be met (an unknown approval), 2 for a
+/// malformed one (as clap's own usage errors).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_exits_like_the_services() {
     let mut d = Deployment::new(&crate::approval_config(3600));
     let unknown = d.cowboy(&["approvals", "show", "zzz"]);
     assert_eq!(unknown.status.code(), Some(1), "{:?}", text(&unknown));
+    let malformed = d.cowboy(&["audit", "--since", "last tuesday"]);
+    assert_eq!(malformed.status.code(), Some(2), "{:?}", text(&malformed));
     let remote = d.path("remote.toml");
     let body = std::fs::read_to_string(&d.config_path)
         .unwrap()

@@ -81,7 +81,7 @@ async fn main() -> ExitCode {
         Ok(a) => a,
         Err(e) => {
             eprintln!("error: {e}");
-            return ExitCode::from(broker::service::EXIT_CONFIG as u8);
+            return ExitCode::from(e.exit_code());
         }
     };
     let listener = match tokio::net::TcpListener::bind(&listen).await {
