@@ -11,8 +11,12 @@ use crate::store::Entry;
 pub const AGENT_FIELDS: &[&str] = &["channel_id", "content", "subject", "reply_to", "request_id"];
 
 /// Fields only the broker writes, on approval notifications in a flat outbox.
-pub const NOTIFICATION_FIELDS: &[&str] =
-    &["approval_id", "channel_id", "content", "approval_content"];
+pub const NOTIFICATION_FIELDS: &[&str] = &[
+    crate::fields::outbox::APPROVAL_ID,
+    "channel_id",
+    "content",
+    crate::fields::outbox::APPROVAL_CONTENT,
+];
 
 /// Largest accepted `subject`, in bytes (one RFC 5322 header line).
 pub const MAX_SUBJECT_BYTES: usize = 998;

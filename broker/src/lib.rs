@@ -15,6 +15,10 @@
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
 //! - [`store`]: connections and stream primitives.
 //! - [`entry`]: outbox entry validation and notices to agents.
+//! - [`fields`]: field names of the entries the broker writes besides the agent's.
+//! - [`error`]: typed errors, whether to retry, and the one table of exit codes.
+//! - [`audit`]: the audit trail of every approval, and its queries.
+//! - [`deliveries`]: uncertain deliveries and their reconciliation by an operator.
 //! - [`approval`]: records, lazy expiry, `resolve_approval`, notification text.
 //! - [`outbox`]: the outbox service (park, notify, settle, deliver).
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
@@ -37,6 +41,7 @@ pub mod config;
 pub mod deliveries;
 pub mod entry;
 pub mod error;
+pub mod fields;
 pub mod ingest;
 pub mod keys;
 pub mod outbox;

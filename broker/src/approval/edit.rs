@@ -240,8 +240,8 @@ pub async fn edit(
     Approvals::on(store).mark_notified(id, &written).await?;
     if !old_card.is_empty() {
         let superseded: Vec<(&str, &[u8])> = vec![
-            ("approval_id", id.as_bytes()),
-            ("approval_outcome", b"superseded"),
+            (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
+            (crate::fields::outbox::APPROVAL_OUTCOME, b"superseded"),
         ];
         store.xadd(&notify, &superseded).await?;
     }

@@ -175,10 +175,16 @@ pub fn render_notification(
 pub fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
     let frame = render_notification(record, content, REACT_HINT, None);
     vec![
-        ("approval_id", record.id.clone().into_bytes()),
+        (
+            crate::fields::outbox::APPROVAL_ID,
+            record.id.clone().into_bytes(),
+        ),
         ("channel_id", record.notify_channel.as_bytes().to_vec()),
         ("content", frame.into_bytes()),
-        ("approval_content", content.as_bytes().to_vec()),
+        (
+            crate::fields::outbox::APPROVAL_CONTENT,
+            content.as_bytes().to_vec(),
+        ),
     ]
 }
 

@@ -526,9 +526,9 @@ async fn apply(
             .arg("~")
             .arg(DECISIONS_KEPT)
             .arg("*")
-            .arg("approval_id")
+            .arg(crate::fields::decisions::APPROVAL_ID)
             .arg(id)
-            .arg("status")
+            .arg(crate::fields::decisions::STATUS)
             .arg(status)
             .query_async(&mut store.conn)
             .await

@@ -185,11 +185,11 @@ impl<S: Sender> OutboxService<S> {
     /// Takes over every entry of each dead worker, stream by stream.
     pub(super) async fn claim_dead(&mut self) -> Result<()> {
         let idle_ms = self.bridge.claim_idle_seconds * 1000;
-        for idx in 0..self.sources.len() {
-            if self.sources[idx].kind == Kind::Decisions {
+        for src in self.sources.ids() {
+            if self.sources[src].kind == Kind::Decisions {
                 continue; // each worker's own; a dead one's wake-ups are moot
             }
-            let key = self.sources[idx].key.clone();
+            let key = self.sources[src].key.clone();
             let consumers = self.store.consumers(&key, &self.group).await?;
             let me = self.consumer.clone();
             for dead in consumers
@@ -200,14 +200,14 @@ impl<S: Sender> OutboxService<S> {
                     continue;
                 }
                 tracing::warn!(stream = %key, worker = %dead.name, pending = dead.pending, "taking over the entries of a worker whose lease expired");
-                self.claim_from(idx, &dead.name, idle_ms).await?;
+                self.claim_from(src, &dead.name, idle_ms).await?;
             }
         }
         Ok(())
     }
 
-    async fn claim_from(&mut self, idx: usize, dead: &str, idle_ms: u64) -> Result<()> {
-        let key = self.sources[idx].key.clone();
+    async fn claim_from(&mut self, src: SourceId, dead: &str, idle_ms: u64) -> Result<()> {
+        let key = self.sources[src].key.clone();
         let mut start = "-".to_string();
         loop {
             let page = self
@@ -234,19 +234,19 @@ impl<S: Sender> OutboxService<S> {
             let mut counts: HashMap<&str, u64> =
                 page.iter().map(|p| (p.id.as_str(), p.deliveries)).collect();
             for entry in &taken {
-                self.adopt(idx, entry).await?;
+                self.adopt(src, entry).await?;
             }
             for entry in taken {
                 // The claim counted one more delivery.
                 let deliveries = counts.remove(entry.id.as_str()).unwrap_or(1) + 1;
-                self.handle(idx, entry.id, Some(entry.fields), deliveries)
+                self.handle(src, entry.id, Some(entry.fields), deliveries)
                     .await?;
             }
             // Not taken: either no longer in the stream (Redis dropped it from the
             // pending list) or touched meanwhile by another worker.
             for id in counts.into_keys().map(str::to_string).collect::<Vec<_>>() {
                 if self.store.entry(&key, &id).await?.is_none() {
-                    self.vanished(idx, &id).await?;
+                    self.vanished(src, &id).await?;
                 }
             }
             self.drain().await?;
@@ -257,11 +257,10 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Points a taken parked entry's record at this worker, so decisions wake it.
-    async fn adopt(&mut self, idx: usize, entry: &Entry) -> Result<()> {
-        let source = &self.sources[idx];
-        let surface_entry = source.kind == Kind::Flat
-            && (entry.get("approval_id").is_some() || entry.get("approval_outcome").is_some());
-        if !self.bridge.approval.required || surface_entry {
+    async fn adopt(&mut self, src: SourceId, entry: &Entry) -> Result<()> {
+        let source = &self.sources[src];
+        let class = Class::of_fields(source.kind, &entry.fields);
+        if !self.bridge.approval.required || class != Class::Agent {
             return Ok(());
         }
         let id = self.approval_id(&source.key, &entry.id)?;

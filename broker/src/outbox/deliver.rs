@@ -37,13 +37,13 @@ impl<S: Sender> OutboxService<S> {
     /// scheduled (so it is not queued behind itself).
     pub(super) async fn deliver_and_ack(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         message: &Message,
         retry: bool,
         resumed: bool,
     ) -> Result<()> {
-        let stream = self.sources[idx].key.clone();
+        let stream = self.sources[src].key.clone();
         let key = delivery_key(&stream, &entry.id);
         if !resumed && self.retries.scheduled.contains(&key) {
             return Ok(()); // read again while it waits for its retry
@@ -54,7 +54,7 @@ impl<S: Sender> OutboxService<S> {
             // waiting for a retry: order per destination is kept.
             self.retries.scheduled.insert(key.clone());
             let job = Job::Plain {
-                source: idx,
+                source: src,
                 entry: entry.clone(),
                 message: message.clone(),
                 retry,
@@ -77,7 +77,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let (gate, retry) = self.gate_for(prior, retry && S::DEDUPLICATES);
         let flight = Flight {
-            source: idx,
+            source: src,
             entry: entry.clone(),
             message: message.clone(),
             retry,
@@ -480,24 +480,24 @@ impl<S: Sender> OutboxService<S> {
     /// Copies the entry to the dead letter, tells the agent, acks.
     pub(super) async fn dead_letter(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         n: impl AsNotice,
     ) -> Result<()> {
         let n = n.as_notice();
-        tracing::warn!(stream = %self.sources[idx].key, entry = %entry.id, reason = n.reason, "entry refused");
-        self.dead_letter_only(idx, entry, &n).await?;
-        self.notice(idx, &entry.id, Some(entry), n).await?;
-        self.ack(&self.sources[idx].key.clone(), &entry.id).await
+        tracing::warn!(stream = %self.sources[src].key, entry = %entry.id, reason = n.reason, "entry refused");
+        self.dead_letter_only(src, entry, &n).await?;
+        self.notice(src, &entry.id, Some(entry), n).await?;
+        self.ack(&self.sources[src].key.clone(), &entry.id).await
     }
 
     pub(super) async fn dead_letter_only(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         n: &Notice<'_>,
     ) -> Result<()> {
-        let source = &self.sources[idx];
+        let source = &self.sources[src];
         let mut fields: Vec<(&str, &[u8])> = vec![
             ("reason", n.reason.as_bytes()),
             ("status", n.status.as_bytes()),
@@ -531,12 +531,12 @@ impl<S: Sender> OutboxService<S> {
     /// Writes a notice on the inbox that answers the entry's stream.
     pub(super) async fn notice(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry_id: &str,
         entry: Option<&Entry>,
         mut n: Notice<'_>,
     ) -> Result<()> {
-        let source = self.sources[idx].clone();
+        let source = self.sources[src].clone();
         n.stream = &source.key;
         n.entry_id = entry_id;
         if n.request_id.is_none() {
@@ -558,7 +558,7 @@ impl<S: Sender> OutboxService<S> {
 pub(super) enum Job {
     /// An entry that needs no approval.
     Plain {
-        source: usize,
+        source: SourceId,
         entry: Entry,
         message: Message,
         retry: bool,
@@ -567,7 +567,7 @@ pub(super) enum Job {
     Approved { approval_id: String },
     /// A notification on the notify side.
     Notification {
-        source: usize,
+        source: SourceId,
         entry: Entry,
         /// As the pending list counted them when it was read.
         deliveries: u64,
@@ -656,7 +656,7 @@ impl Retries {
 
 /// A send under way, with what its outcome needs.
 pub(super) struct Flight {
-    pub(super) source: usize,
+    pub(super) source: SourceId,
     pub(super) entry: Entry,
     pub(super) message: Message,
     pub(super) retry: bool,

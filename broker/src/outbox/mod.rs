@@ -16,21 +16,27 @@
 //! - [`fair`]: sends waiting for room take turns by requesting agent.
 //! - [`inflight`]: the marks and the gate that fence a send to one worker.
 //! - [`surface`]: the notify side: notifications and outcomes shown to humans.
+//! - [`source`]: the streams read, and the typed handle of each.
+//! - [`incoming`]: what each entry read is (agent entry, card, outcome, decision).
 //! - [`claim`]: taking over the entries of a dead worker of the same bridge.
 //! - [`retention`]: trimming handled history from the streams.
 
 mod claim;
 mod deliver;
 mod fair;
+mod incoming;
 mod inflight;
 mod parking;
 mod reader;
 mod retention;
 mod settle;
+mod source;
 mod surface;
 
 pub use deliver::RetryPolicy;
 use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose, Retries};
+use incoming::Class;
+use source::{Kind, Source, SourceId, Sources};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -213,23 +219,9 @@ pub trait Sender: Send + Sync + 'static {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Flat,
-    Agent,
-    Decisions,
-}
-
-#[derive(Debug, Clone)]
-struct Source {
-    key: String,
-    agent: Option<String>,
-    kind: Kind,
-}
-
 /// A fresh entry waiting to be parked with its batch.
 struct NewPark {
-    source: usize,
+    source: SourceId,
     entry: Entry,
     message: Message,
     id: String,
@@ -237,7 +229,7 @@ struct NewPark {
 
 #[derive(Debug, Clone)]
 struct Parked {
-    source: usize,
+    source: SourceId,
     entry_id: String,
     expires_at: u64,
 }
@@ -258,7 +250,7 @@ pub struct OutboxService<S> {
     /// This process's worker name (`--worker`), and its consumer in `group`.
     worker: String,
     consumer: String,
-    sources: Vec<Source>,
+    sources: Sources,
     parked: HashMap<String, Parked>,
     /// Parked ids still to be re-read this round of sweeps.
     sweep_queue: Vec<String>,
@@ -282,7 +274,7 @@ pub struct OutboxService<S> {
     prefetched: HashMap<String, Option<Record>>,
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).
-    outcomes_waiting: HashMap<String, (usize, Entry)>,
+    outcomes_waiting: HashMap<String, (SourceId, Entry)>,
     /// Notifications shown, recorded together after the batch.
     shown: Vec<surface::Shown>,
     /// When the oldest of `shown` was shown.
@@ -313,23 +305,7 @@ impl<S: Sender> OutboxService<S> {
             max_attempts: bridge.max_attempts,
             max_retry: Duration::from_secs(bridge.max_retry_seconds),
         };
-        let mut sources = vec![Source {
-            key: keys::outbox(name),
-            agent: None,
-            kind: Kind::Flat,
-        }];
-        for agent in config.agent_names() {
-            sources.push(Source {
-                key: keys::agent_outbox(agent, name),
-                agent: Some(agent.to_string()),
-                kind: Kind::Agent,
-            });
-        }
-        sources.push(Source {
-            key: keys::decisions(name),
-            agent: None,
-            kind: Kind::Decisions,
-        });
+        let sources = Sources::new(&config, name);
         Ok(OutboxService {
             config,
             name: name.to_string(),
@@ -376,9 +352,7 @@ impl<S: Sender> OutboxService<S> {
         }
         self.worker = worker.to_string();
         self.consumer = keys::outbox_consumer(&self.name, worker);
-        if let Some(wake) = self.sources.iter_mut().find(|s| s.kind == Kind::Decisions) {
-            wake.key = keys::decisions_for(&self.name, worker);
-        }
+        self.sources.set_worker(&self.name, worker);
         Ok(self)
     }
 
@@ -391,7 +365,7 @@ impl<S: Sender> OutboxService<S> {
     /// Creates the consumer groups. Called by [`Self::run`]; public so a caller can
     /// report readiness once they exist.
     pub async fn prepare(&mut self) -> Result<()> {
-        for source in &self.sources {
+        for source in self.sources.iter() {
             self.store.ensure_group(&source.key, &self.group).await?;
         }
         if self.bridge.approval.required && self.id_key.is_none() {
@@ -491,13 +465,13 @@ impl<S: Sender> OutboxService<S> {
     /// retried), and audited.
     async fn record_uncertain(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         message: &Message,
         approval_id: Option<&str>,
         reason: &str,
     ) -> Result<()> {
-        let source = &self.sources[idx];
+        let source = &self.sources[src];
         let u = crate::deliveries::Uncertain {
             id: delivery_key(&source.key, &entry.id),
             bridge: self.name.clone(),

@@ -29,8 +29,8 @@ impl<S: Sender> OutboxService<S> {
 
     /// A pending entry whose body is gone from its stream (trimmed by its writer's
     /// `MAXLEN`, or deleted). If it was parked, its approval is settled as failed.
-    pub(super) async fn vanished(&mut self, idx: usize, entry_id: &str) -> Result<()> {
-        let source = self.sources[idx].clone();
+    pub(super) async fn vanished(&mut self, src: SourceId, entry_id: &str) -> Result<()> {
+        let source = self.sources[src].clone();
         if self
             .retries
             .scheduled
@@ -45,7 +45,7 @@ impl<S: Sender> OutboxService<S> {
             if let Some(record) = Approvals::on(&mut self.store).load(&id).await? {
                 tracing::warn!(approval = %id, stream = %source.key, entry = entry_id, "parked entry vanished from its stream; settled as failed");
                 if record.is_settled() {
-                    return self.finish(idx, entry_id, &record, None).await;
+                    return self.finish(src, entry_id, &record, None).await;
                 }
                 let n = Notice {
                     status: "failed",
@@ -54,8 +54,8 @@ impl<S: Sender> OutboxService<S> {
                     request_id: record.request_id.as_deref(),
                     ..Notice::default()
                 };
-                self.notice(idx, entry_id, None, n).await?;
-                return self.finish(idx, entry_id, &record, Some("failed")).await;
+                self.notice(src, entry_id, None, n).await?;
+                return self.finish(src, entry_id, &record, Some("failed")).await;
             }
             self.untrack(&id);
         }
@@ -65,13 +65,13 @@ impl<S: Sender> OutboxService<S> {
 
     pub(super) async fn park(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         message: &Message,
         id: String,
         deliveries: u64,
     ) -> Result<()> {
-        let source = self.sources[idx].clone();
+        let source = self.sources[src].clone();
         let retry = deliveries > 1;
         // Recovery reads a page's records together and indexes them (see
         // `prefetch_records`); anything else reads its own.
@@ -90,17 +90,17 @@ impl<S: Sender> OutboxService<S> {
                     && r.delivery_started.is_some()
                     && !r.is_settled() =>
             {
-                return self.poison(idx, entry, deliveries, Some(&r)).await;
+                return self.poison(src, entry, deliveries, Some(&r)).await;
             }
             Some(r) => (r, true, indexed),
             // Parked entries wait through restarts; only one that never got as far
             // as a record counts its deliveries.
             None if self.is_poison(deliveries) => {
-                return self.poison(idx, entry, deliveries, None).await;
+                return self.poison(src, entry, deliveries, None).await;
             }
             None => {
                 let new = NewPark {
-                    source: idx,
+                    source: src,
                     entry: entry.clone(),
                     message: message.clone(),
                     id: id.clone(),
@@ -122,7 +122,7 @@ impl<S: Sender> OutboxService<S> {
         };
         if record.is_settled() {
             // Crashed between settling and acking: only the ack and delete remain.
-            return self.finish(idx, &entry.id, &record, None).await;
+            return self.finish(src, &entry.id, &record, None).await;
         }
         // An approver's edit is the version approvers are asked about.
         let edited = approval::edit::apply(message.clone(), &record);
@@ -144,12 +144,12 @@ impl<S: Sender> OutboxService<S> {
                     ..Notice::default()
                 };
                 tracing::warn!(approval = %id, reason, "approval cannot be asked");
-                self.notice(idx, &entry.id, Some(entry), n).await?;
+                self.notice(src, &entry.id, Some(entry), n).await?;
                 self.audit_failed(&id, &reason, None).await?;
-                return self.finish(idx, &entry.id, &record, Some("failed")).await;
+                return self.finish(src, &entry.id, &record, Some("failed")).await;
             }
         }
-        self.track(id.clone(), idx, entry.id.clone(), record.expires_at);
+        self.track(id.clone(), src, entry.id.clone(), record.expires_at);
         if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
@@ -343,22 +343,17 @@ impl<S: Sender> OutboxService<S> {
     /// parked entries costs two round trips a page, not two an entry.
     pub(super) async fn prefetch_records(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entries: &[crate::store::RawEntry],
     ) -> Result<()> {
-        let source = &self.sources[idx];
+        let source = &self.sources[src];
         if !self.bridge.approval.required || source.kind == Kind::Decisions {
             return Ok(());
         }
-        let flat = source.kind == Kind::Flat;
         let mut ids = Vec::new();
         for (entry_id, fields) in entries {
             let Some(fields) = fields else { continue };
-            let surface = flat
-                && fields
-                    .iter()
-                    .any(|(k, _)| k == "approval_id" || k == "approval_outcome");
-            if !surface {
+            if Class::of_fields(source.kind, fields) == Class::Agent {
                 ids.push(self.approval_id(&source.key, entry_id)?);
             }
         }
@@ -514,7 +509,9 @@ impl<S: Sender> OutboxService<S> {
                             .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
                     )
                 };
-                if entry.text("approval_id") == Some(record.id.as_str()) && theirs() == digest {
+                if entry.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str())
+                    && theirs() == digest
+                {
                     return Ok(Some(entry.id.clone()));
                 }
             }
@@ -525,7 +522,13 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    pub(super) fn track(&mut self, id: String, source: usize, entry_id: String, expires_at: u64) {
+    pub(super) fn track(
+        &mut self,
+        id: String,
+        source: SourceId,
+        entry_id: String,
+        expires_at: u64,
+    ) {
         if expires_at != 0 {
             self.deadlines.insert((expires_at, id.clone()));
         }
@@ -601,14 +604,14 @@ impl<S: Sender> OutboxService<S> {
             self.renotify_if_lost(&id).await?;
         }
         let mut vanished = Vec::new();
-        for idx in 0..self.sources.len() {
-            let mine: Vec<&Parked> = self.parked.values().filter(|p| p.source == idx).collect();
+        for src in self.sources.ids() {
+            let mine: Vec<&Parked> = self.parked.values().filter(|p| p.source == src).collect();
             if mine.is_empty() {
                 continue;
             }
             let first = self
                 .store
-                .range(&self.sources[idx].key, "-", "+", 1)
+                .range(&self.sources[src].key, "-", "+", 1)
                 .await?;
             let oldest = first.first().and_then(|e| stream_id(&e.id));
             for p in mine {
@@ -618,12 +621,12 @@ impl<S: Sender> OutboxService<S> {
                     (None, _) => false,
                 };
                 if gone {
-                    vanished.push((idx, p.entry_id.clone()));
+                    vanished.push((src, p.entry_id.clone()));
                 }
             }
         }
-        for (idx, entry_id) in vanished {
-            self.vanished(idx, &entry_id).await?;
+        for (src, entry_id) in vanished {
+            self.vanished(src, &entry_id).await?;
         }
         Ok(())
     }

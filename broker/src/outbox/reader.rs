@@ -175,11 +175,11 @@ impl<S: Sender> OutboxService<S> {
                 };
                 self.prefetch_claims(&batch).await?;
                 for (key, entries) in batch {
-                    let Some(idx) = self.sources.iter().position(|s| s.key == key) else {
+                    let Some(src) = self.sources.by_key(&key) else {
                         continue;
                     };
                     for (id, fields) in entries {
-                        self.handle(idx, id, fields, 1).await?;
+                        self.handle(src, id, fields, 1).await?;
                     }
                 }
                 self.park_batch().await?;
@@ -243,8 +243,8 @@ impl<S: Sender> OutboxService<S> {
         self.prefetched.clear();
         self.claims.clear();
         self.to_park.clear();
-        for idx in 0..self.sources.len() {
-            let key = self.sources[idx].key.clone();
+        for src in self.sources.ids() {
+            let key = self.sources[src].key.clone();
             let mut after = "0".to_string();
             loop {
                 let batch = read_group(
@@ -266,10 +266,10 @@ impl<S: Sender> OutboxService<S> {
                 let counts = self
                     .delivery_counts(&key, &entries[0].0, entries.len())
                     .await?;
-                self.prefetch_records(idx, &entries).await?;
+                self.prefetch_records(src, &entries).await?;
                 for (id, fields) in entries {
                     let deliveries = counts.get(&id).copied().unwrap_or(2);
-                    self.handle(idx, id, fields, deliveries).await?;
+                    self.handle(src, id, fields, deliveries).await?;
                 }
                 self.prefetched.clear();
                 self.drain().await?;
@@ -289,10 +289,8 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         blocking: &mut redis::aio::MultiplexedConnection,
     ) -> Result<()> {
-        let Some(idx) = self.sources.iter().position(|s| s.kind == Kind::Decisions) else {
-            return Ok(());
-        };
-        let key = self.sources[idx].key.clone();
+        let src = self.sources.decisions();
+        let key = self.sources[src].key.clone();
         let batch = read_group(
             blocking,
             &self.group,
@@ -304,7 +302,7 @@ impl<S: Sender> OutboxService<S> {
         )
         .await?;
         for (id, fields) in batch.into_iter().flat_map(|(_, e)| e) {
-            self.handle(idx, id, fields, 1).await?;
+            self.handle(src, id, fields, 1).await?;
         }
         self.drain().await
     }
@@ -328,52 +326,49 @@ impl<S: Sender> OutboxService<S> {
     /// pending list's count; 1 for a new entry): more than once makes it a retry.
     pub(super) async fn handle(
         &mut self,
-        idx: usize,
+        src: SourceId,
         id: String,
         fields: Option<Vec<(String, Vec<u8>)>>,
         deliveries: u64,
     ) -> Result<()> {
-        let source = self.sources[idx].clone();
+        let source = self.sources[src].clone();
         let retry = deliveries > 1;
         let Some(fields) = fields else {
-            return self.vanished(idx, &id).await;
+            return self.vanished(src, &id).await;
         };
         let entry = Entry { id, fields };
-        let surface = source.kind == Kind::Flat
-            && (entry.get("approval_outcome").is_some() || entry.get("approval_id").is_some());
-        let notification = surface && entry.get("approval_outcome").is_none();
+        let class = Class::of_fields(source.kind, &entry.fields);
         // A parking bridge checks once it knows whether a record exists (see
-        // `park`); a notification once it knows whether it is genuine.
-        let parks = self.bridge.approval.required && source.kind != Kind::Decisions && !surface;
+        // `park`); a card once it knows whether it is genuine; a decision is
+        // never poison.
+        let checked_later = match class {
+            Class::Agent => self.bridge.approval.required,
+            Class::Notification | Class::Decision => true,
+            Class::Outcome => false,
+        };
         // One waiting for its retry was handed out again by a reconnect, not by a crash.
         let waiting = || {
             self.retries
                 .scheduled
                 .contains(&delivery_key(&source.key, &entry.id))
         };
-        if !parks
-            && !notification
-            && source.kind != Kind::Decisions
-            && self.is_poison(deliveries)
-            && !waiting()
-        {
-            return self.poison(idx, &entry, deliveries, None).await;
+        if !checked_later && self.is_poison(deliveries) && !waiting() {
+            return self.poison(src, &entry, deliveries, None).await;
         }
-        if source.kind == Kind::Decisions {
-            if let Some(approval_id) = entry.text("approval_id") {
-                if self.parked.contains_key(approval_id) {
-                    self.settle(approval_id.to_string()).await?;
+        match class {
+            Class::Decision => {
+                if let Some(id) = entry.text(crate::fields::decisions::APPROVAL_ID) {
+                    if self.parked.contains_key(id) {
+                        self.settle(id.to_string()).await?;
+                    }
                 }
+                return self.ack(&source.key, &entry.id).await;
             }
-            return self.ack(&source.key, &entry.id).await;
+            Class::Outcome => return self.handle_outcome(src, &entry, true).await,
+            Class::Notification => return self.handle_notification(src, &entry, deliveries).await,
+            Class::Agent => {}
         }
-        if source.kind == Kind::Flat && entry.get("approval_outcome").is_some() {
-            return self.handle_outcome(idx, &entry, true).await;
-        }
-        if source.kind == Kind::Flat && entry.get("approval_id").is_some() {
-            return self.handle_notification(idx, &entry, deliveries).await;
-        }
-        let stream = self.sources[idx].key.clone();
+        let stream = self.sources[src].key.clone();
         let message = self.requested(&stream, &entry).await.and_then(|m| {
             // Both sides as the platform reads them: `+123` is channel 123.
             if self.config.approval_channels(&self.name).any(|c| {
@@ -400,12 +395,12 @@ impl<S: Sender> OutboxService<S> {
                     reason: &reason,
                     ..Notice::default()
                 };
-                return self.dead_letter(idx, &entry, n).await;
+                return self.dead_letter(src, &entry, n).await;
             }
         };
         if !self.bridge.approval.required {
             return self
-                .deliver_and_ack(idx, &entry, &message, retry, false)
+                .deliver_and_ack(src, &entry, &message, retry, false)
                 .await;
         }
         let approval_id = self.approval_id(&source.key, &entry.id)?;
@@ -415,14 +410,14 @@ impl<S: Sender> OutboxService<S> {
         if !retry {
             // A fresh entry: parked with the rest of its batch, in a few round trips.
             self.to_park.push(NewPark {
-                source: idx,
+                source: src,
                 entry,
                 message,
                 id: approval_id,
             });
             return Ok(());
         }
-        self.park(idx, &entry, &message, approval_id, deliveries)
+        self.park(src, &entry, &message, approval_id, deliveries)
             .await
     }
 
@@ -434,7 +429,7 @@ impl<S: Sender> OutboxService<S> {
     /// notice; an approved one (`record`) also has its approval closed as failed.
     pub(super) async fn poison(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         deliveries: u64,
         record: Option<&Record>,
@@ -451,11 +446,11 @@ impl<S: Sender> OutboxService<S> {
             ..Notice::default()
         };
         let Some(record) = record else {
-            return self.dead_letter(idx, entry, n).await;
+            return self.dead_letter(src, entry, n).await;
         };
-        self.dead_letter_only(idx, entry, &n).await?;
-        self.notice(idx, &entry.id, Some(entry), n).await?;
-        self.finish(idx, &entry.id, record, Some("failed")).await
+        self.dead_letter_only(src, entry, &n).await?;
+        self.notice(src, &entry.id, Some(entry), n).await?;
+        self.finish(src, &entry.id, record, Some("failed")).await
     }
 }
 

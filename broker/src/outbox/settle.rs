@@ -19,12 +19,12 @@ impl<S: Sender> OutboxService<S> {
         let Some(parked) = self.parked.get(&id).cloned() else {
             return Ok(());
         };
-        let idx = parked.source;
+        let src = parked.source;
         // Its approved send is under way or queued: its outcome settles it.
         if self
             .retries
             .scheduled
-            .contains(&delivery_key(&self.sources[idx].key, &parked.entry_id))
+            .contains(&delivery_key(&self.sources[src].key, &parked.entry_id))
         {
             return Ok(());
         }
@@ -36,11 +36,11 @@ impl<S: Sender> OutboxService<S> {
                 ..Notice::default()
             };
             let reason = n.reason;
-            self.notice(idx, &parked.entry_id, None, n).await?;
+            self.notice(src, &parked.entry_id, None, n).await?;
             self.audit_failed(&id, reason, None).await?;
-            self.ack(&self.sources[idx].key.clone(), &parked.entry_id)
+            self.ack(&self.sources[src].key.clone(), &parked.entry_id)
                 .await?;
-            let agent = self.sources[idx].agent.clone();
+            let agent = self.sources[src].agent.clone();
             Approvals::on(&mut self.store)
                 .unindex(&self.name, agent.as_deref(), &id)
                 .await?;
@@ -48,7 +48,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         if record.is_settled() {
-            return self.finish(idx, &parked.entry_id, &record, None).await;
+            return self.finish(src, &parked.entry_id, &record, None).await;
         }
         // Approved in time stays approved while its delivery waits for a retry,
         // even once the deadline has passed.
@@ -58,7 +58,7 @@ impl<S: Sender> OutboxService<S> {
         };
         match state {
             State::Pending => Ok(()),
-            State::Approved => self.deliver_approved(idx, &parked.entry_id, record).await,
+            State::Approved => self.deliver_approved(src, &parked.entry_id, record).await,
             State::Rejected | State::Expired => {
                 let timeout_reason = format!(
                     "no decision within {} seconds",
@@ -76,7 +76,7 @@ impl<S: Sender> OutboxService<S> {
                     request_id: record.request_id.as_deref(),
                     ..Notice::default()
                 };
-                self.notice(idx, &parked.entry_id, None, n).await?;
+                self.notice(src, &parked.entry_id, None, n).await?;
                 if state == State::Expired {
                     let expired = self
                         .event(audit::Kind::Expired, &id)
@@ -84,7 +84,7 @@ impl<S: Sender> OutboxService<S> {
                     self.audit(&[expired]).await?;
                 }
                 tracing::info!(approval = %id, state = state.as_str(), "parked entry dropped");
-                self.finish(idx, &parked.entry_id, &record, Some(state.as_str()))
+                self.finish(src, &parked.entry_id, &record, Some(state.as_str()))
                     .await
             }
         }
@@ -92,11 +92,11 @@ impl<S: Sender> OutboxService<S> {
 
     pub(super) async fn deliver_approved(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry_id: &str,
         record: Record,
     ) -> Result<()> {
-        let key = self.sources[idx].key.clone();
+        let key = self.sources[src].key.clone();
         let id = record.id.clone();
         let Some(entry) = self.store.entry(&key, entry_id).await? else {
             let n = Notice {
@@ -106,9 +106,9 @@ impl<S: Sender> OutboxService<S> {
                 ..Notice::default()
             };
             let reason = n.reason;
-            self.notice(idx, entry_id, None, n).await?;
+            self.notice(src, entry_id, None, n).await?;
             self.audit_failed(&id, reason, None).await?;
-            return self.finish(idx, entry_id, &record, Some("failed")).await;
+            return self.finish(src, entry_id, &record, Some("failed")).await;
         };
         // Only what this bridge sealed is sent: `approved` written by anyone
         // without its key (a surface's password, a forger) sends nothing.
@@ -127,9 +127,9 @@ impl<S: Sender> OutboxService<S> {
                 approval_id: Some(&id),
                 ..Notice::default()
             };
-            self.notice(idx, entry_id, Some(&entry), n).await?;
+            self.notice(src, entry_id, Some(&entry), n).await?;
             self.audit_failed(&id, reason, None).await?;
-            return self.finish(idx, entry_id, &record, Some("failed")).await;
+            return self.finish(src, entry_id, &record, Some("failed")).await;
         }
         let checked = self
             .requested(&key, &entry)
@@ -165,10 +165,10 @@ impl<S: Sender> OutboxService<S> {
                     approval_id: Some(&id),
                     ..Notice::default()
                 };
-                self.dead_letter_only(idx, &entry, &n).await?;
-                self.notice(idx, entry_id, Some(&entry), n).await?;
+                self.dead_letter_only(src, &entry, &n).await?;
+                self.notice(src, entry_id, Some(&entry), n).await?;
                 self.audit_failed(&id, &reason, None).await?;
-                return self.finish(idx, entry_id, &record, Some("failed")).await;
+                return self.finish(src, entry_id, &record, Some("failed")).await;
             }
         };
         let dkey = delivery_key(&key, entry_id);
@@ -208,7 +208,7 @@ impl<S: Sender> OutboxService<S> {
         self.dispatch(Flight {
             gate,
             fenced: false,
-            source: idx,
+            source: src,
             entry,
             message,
             retry,
@@ -231,7 +231,7 @@ impl<S: Sender> OutboxService<S> {
         let mark = f.key.clone();
         let gate = f.gate.clone();
         let channel = f.message.channel_id.clone();
-        let (idx, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
+        let (src, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id, report) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
@@ -255,7 +255,7 @@ impl<S: Sender> OutboxService<S> {
                         output: Some(&r.output),
                         ..Notice::default()
                     };
-                    self.notice(idx, &entry_id, Some(&f.entry), n).await?;
+                    self.notice(src, &entry_id, Some(&f.entry), n).await?;
                 }
                 // Sent, but not as the agent wrote it: the agent must know.
                 if let Some(original) = &record.original_sha256 {
@@ -274,25 +274,25 @@ impl<S: Sender> OutboxService<S> {
                         sent_sha256: Some(&record.message_sha256),
                         ..Notice::default()
                     };
-                    self.notice(idx, &entry_id, Some(&f.entry), n).await?;
+                    self.notice(src, &entry_id, Some(&f.entry), n).await?;
                 }
-                self.finish(idx, &entry_id, &record, Some("approved"))
+                self.finish(src, &entry_id, &record, Some("approved"))
                     .await?;
             }
             Delivery::Failed(failed) => {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
-                self.dead_letter_only(idx, &f.entry, &n).await?;
+                self.dead_letter_only(src, &f.entry, &n).await?;
                 if n.status == "uncertain" {
-                    self.record_uncertain(idx, &f.entry, &f.message, Some(&id), n.reason)
+                    self.record_uncertain(src, &f.entry, &f.message, Some(&id), n.reason)
                         .await?;
                 } else {
                     self.audit_failed(&id, n.reason, Some(n.status)).await?;
                 }
-                self.notice(idx, &entry_id, Some(&f.entry), n.clone())
+                self.notice(src, &entry_id, Some(&f.entry), n.clone())
                     .await?;
                 // `uncertain` is shown as such: the message may have gone out.
-                self.finish(idx, &entry_id, &record, Some(n.status)).await?;
+                self.finish(src, &entry_id, &record, Some(n.status)).await?;
             }
             Delivery::Deferred(due) => {
                 // Not delivered, so the next attempt is not a retry.
@@ -321,7 +321,7 @@ impl<S: Sender> OutboxService<S> {
     /// notify side deletes it. Each step is recorded, so a crash repeats none.
     pub(super) async fn finish(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry_id: &str,
         record: &Record,
         outcome: Option<&str>,
@@ -336,11 +336,11 @@ impl<S: Sender> OutboxService<S> {
         // Acked before the outcome entry exists: once the notify side sees the
         // outcome it deletes the record, and an unacked entry would then be
         // parked again as if new.
-        self.ack(&self.sources[idx].key.clone(), entry_id).await?;
+        self.ack(&self.sources[src].key.clone(), entry_id).await?;
         if handed_over && !record.outcome_sent {
             let fields: Vec<(&str, &[u8])> = vec![
-                ("approval_id", record.id.as_bytes()),
-                ("approval_outcome", outcome.as_bytes()),
+                (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
+                (crate::fields::outbox::APPROVAL_OUTCOME, outcome.as_bytes()),
             ];
             match self
                 .store

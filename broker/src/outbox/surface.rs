@@ -47,13 +47,16 @@ impl<S: Sender> OutboxService<S> {
             }
             for (entry_id, fields) in entries {
                 let Some(fields) = fields else { continue };
+                if Class::of_fields(Kind::Flat, fields) != Class::Notification {
+                    continue;
+                }
                 let get = |n: &str| fields.iter().find(|(k, _)| k == n).map(|(_, v)| v);
-                let Some(id) = get("approval_id").and_then(|v| std::str::from_utf8(v).ok()) else {
+                let Some(id) = get(crate::fields::outbox::APPROVAL_ID)
+                    .and_then(|v| std::str::from_utf8(v).ok())
+                else {
                     continue;
                 };
-                if get("approval_outcome").is_some()
-                    || !approval::asked_through(&self.config, &self.name, id)
-                {
+                if !approval::asked_through(&self.config, &self.name, id) {
                     continue;
                 }
                 let digest = approval::fields_sha256(
@@ -145,16 +148,19 @@ impl<S: Sender> OutboxService<S> {
     /// tried again: a genuine one rejects its approval, so the agent hears why.
     pub(super) async fn handle_notification(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         deliveries: u64,
     ) -> Result<()> {
         let retry = deliveries > 1;
-        let id = entry.text("approval_id").unwrap_or_default().to_string();
+        let id = entry
+            .text(crate::fields::outbox::APPROVAL_ID)
+            .unwrap_or_default()
+            .to_string();
         if self
             .retries
             .scheduled
-            .contains(&delivery_key(&self.sources[idx].key, &entry.id))
+            .contains(&delivery_key(&self.sources[src].key, &entry.id))
         {
             return Ok(()); // waits for its retry time
         }
@@ -167,7 +173,7 @@ impl<S: Sender> OutboxService<S> {
                     approval_id: Some(&id),
                     ..Notice::default()
                 };
-                return self.dead_letter(idx, entry, n).await;
+                return self.dead_letter(src, entry, n).await;
             }
         };
         if self.is_poison(deliveries) {
@@ -185,9 +191,9 @@ impl<S: Sender> OutboxService<S> {
             )
             .await?;
             let n = FailedNotice::new("failed", reason).with_approval(&id);
-            return self.dead_letter(idx, entry, n).await;
+            return self.dead_letter(src, entry, n).await;
         }
-        let stream = self.sources[idx].key.clone();
+        let stream = self.sources[src].key.clone();
         let key = delivery_key(&stream, &entry.id);
         // Fenced like every send: a worker that stalled before its platform
         // call shows nothing once another took the entry over.
@@ -208,7 +214,7 @@ impl<S: Sender> OutboxService<S> {
         self.dispatch(Flight {
             gate,
             fenced: false,
-            source: idx,
+            source: src,
             entry: entry.clone(),
             message,
             retry,
@@ -233,14 +239,14 @@ impl<S: Sender> OutboxService<S> {
         let channel = f.message.channel_id.clone();
         let key = f.key.clone();
         let gate = f.gate.clone();
-        let (idx, id) = (f.source, record.id.clone());
+        let (src, id) = (f.source, record.id.clone());
         match self.outcome_of(&f.key, result) {
             Delivery::Sent(external_id, _) => {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 // Recorded with the others shown in the last ACK_DELAY, so a card
                 // is answerable (its map entry written) soon after it appears.
                 self.shown.push(Shown {
-                    stream: self.sources[idx].key.clone(),
+                    stream: self.sources[src].key.clone(),
                     entry_id: f.entry.id.clone(),
                     approval_id: id,
                     external_id,
@@ -263,7 +269,7 @@ impl<S: Sender> OutboxService<S> {
                     &n.reason,
                 )
                 .await?;
-                self.dead_letter(idx, &f.entry, n.with_approval(&id))
+                self.dead_letter(src, &f.entry, n.with_approval(&id))
                     .await?;
                 self.clear_in_flight(&[&key]).await?;
                 self.forget_taken_mark(&gate, &key).await?;
@@ -272,7 +278,7 @@ impl<S: Sender> OutboxService<S> {
                 // Not shown: the mark goes; the retry marks it again.
                 self.clear_in_flight(&[&key]).await?;
                 let job = Job::Notification {
-                    source: idx,
+                    source: src,
                     entry: f.entry,
                     deliveries,
                 };
@@ -380,7 +386,7 @@ impl<S: Sender> OutboxService<S> {
             channel_id: channel,
             content: text("content").unwrap_or_default(),
             approval_id: Some(id.to_string()),
-            approval_content: text("approval_content"),
+            approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
             ..Message::default()
         };
         Ok(Ok((record, message)))
@@ -393,14 +399,19 @@ impl<S: Sender> OutboxService<S> {
     /// (once; then it is acted on as the record is).
     pub(super) async fn handle_outcome(
         &mut self,
-        idx: usize,
+        src: SourceId,
         entry: &Entry,
         may_wait: bool,
     ) -> Result<()> {
         // Cards shown but not yet recorded get their external ids first.
         self.flush_shown().await?;
-        let id = entry.text("approval_id").unwrap_or("").to_string();
-        let claimed = entry.text("approval_outcome").unwrap_or("");
+        let id = entry
+            .text(crate::fields::outbox::APPROVAL_ID)
+            .unwrap_or("")
+            .to_string();
+        let claimed = entry
+            .text(crate::fields::outbox::APPROVAL_OUTCOME)
+            .unwrap_or("");
         // Off an approval surface the record is not even read (no rights on it).
         let record = if approval::asked_through(&self.config, &self.name, &id) {
             Approvals::on(&mut self.store).load(&id).await?
@@ -437,7 +448,7 @@ impl<S: Sender> OutboxService<S> {
                     reason: &reason,
                     ..Notice::default()
                 };
-                return self.dead_letter(idx, entry, n).await;
+                return self.dead_letter(src, entry, n).await;
             }
         };
         if claimed == SUPERSEDED {
@@ -452,17 +463,17 @@ impl<S: Sender> OutboxService<S> {
                     tracing::warn!(approval = %record.id, error = %e, "could not mark a card superseded");
                 }
             }
-            return self.ack(&self.sources[idx].key.clone(), &entry.id).await;
+            return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
         let sending = record.notify_entry.as_deref().and_then(|shown| {
-            let key = delivery_key(&self.sources[idx].key, shown);
+            let key = delivery_key(&self.sources[src].key, shown);
             (self.retries.scheduled.contains(&key) && !self.retries.is_deferred(&key))
                 .then_some(key)
         });
         if let (true, None, Some(card)) = (may_wait, &record.notify_external_id, sending) {
             // Its card is being sent: the outcome edits it once it exists (the
             // entry stays pending until then, so a restart loses nothing).
-            self.outcomes_waiting.insert(card, (idx, entry.clone()));
+            self.outcomes_waiting.insert(card, (src, entry.clone()));
             return Ok(());
         }
         if let Some(external) = &record.notify_external_id {
@@ -477,6 +488,6 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         Approvals::on(&mut self.store).delete_shown(&record).await?;
-        self.ack(&self.sources[idx].key.clone(), &entry.id).await
+        self.ack(&self.sources[src].key.clone(), &entry.id).await
     }
 }
