@@ -1,7 +1,8 @@
 //! What a bridge crate provides, and the one runner every bridge binary shares.
 //!
-//! A bridge is its settings, its [`Sender`], its ingest and (optionally) a
-//! liveness probe: [`Bridge`]. Everything else (connections, groups, parking,
+//! A bridge is its settings, its [`Sender`] (the contract below: [`Outgoing`]
+//! in, [`Sent`] or [`SendError`] out, [`CardUpdate`] for a card), its ingest
+//! and (optionally) a liveness probe: [`Bridge`]. Everything else (connections, groups, parking,
 //! pings, heartbeats) is the broker's, and nothing in `broker` names a bridge
 //! type. A binary's `main` is one line: `service::main::<MyBridge>(Service::Outbox)`.
 //!
@@ -11,13 +12,17 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::approval::Record;
+use crate::config::BridgeConfig;
 use crate::config::{Config, Service};
+use crate::entry::Message;
 use crate::error::{ConfigError, Result};
 use crate::ingest::Ingest;
 use crate::keys;
-use crate::outbox::{OutboxService, Sender};
+use crate::outbox::OutboxService;
 use crate::ping::{PingService, Probe};
 use crate::shutdown::Shutdown;
+use crate::store::Entry;
 use crate::store::Store;
 
 /// One bridge type: what talks to its platform.
@@ -41,6 +46,157 @@ pub trait Bridge: Sized + Send + Sync + 'static {
     fn probe(&self, name: &str) -> Result<Option<Probe>> {
         let _ = name;
         Ok(None)
+    }
+}
+
+// The contract between the outbox and a bridge's platform: what to deliver
+// ([`Outgoing`]), how it went ([`Sent`], [`SendError`]), and how an approval
+// ended, for its card ([`CardUpdate`]).
+
+/// One message to deliver.
+#[derive(Debug, Clone, Copy)]
+pub struct Outgoing<'a> {
+    pub message: &'a Message,
+    /// Stable per stream entry: the same on every retry, unique across entries.
+    pub delivery_key: &'a str,
+    /// A previous attempt may have delivered it already (crash or lost reply).
+    pub retry: bool,
+    /// On an approval notification: the record it asks about.
+    pub approval: Option<&'a Record>,
+}
+
+/// What a run of a declared action reported (effects bridges): passed on to
+/// the agent in its notice.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    /// `done`, `failed` or `timed_out`.
+    pub status: &'static str,
+    pub exit_code: Option<i32>,
+    /// The last few KiB of what it printed.
+    pub output: String,
+    /// One line for people: what happened.
+    pub reason: String,
+}
+
+/// A delivery made: the platform's id for it, and what it reported, if anything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub external_id: String,
+    pub report: Option<Report>,
+}
+
+impl From<String> for Sent {
+    fn from(external_id: String) -> Sent {
+        Sent {
+            external_id,
+            report: None,
+        }
+    }
+}
+
+/// Why a send did not happen, classified for the retry policy.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SendError {
+    /// Worth retrying after a pause (rate limit, lost connection, 4xx SMTP).
+    #[error("transient: {0}")]
+    Transient(String),
+    /// Will never work (unknown channel, refused recipient): dead letter.
+    #[error("{0}")]
+    Permanent(String),
+    /// May or may not have been delivered; never retried blindly.
+    #[error("uncertain: {0}")]
+    Uncertain(String),
+    /// A declared action ran and did not succeed (`failed`, `timed_out`): dead
+    /// letter, and the report goes to the agent. Never retried.
+    #[error("{}", .0.reason)]
+    Ran(Report),
+    /// The platform refused the bridge's own credentials (a wrong or revoked
+    /// token, a refused SMTP login): nothing can be sent until the config is
+    /// fixed. Nothing was sent; the service stops with a configuration error
+    /// (exit 78, not restarted) and the entry stays pending, so no message is
+    /// dead-lettered for what is the deployment's fault, and the platform is
+    /// not sent request after refused request (Discord bans an address that
+    /// makes too many).
+    #[error("credentials refused: {0}")]
+    Credentials(String),
+}
+
+/// How an approval ended, for the notify bridge to show on its card.
+#[derive(Debug, Clone, Copy)]
+pub struct CardUpdate<'a> {
+    /// `approved`, `rejected`, `expired` or `failed`, as the record says.
+    pub outcome: &'a str,
+    /// The notification's id on the platform.
+    pub external_id: &'a str,
+    /// Where the notification was sent.
+    pub channel_id: &'a str,
+    /// The settled record, as the requesting service left it (verified: only
+    /// the broker writes records).
+    pub record: &'a Record,
+}
+
+/// What a platform does for the outbox: deliver and name the result, and
+/// optionally show an approval's outcome on its notification.
+pub trait Sender: Send + Sync + 'static {
+    /// Whether sending one delivery key twice is harmless because the sender or
+    /// its platform drops the duplicate (a nonce, a search before writing). When
+    /// false, the outbox marks each delivery in flight, and `retry` is set only
+    /// when such a mark shows an earlier attempt may have reached the platform.
+    const DEDUPLICATES: bool = true;
+
+    /// Whether one delivery may be several platform messages (Discord splits
+    /// long content). Then two deliveries to one destination never overlap, or
+    /// their parts would interleave; plain entries keep stream order anyway.
+    /// True unless the sender says otherwise: overlapping is the risk.
+    const SPLITS: bool = true;
+
+    /// Turns an agent's entry into what this bridge delivers, or the reason it
+    /// is refused (dead letter and notice). Messages by default; a bridge whose
+    /// entries are something else (a declared action) validates them here, and
+    /// may add `context` for approvers. Called again before an approved entry
+    /// is sent, and the result must bind to the same digest.
+    fn request(
+        &self,
+        entry: &Entry,
+        bridge: &BridgeConfig,
+    ) -> impl Future<Output = std::result::Result<Message, String>> + Send {
+        let parsed = Message::from_entry_with(entry, bridge, |raw| self.canonical_destination(raw));
+        async move { parsed }
+    }
+
+    /// The destination as this platform will deliver to it, or why the sender
+    /// would reinterpret it (and so refuses it): Discord ids as the one decimal
+    /// spelling of a snowflake, email as the bare mailbox with its domain in
+    /// lower case and no routing, quoting or look-alike characters. Every check
+    /// (`destinations`, the approval channels) and the digest use this form.
+    /// The default takes a destination as written.
+    fn canonical_destination(&self, raw: &str) -> std::result::Result<String, String> {
+        Ok(raw.to_string())
+    }
+
+    /// Delivers one message and returns its id on the platform (the external id).
+    fn send(
+        &self,
+        out: Outgoing<'_>,
+    ) -> impl Future<Output = std::result::Result<Sent, SendError>> + Send;
+
+    /// Shows the outcome on the notification (e.g. edits the Discord card), so
+    /// nobody answers a dead request. Cosmetic: failures are logged, not retried.
+    fn update(
+        &self,
+        outcome: CardUpdate<'_>,
+    ) -> impl Future<Output = std::result::Result<(), SendError>> + Send {
+        let _ = outcome;
+        async { Ok(()) }
+    }
+
+    /// Whether the platform already has this delivery, which another worker
+    /// started and may still be completing: its external id when the sender
+    /// can prove it, `None` when it cannot tell. Never sends. The default
+    /// cannot tell, so such a delivery is reported `uncertain`.
+    fn delivered_already(&self, out: Outgoing<'_>) -> impl Future<Output = Option<String>> + Send {
+        let _ = out;
+        async { None }
     }
 }
 

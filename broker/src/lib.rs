@@ -1,7 +1,7 @@
 //! `broker`: the Outbox Approval Protocol over Redis Streams.
 //!
 //! Agents write to outbox streams; a bridge's outbox service delivers each entry
-//! through the bridge's [`outbox::Sender`], or first parks it behind an
+//! through the bridge's [`bridge::Sender`], or first parks it behind an
 //! `approval:{uuid}` record and asks a human through another bridge. Inbound
 //! traffic and notices flow back into inbox streams. Everything a bridge shares
 //! with the others (groups, parking, expiry, maps, notices, dead letters, pings,
@@ -53,10 +53,11 @@ pub mod shutdown;
 pub mod store;
 pub mod systemd;
 
+pub use bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 pub use clock::Clock;
 pub use config::Config;
 pub use error::{Error, Result};
-pub use outbox::{OutboxService, Outgoing, Report, SendError, Sender, Sent};
+pub use outbox::OutboxService;
 pub use shutdown::Shutdown;
 pub use store::Store;
 

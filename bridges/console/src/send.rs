@@ -10,7 +10,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use broker::outbox::{Outgoing, SendError, Sender, Sent};
+use broker::bridge::{Outgoing, SendError, Sender, Sent};
 use serde::{Deserialize, Serialize};
 
 /// One delivered message, as written to the output file.

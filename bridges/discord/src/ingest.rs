@@ -70,7 +70,7 @@ where
 fn discord_error(what: String, err: serenity::Error) -> Error {
     let message = format!("{what}: {err}");
     match crate::send::classify(err) {
-        broker::outbox::SendError::Transient(_) | broker::outbox::SendError::Uncertain(_) => {
+        broker::bridge::SendError::Transient(_) | broker::bridge::SendError::Uncertain(_) => {
             Error::platform(true, message)
         }
         _ => Error::platform(false, message),

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use broker::outbox::{Outcome, Outgoing, SendError, Sender, Sent};
+use broker::bridge::{CardUpdate, Outgoing, SendError, Sender, Sent};
 use serenity::builder::{CreateAllowedMentions, CreateMessage, EditMessage};
 use serenity::http::{Http, HttpError, LightMethod, Request, Route};
 use serenity::model::channel::Message;
@@ -241,7 +241,7 @@ impl Sender for DiscordSender {
         self.deliver(out).await.map(Sent::from)
     }
 
-    async fn update(&self, outcome: Outcome<'_>) -> Result<(), SendError> {
+    async fn update(&self, outcome: CardUpdate<'_>) -> Result<(), SendError> {
         let channel_id = channel(outcome.channel_id)?;
         let id = message_id(outcome.external_id)?;
         let text = render::closed_card(outcome.record, outcome.outcome);

@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use broker::bridge::Bridge;
+use broker::bridge::{Outgoing, Report, SendError, Sender, Sent};
 use broker::entry::Message;
 use broker::error::ConfigError;
 use broker::ingest::Ingest;
-use broker::outbox::{Outgoing, Report, SendError, Sender, Sent};
 use broker::store::Entry;
 use broker::{Config, Result, Shutdown};
 use serde::Deserialize;

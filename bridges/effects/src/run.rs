@@ -14,7 +14,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use broker::outbox::{Outgoing, Report, SendError, Sender, Sent};
+use broker::bridge::{Outgoing, Report, SendError, Sender, Sent};
 use tokio::io::AsyncReadExt;
 
 use crate::config::{Action, EffectsSettings};

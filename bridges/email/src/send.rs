@@ -16,8 +16,8 @@
 use std::time::Duration;
 
 use broker::approval::{self, Record};
+use broker::bridge::{Outgoing, SendError, Sender, Sent};
 use broker::config::read_secret;
-use broker::outbox::{Outgoing, SendError, Sender, Sent};
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Tls as SmtpTls, TlsParameters};

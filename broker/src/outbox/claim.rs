@@ -11,7 +11,7 @@
 //!   worker's parked entries, which sit idle by design.)
 //! - A worker that finds its lease expired (it was paused, or cut off from Redis
 //!   past `claim_idle_seconds`) may have been taken over: it fences itself, drops
-//!   everything it holds in memory (flights, retries, parked entries) and reads
+//!   everything it holds in memory ([`super::memory`], forgotten as one) and reads
 //!   its own pending list again, which no longer holds what was taken. One that
 //!   finds its lease held by another instance stops: two processes were started
 //!   with one worker name.
@@ -153,18 +153,7 @@ impl<S: Sender> OutboxService<S> {
     /// lease again; the caller then reads this worker's pending list afresh.
     pub(super) async fn fence(&mut self) -> Result<()> {
         tracing::warn!(bridge = %self.name, worker = %self.worker, "worker lease lapsed; another worker may have taken over: starting over from this worker's pending list");
-        self.flights.abort_all();
-        while self.flights.join_next().await.is_some() {}
-        self.ready.clear();
-        self.to_park.clear();
-        self.acks.clear();
-        self.acks_since = None;
-        self.shown.clear();
-        self.claims.clear();
-        self.retries = Retries::default();
-        self.parked.clear();
-        self.deadlines.clear();
-        self.outcomes_waiting.clear();
+        self.mem.forget().await;
         self.lease = None;
         self.take_lease().await
     }

@@ -27,7 +27,6 @@
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
-use super::fair::Lanes;
 use super::inflight::{self, Gate};
 use super::*;
 
@@ -45,29 +44,24 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<()> {
         let stream = self.sources[src].key.clone();
         let key = delivery_key(&stream, &entry.id);
-        if !resumed && self.retries.scheduled.contains(&key) {
+        if !resumed && self.mem.sched.is_scheduled(&key) {
             return Ok(()); // read again while it waits for its retry
         }
         let channel = message.channel_id.clone();
-        if !resumed && self.retries.waiting.contains_key(&channel) {
+        if !resumed && self.mem.sched.is_busy(&channel) {
             // Behind an earlier delivery to the same destination, in flight or
             // waiting for a retry: order per destination is kept.
-            self.retries.scheduled.insert(key.clone());
             let job = Job::Plain {
                 source: src,
                 entry: entry.clone(),
                 message: message.clone(),
                 retry,
             };
-            self.retries
-                .waiting
-                .entry(channel)
-                .or_default()
-                .push(PLAIN_LANE, (key, job));
+            self.mem.sched.queue_behind(&channel, PLAIN_LANE, key, job);
             return Ok(());
         }
         // This is now the destination's current delivery.
-        self.retries.waiting.entry(channel).or_default();
+        self.mem.sched.hold(&channel);
         let prior = self.mark_in_flight(&stream, &entry.id, &key).await?;
         if prior == inflight::Prior::NotMine {
             // Taken over while this worker was away: the taker delivers it.
@@ -95,27 +89,15 @@ impl<S: Sender> OutboxService<S> {
     /// overlapping deliveries would interleave their parts). It stays scheduled
     /// until its outcome is recorded, so nothing starts it twice.
     pub(super) fn dispatch(&mut self, flight: Flight) {
-        self.retries.scheduled.insert(flight.key.clone());
-        if !S::SPLITS {
-            return self.take_off(flight);
-        }
-        let channel = flight.message.channel_id.clone();
-        match self.retries.waiting.get_mut(&channel) {
-            Some(queue) => {
-                let lane = flight.lane();
-                queue.push(&lane, (flight.key.clone(), Job::Flight(Box::new(flight))))
-            }
-            None => {
-                self.retries.waiting.insert(channel, Default::default());
-                self.take_off(flight);
-            }
+        if let Some(flight) = self.mem.sched.dispatch(flight, S::SPLITS) {
+            self.take_off(flight);
         }
     }
 
     /// The delivery to `channel` is over (or waits for a retry without holding
     /// it): starts what queued behind it.
     pub(super) async fn start_next(&mut self, channel: &str) -> Result<()> {
-        match self.retries.release(channel) {
+        match self.mem.sched.release(channel) {
             Some((
                 _,
                 Job::Plain {
@@ -125,8 +107,7 @@ impl<S: Sender> OutboxService<S> {
                     retry,
                 },
             )) => Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await,
-            Some((key, Job::Flight(f))) => {
-                self.retries.scheduled.insert(key);
+            Some((_, Job::Flight(f))) => {
                 self.take_off(*f);
                 Ok(())
             }
@@ -137,11 +118,10 @@ impl<S: Sender> OutboxService<S> {
 
     /// Starts a send now if there is room, or as soon as there is.
     pub(super) fn take_off(&mut self, flight: Flight) {
-        if self.flights.len() < self.bridge.max_in_flight {
+        if self.mem.flights.len() < self.bridge.max_in_flight {
             self.launch(flight);
         } else {
-            let lane = flight.lane();
-            self.ready.push(&lane, flight);
+            self.mem.sched.wait_for_room(flight);
         }
     }
 
@@ -157,7 +137,7 @@ impl<S: Sender> OutboxService<S> {
             consumer: self.consumer.clone(),
             entry_id: flight.entry.id.clone(),
         };
-        self.flights.spawn(async move {
+        self.mem.flights.spawn(async move {
             let passed = match &flight.gate {
                 Gate::Mine(worker) => inflight::pass(&mut conn, &holder, &flight.key, worker).await,
                 Gate::Taken(_) | Gate::Repeat(_) => Ok(true),
@@ -203,22 +183,10 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn drain(&mut self) -> Result<()> {
         let result = self.drain_all().await;
         if result.is_err() {
-            self.flights.abort_all();
-            while self.flights.join_next().await.is_some() {}
-            self.ready.clear();
-            self.to_park.clear();
-            self.claims.clear();
-            self.acks.clear();
-            self.acks_since = None;
-            self.shown.clear();
-            self.retries = Retries::default();
             // Parked entries whose sends were abandoned (or queued) are tracked
             // again by the recovery that follows every error, which settles the
             // decided ones at once instead of leaving them to the sweep.
-            self.parked.clear();
-            self.deadlines.clear();
-            self.sweep_queue.clear();
-            self.outcomes_waiting.clear();
+            self.mem.forget().await;
         }
         result
     }
@@ -227,7 +195,7 @@ impl<S: Sender> OutboxService<S> {
     /// now, starts what waited for room, then acks the delivered ones together.
     pub(super) async fn collect(&mut self, joined: Joined) -> Result<()> {
         let mut joined = Some(joined);
-        while let Some(j) = joined.take().or_else(|| self.flights.try_join_next()) {
+        while let Some(j) = joined.take().or_else(|| self.mem.flights.try_join_next()) {
             let (flight, result) =
                 j.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
             self.stop_if_refused(&flight, &result).await?;
@@ -268,9 +236,12 @@ impl<S: Sender> OutboxService<S> {
     /// for many entries, while a delivered entry stays pending only briefly (a
     /// crash before its ack sends it again with `retry`, which is deduplicated).
     pub(super) async fn flush_acks_due(&mut self) -> Result<()> {
-        let due = self.flights.is_empty()
-            || self.acks.len() >= self.bridge.batch
-            || self.acks_since.is_some_and(|t| t.elapsed() >= ACK_DELAY);
+        let due = self.mem.flights.is_empty()
+            || self.mem.acks.len() >= self.bridge.batch
+            || self
+                .mem
+                .acks_since
+                .is_some_and(|t| t.elapsed() >= ACK_DELAY);
         if due {
             self.flush_acks().await?;
         }
@@ -279,8 +250,8 @@ impl<S: Sender> OutboxService<S> {
 
     /// Starts queued sends while there is room.
     fn launch_ready(&mut self) {
-        while self.flights.len() < self.bridge.max_in_flight {
-            match self.ready.pop() {
+        while self.mem.flights.len() < self.bridge.max_in_flight {
+            match self.mem.sched.next_for_room() {
                 Some(f) => self.launch(f),
                 None => break,
             }
@@ -290,7 +261,7 @@ impl<S: Sender> OutboxService<S> {
     async fn drain_all(&mut self) -> Result<()> {
         loop {
             self.launch_ready();
-            let Some(joined) = self.flights.join_next().await else {
+            let Some(joined) = self.mem.flights.join_next().await else {
                 self.flush_shown().await?;
                 return self.flush_acks().await;
             };
@@ -306,11 +277,11 @@ impl<S: Sender> OutboxService<S> {
     /// their in-flight marks (a mark cleared before its ack would let a restart
     /// send the message again).
     async fn flush_acks(&mut self) -> Result<()> {
-        self.acks_since = None;
-        if self.acks.is_empty() {
+        self.mem.acks_since = None;
+        if self.mem.acks.is_empty() {
             return Ok(());
         }
-        let acks = std::mem::take(&mut self.acks);
+        let acks = std::mem::take(&mut self.mem.acks);
         let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (stream, id, _) in &acks {
             by_stream
@@ -337,7 +308,7 @@ impl<S: Sender> OutboxService<S> {
             // Another worker holds this delivery now; this one forgets it (and
             // fences itself once it sees its lease lapsed).
             tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
-            self.retries.scheduled.remove(&f.key);
+            self.mem.sched.end(&f.key);
             return self.start_next(&f.message.channel_id).await;
         }
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
@@ -360,8 +331,10 @@ impl<S: Sender> OutboxService<S> {
                 // Acked with the rest of the batch, then its mark cleared. A
                 // taken-over one was proven on the platform: a restart before
                 // its ack finds it there again, so the other's mark can go now.
-                self.acks.push((stream, f.entry.id.clone(), f.key.clone()));
-                self.acks_since.get_or_insert_with(Instant::now);
+                self.mem
+                    .acks
+                    .push((stream, f.entry.id.clone(), f.key.clone()));
+                self.mem.acks_since.get_or_insert_with(Instant::now);
                 self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Failed(n) => {
@@ -386,7 +359,7 @@ impl<S: Sender> OutboxService<S> {
                     message: f.message,
                     retry: f.retry,
                 };
-                self.retries.defer(f.key, due, job);
+                self.mem.sched.defer(f.key, due, job);
                 return Ok(());
             }
         }
@@ -405,44 +378,36 @@ impl<S: Sender> OutboxService<S> {
         let key = key.to_string();
         match result {
             Ok(sent) => {
-                self.retries.attempts.remove(&key);
+                self.mem.sched.finished(&key);
                 Delivery::Sent(sent.external_id, sent.report)
             }
             Err(SendError::Ran(report)) => {
-                self.retries.attempts.remove(&key);
+                self.mem.sched.finished(&key);
                 Delivery::Failed(FailedNotice::ran(report))
             }
             // Credentials stop the service before this ([`Self::stop_if_refused`]).
             Err(SendError::Transient(why) | SendError::Credentials(why)) => {
                 let now = tokio::time::Instant::now();
-                let (attempts, first) = {
-                    let a = self.retries.attempts.entry(key.clone()).or_insert((0, now));
-                    a.0 += 1;
-                    *a
-                };
-                match self.policy.next(attempts, now - first) {
-                    Some(wait) => {
-                        tracing::warn!(attempts, error = %why, retry_in = ?wait, "send failed; deferred");
+                match self.mem.sched.failed(&key, now, &self.policy) {
+                    Ok(wait) => {
+                        tracing::warn!(error = %why, retry_in = ?wait, "send failed; deferred");
                         Delivery::Deferred(now + wait)
                     }
-                    None => {
-                        self.retries.attempts.remove(&key);
-                        Delivery::Failed(FailedNotice::new(
-                            "failed",
-                            format!(
-                                "gave up after {attempts} attempts over {} s: {why}",
-                                (now - first).as_secs()
-                            ),
-                        ))
-                    }
+                    Err((attempts, over)) => Delivery::Failed(FailedNotice::new(
+                        "failed",
+                        format!(
+                            "gave up after {attempts} attempts over {} s: {why}",
+                            over.as_secs()
+                        ),
+                    )),
                 }
             }
             Err(SendError::Permanent(why)) => {
-                self.retries.attempts.remove(&key);
+                self.mem.sched.finished(&key);
                 Delivery::Failed(FailedNotice::new("failed", why))
             }
             Err(SendError::Uncertain(why)) => {
-                self.retries.attempts.remove(&key);
+                self.mem.sched.finished(&key);
                 Delivery::Failed(FailedNotice::new(
                     "uncertain",
                     format!("delivery uncertain, not retried: {why}"),
@@ -453,7 +418,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Runs every deferred job whose retry time has come.
     pub(super) async fn retry_due(&mut self) -> Result<()> {
-        while let Some((_, job)) = self.retries.pop_due(tokio::time::Instant::now()) {
+        while let Some((_, job)) = self.mem.sched.pop_due(tokio::time::Instant::now()) {
             match job {
                 Job::Plain {
                     source,
@@ -595,65 +560,6 @@ impl RetryPolicy {
     }
 }
 
-/// Deferred and queued deliveries of one outbox service.
-#[derive(Default)]
-pub(super) struct Retries {
-    /// Due time → (delivery key, job); the sequence number keeps equal times apart.
-    deferred: BTreeMap<(tokio::time::Instant, u64), (String, Job)>,
-    seq: u64,
-    /// Delivery keys deferred or queued, so each is scheduled once.
-    pub(super) scheduled: std::collections::HashSet<String>,
-    /// Destinations with a delivery waiting for its retry, and the jobs queued
-    /// behind it: cards in their requester's lane, the rest in [`PLAIN_LANE`].
-    pub(super) waiting: HashMap<String, Lanes<(String, Job)>>,
-    /// Delivery key → (failed attempts, time of the first failure).
-    pub(super) attempts: HashMap<String, (u32, tokio::time::Instant)>,
-}
-
-impl Retries {
-    pub(super) fn defer(&mut self, key: String, due: tokio::time::Instant, job: Job) {
-        self.seq += 1;
-        self.scheduled.insert(key.clone());
-        self.deferred.insert((due, self.seq), (key, job));
-    }
-
-    fn pop_due(&mut self, now: tokio::time::Instant) -> Option<(String, Job)> {
-        let first = *self.deferred.keys().next()?;
-        if first.0 > now {
-            return None;
-        }
-        let (key, job) = self.deferred.remove(&first)?;
-        self.scheduled.remove(&key);
-        Some((key, job))
-    }
-
-    /// Whether `key` waits for its retry time (not under way, not queued).
-    pub(super) fn is_deferred(&self, key: &str) -> bool {
-        self.deferred.values().any(|(k, _)| k == key)
-    }
-
-    /// The earliest retry time.
-    pub(super) fn next_due(&self) -> Option<tokio::time::Instant> {
-        self.deferred.keys().next().map(|(t, _)| *t)
-    }
-
-    /// The delivery to `channel` is done: returns the next one queued behind it
-    /// (which becomes the destination's current delivery), or frees it.
-    pub(super) fn release(&mut self, channel: &str) -> Option<(String, Job)> {
-        let queue = self.waiting.get_mut(channel)?;
-        match queue.pop() {
-            Some((key, job)) => {
-                self.scheduled.remove(&key);
-                Some((key, job))
-            }
-            None => {
-                self.waiting.remove(channel);
-                None
-            }
-        }
-    }
-}
-
 /// A send under way, with what its outcome needs.
 pub(super) struct Flight {
     pub(super) source: SourceId,
@@ -775,35 +681,6 @@ impl AsNotice for FailedNotice {
 mod tests {
     use super::*;
 
-    fn job(n: usize) -> Job {
-        Job::Approved {
-            approval_id: format!("a{n}"),
-        }
-    }
-
-    /// Under paused time nothing is due until the clock reaches it, and jobs
-    /// come out in due order (equal times in the order they were deferred).
-    #[tokio::test(start_paused = true)]
-    async fn deferred_jobs_come_due_in_order_as_time_passes() {
-        let mut r = Retries::default();
-        let now = tokio::time::Instant::now();
-        r.defer("k2".into(), now + Duration::from_secs(2), job(2));
-        r.defer("k1".into(), now + Duration::from_secs(1), job(1));
-        r.defer("k1b".into(), now + Duration::from_secs(1), job(3));
-        assert!(r.scheduled.contains("k2") && r.is_deferred("k1"));
-        assert_eq!(r.next_due(), Some(now + Duration::from_secs(1)));
-        assert!(r.pop_due(tokio::time::Instant::now()).is_none());
-        tokio::time::advance(Duration::from_millis(1_500)).await;
-        let due: Vec<String> = std::iter::from_fn(|| r.pop_due(tokio::time::Instant::now()))
-            .map(|(k, _)| k)
-            .collect();
-        assert_eq!(due, ["k1", "k1b"]);
-        assert!(!r.scheduled.contains("k1"), "popped is no longer scheduled");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(r.pop_due(tokio::time::Instant::now()).unwrap().0, "k2");
-        assert_eq!(r.next_due(), None);
-    }
-
     /// The policy backs off exponentially to its cap and gives up after its
     /// attempts or its time, whichever comes first.
     #[test]
@@ -821,26 +698,5 @@ mod tests {
             max_retry: Duration::from_secs(3600),
         };
         assert_eq!(long.next(20, Duration::ZERO), Some(Duration::from_secs(30)));
-    }
-
-    /// A destination stays busy while it has a current delivery; releasing it
-    /// hands out the queued ones in order, then frees it.
-    #[test]
-    fn a_destination_hands_out_its_queue_in_order() {
-        let mut r = Retries::default();
-        r.waiting.insert("ops".into(), Default::default());
-        for n in 1..=2 {
-            r.scheduled.insert(format!("q{n}"));
-            r.waiting
-                .get_mut("ops")
-                .unwrap()
-                .push(PLAIN_LANE, (format!("q{n}"), job(n)));
-        }
-        assert_eq!(r.release("ops").unwrap().0, "q1");
-        assert!(r.waiting.contains_key("ops"), "q1 is now current");
-        assert_eq!(r.release("ops").unwrap().0, "q2");
-        assert!(r.release("ops").is_none());
-        assert!(!r.waiting.contains_key("ops"), "free again");
-        assert!(r.scheduled.is_empty());
     }
 }

@@ -53,10 +53,6 @@ impl<T> Lanes<T> {
         }
         item
     }
-
-    pub(super) fn clear(&mut self) {
-        *self = Lanes::default();
-    }
 }
 
 #[cfg(test)]
@@ -92,8 +88,6 @@ mod tests {
         l.push("ann", "a2");
         l.push("cid", "c1");
         assert_eq!(drain(&mut l), ["b1", "a2", "c1"]);
-        l.push("x", "x1");
-        l.clear();
         assert_eq!(l.pop(), None);
     }
 }

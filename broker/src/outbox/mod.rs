@@ -10,9 +10,12 @@
 //! # Layout (each module states its invariants)
 //!
 //! - [`reader`]: the loop, recovery, and the dispatch of each entry.
-//! - [`parking`]: records, notifications, the parked index, deadlines and sweep.
+//! - [`memory`]: everything a worker remembers between steps, forgotten as one.
+//! - [`parked`]: the parked entries known, their deadlines and the sweep's round robin.
+//! - [`parking`]: records, notifications, expiry and the sweep.
 //! - [`settle`]: acting on decisions and expiries, closing records.
 //! - [`deliver`]: sending, dead letters, notices.
+//! - [`schedule`]: deferred, queued and waiting sends, and their attempts.
 //! - [`fair`]: sends waiting for room take turns by requesting agent.
 //! - [`inflight`]: the marks and the gate that fence a send to one worker.
 //! - [`surface`]: the notify side: notifications and outcomes shown to humans.
@@ -26,26 +29,31 @@ mod deliver;
 mod fair;
 mod incoming;
 mod inflight;
+mod memory;
+mod parked;
 mod parking;
 mod reader;
 mod retention;
+mod schedule;
 mod settle;
 mod source;
 mod surface;
 
 pub use deliver::RetryPolicy;
-use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose, Retries};
+
+use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
+use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose};
 use incoming::Class;
+use memory::Memory;
 use source::{Kind, Source, SourceId, Sources};
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 
-use crate::approval::{self, repo::Claim, Approvals, IdKey, Record, State, Status};
+use crate::approval::{self, Approvals, IdKey, Record, State, Status};
 use crate::audit;
 use crate::clock::Clock;
 use crate::config::{BridgeConfig, Config};
@@ -72,166 +80,12 @@ const DEAD_FIELDS_KEPT: usize = 64;
 /// Longest a delivered entry waits for its ack while other sends are under way.
 const ACK_DELAY: Duration = Duration::from_millis(20);
 
-/// One message to deliver.
-#[derive(Debug, Clone, Copy)]
-pub struct Outgoing<'a> {
-    pub message: &'a Message,
-    /// Stable per stream entry: the same on every retry, unique across entries.
-    pub delivery_key: &'a str,
-    /// A previous attempt may have delivered it already (crash or lost reply).
-    pub retry: bool,
-    /// On an approval notification: the record it asks about.
-    pub approval: Option<&'a Record>,
-}
-
-/// What a run of a declared action reported (effects bridges): passed on to
-/// the agent in its notice.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
-    /// `done`, `failed` or `timed_out`.
-    pub status: &'static str,
-    pub exit_code: Option<i32>,
-    /// The last few KiB of what it printed.
-    pub output: String,
-    /// One line for people: what happened.
-    pub reason: String,
-}
-
-/// A delivery made: the platform's id for it, and what it reported, if anything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sent {
-    pub external_id: String,
-    pub report: Option<Report>,
-}
-
-impl From<String> for Sent {
-    fn from(external_id: String) -> Sent {
-        Sent {
-            external_id,
-            report: None,
-        }
-    }
-}
-
-/// Why a send did not happen, classified for the retry policy.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SendError {
-    /// Worth retrying after a pause (rate limit, lost connection, 4xx SMTP).
-    #[error("transient: {0}")]
-    Transient(String),
-    /// Will never work (unknown channel, refused recipient): dead letter.
-    #[error("{0}")]
-    Permanent(String),
-    /// May or may not have been delivered; never retried blindly.
-    #[error("uncertain: {0}")]
-    Uncertain(String),
-    /// A declared action ran and did not succeed (`failed`, `timed_out`): dead
-    /// letter, and the report goes to the agent. Never retried.
-    #[error("{}", .0.reason)]
-    Ran(Report),
-    /// The platform refused the bridge's own credentials (a wrong or revoked
-    /// token, a refused SMTP login): nothing can be sent until the config is
-    /// fixed. Nothing was sent; the service stops with a configuration error
-    /// (exit 78, not restarted) and the entry stays pending, so no message is
-    /// dead-lettered for what is the deployment's fault, and the platform is
-    /// not sent request after refused request (Discord bans an address that
-    /// makes too many).
-    #[error("credentials refused: {0}")]
-    Credentials(String),
-}
-
-/// The outcome of an approval, for the notify bridge to show on its notification.
-#[derive(Debug, Clone, Copy)]
-pub struct Outcome<'a> {
-    /// `approved`, `rejected`, `expired` or `failed`, as the record says.
-    pub outcome: &'a str,
-    /// The notification's id on the platform.
-    pub external_id: &'a str,
-    /// Where the notification was sent.
-    pub channel_id: &'a str,
-    /// The settled record, as the requesting service left it (verified: only
-    /// the broker writes records).
-    pub record: &'a Record,
-}
-
-/// What a platform does for the outbox: deliver and name the result, and
-/// optionally show an approval's outcome on its notification.
-pub trait Sender: Send + Sync + 'static {
-    /// Whether sending one delivery key twice is harmless because the sender or
-    /// its platform drops the duplicate (a nonce, a search before writing). When
-    /// false, the outbox marks each delivery in flight, and `retry` is set only
-    /// when such a mark shows an earlier attempt may have reached the platform.
-    const DEDUPLICATES: bool = true;
-
-    /// Whether one delivery may be several platform messages (Discord splits
-    /// long content). Then two deliveries to one destination never overlap, or
-    /// their parts would interleave; plain entries keep stream order anyway.
-    /// True unless the sender says otherwise: overlapping is the risk.
-    const SPLITS: bool = true;
-
-    /// Turns an agent's entry into what this bridge delivers, or the reason it
-    /// is refused (dead letter and notice). Messages by default; a bridge whose
-    /// entries are something else (a declared action) validates them here, and
-    /// may add `context` for approvers. Called again before an approved entry
-    /// is sent, and the result must bind to the same digest.
-    fn request(
-        &self,
-        entry: &Entry,
-        bridge: &BridgeConfig,
-    ) -> impl Future<Output = std::result::Result<Message, String>> + Send {
-        let parsed = Message::from_entry_with(entry, bridge, |raw| self.canonical_destination(raw));
-        async move { parsed }
-    }
-
-    /// The destination as this platform will deliver to it, or why the sender
-    /// would reinterpret it (and so refuses it): Discord ids as the one decimal
-    /// spelling of a snowflake, email as the bare mailbox with its domain in
-    /// lower case and no routing, quoting or look-alike characters. Every check
-    /// (`destinations`, the approval channels) and the digest use this form.
-    /// The default takes a destination as written.
-    fn canonical_destination(&self, raw: &str) -> std::result::Result<String, String> {
-        Ok(raw.to_string())
-    }
-
-    /// Delivers one message and returns its id on the platform (the external id).
-    fn send(
-        &self,
-        out: Outgoing<'_>,
-    ) -> impl Future<Output = std::result::Result<Sent, SendError>> + Send;
-
-    /// Shows the outcome on the notification (e.g. edits the Discord card), so
-    /// nobody answers a dead request. Cosmetic: failures are logged, not retried.
-    fn update(
-        &self,
-        outcome: Outcome<'_>,
-    ) -> impl Future<Output = std::result::Result<(), SendError>> + Send {
-        let _ = outcome;
-        async { Ok(()) }
-    }
-
-    /// Whether the platform already has this delivery, which another worker
-    /// started and may still be completing: its external id when the sender
-    /// can prove it, `None` when it cannot tell. Never sends. The default
-    /// cannot tell, so such a delivery is reported `uncertain`.
-    fn delivered_already(&self, out: Outgoing<'_>) -> impl Future<Output = Option<String>> + Send {
-        let _ = out;
-        async { None }
-    }
-}
-
 /// A fresh entry waiting to be parked with its batch.
 struct NewPark {
     source: SourceId,
     entry: Entry,
     message: Message,
     id: String,
-}
-
-#[derive(Debug, Clone)]
-struct Parked {
-    source: SourceId,
-    entry_id: String,
-    expires_at: u64,
 }
 
 /// A finished send: the flight and what the platform said.
@@ -251,38 +105,12 @@ pub struct OutboxService<S> {
     worker: String,
     consumer: String,
     sources: Sources,
-    parked: HashMap<String, Parked>,
-    /// Parked ids still to be re-read this round of sweeps.
-    sweep_queue: Vec<String>,
-    deadlines: BTreeSet<(u64, String)>,
+    /// What the worker remembers between steps ([`memory`]).
+    mem: Memory,
     /// The secret approval ids are derived with; loaded by [`Self::prepare`]
     /// when this bridge parks.
     id_key: Option<IdKey>,
-    /// Deliveries waiting for a retry, and those queued behind them.
-    retries: Retries,
     policy: RetryPolicy,
-    /// Sends under way side by side (at most `max_in_flight`), and those waiting for room.
-    flights: tokio::task::JoinSet<FlightResult>,
-    /// Cards take turns by requesting agent ([`fair`]).
-    ready: fair::Lanes<Flight>,
-    /// Fresh entries of the batch being read, parked together after it.
-    to_park: Vec<NewPark>,
-    /// Claims of the batch's notifications, made together before it is handled:
-    /// entry id → the claim.
-    claims: HashMap<String, Claim>,
-    /// Records of a recovery page, read together (and put in the pending index).
-    prefetched: HashMap<String, Option<Record>>,
-    /// Outcome entries waiting for their card's send to end: notification
-    /// delivery key → (source, outcome entry).
-    outcomes_waiting: HashMap<String, (SourceId, Entry)>,
-    /// Notifications shown, recorded together after the batch.
-    shown: Vec<surface::Shown>,
-    /// When the oldest of `shown` was shown.
-    shown_since: Option<Instant>,
-    /// Delivered this batch, to ack together: (stream, entry id, delivery key).
-    acks: Vec<(String, String, String)>,
-    /// When the oldest of `acks` was delivered.
-    acks_since: Option<Instant>,
     /// This worker's lease and when it was taken ([`claim`]); `None` before `run`.
     lease: Option<(claim::Lease, Instant)>,
     /// What time it is, for every decision about time.
@@ -316,21 +144,8 @@ impl<S: Sender> OutboxService<S> {
             worker: keys::DEFAULT_WORKER.to_string(),
             consumer: keys::outbox_consumer(name, keys::DEFAULT_WORKER),
             sources,
-            parked: HashMap::new(),
-            sweep_queue: Vec::new(),
-            deadlines: BTreeSet::new(),
+            mem: Memory::default(),
             id_key: None,
-            retries: Retries::default(),
-            flights: tokio::task::JoinSet::new(),
-            ready: fair::Lanes::default(),
-            acks: Vec::new(),
-            acks_since: None,
-            to_park: Vec::new(),
-            claims: HashMap::new(),
-            prefetched: HashMap::new(),
-            shown: Vec::new(),
-            outcomes_waiting: HashMap::new(),
-            shown_since: None,
             policy,
             lease: None,
             clock: Clock::system(),

@@ -32,9 +32,9 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn vanished(&mut self, src: SourceId, entry_id: &str) -> Result<()> {
         let source = self.sources[src].clone();
         if self
-            .retries
-            .scheduled
-            .contains(&delivery_key(&source.key, entry_id))
+            .mem
+            .sched
+            .is_scheduled(&delivery_key(&source.key, entry_id))
         {
             // Its send is under way (it read the entry before it vanished),
             // queued, or waiting for a retry, which reads it again.
@@ -57,7 +57,7 @@ impl<S: Sender> OutboxService<S> {
                 self.notice(src, entry_id, None, n).await?;
                 return self.finish(src, entry_id, &record, Some("failed")).await;
             }
-            self.untrack(&id);
+            self.mem.parked.untrack(&id);
         }
         tracing::warn!(stream = %source.key, entry = entry_id, "pending entry no longer exists; acked");
         self.ack(&source.key, entry_id).await
@@ -75,7 +75,7 @@ impl<S: Sender> OutboxService<S> {
         let retry = deliveries > 1;
         // Recovery reads a page's records together and indexes them (see
         // `prefetch_records`); anything else reads its own.
-        let (loaded, indexed) = match self.prefetched.remove(&id) {
+        let (loaded, indexed) = match self.mem.prefetched.remove(&id) {
             Some(r) => {
                 let had = r.is_some();
                 (r, had)
@@ -149,7 +149,9 @@ impl<S: Sender> OutboxService<S> {
                 return self.finish(src, &entry.id, &record, Some("failed")).await;
             }
         }
-        self.track(id.clone(), src, entry.id.clone(), record.expires_at);
+        self.mem
+            .parked
+            .track(id.clone(), src, entry.id.clone(), record.expires_at);
         if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
@@ -162,7 +164,7 @@ impl<S: Sender> OutboxService<S> {
     /// is repaired as for one entry. Anything unusual (a record that already
     /// exists, a refusing notify stream) falls back to [`Self::park`] for that entry.
     pub(super) async fn park_batch(&mut self) -> Result<()> {
-        let batch = std::mem::take(&mut self.to_park);
+        let batch = std::mem::take(&mut self.mem.to_park);
         if batch.is_empty() {
             return Ok(());
         }
@@ -222,7 +224,9 @@ impl<S: Sender> OutboxService<S> {
             .await?;
         for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
-            self.track(p.id, p.source, p.entry.id, record.expires_at);
+            self.mem
+                .parked
+                .track(p.id, p.source, p.entry.id, record.expires_at);
         }
         Ok(())
     }
@@ -365,7 +369,7 @@ impl<S: Sender> OutboxService<S> {
         approvals
             .index(&records.iter().flatten().collect::<Vec<_>>())
             .await?;
-        self.prefetched.extend(ids.into_iter().zip(records));
+        self.mem.prefetched.extend(ids.into_iter().zip(records));
         Ok(())
     }
 
@@ -522,42 +526,9 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    pub(super) fn track(
-        &mut self,
-        id: String,
-        source: SourceId,
-        entry_id: String,
-        expires_at: u64,
-    ) {
-        if expires_at != 0 {
-            self.deadlines.insert((expires_at, id.clone()));
-        }
-        self.parked.insert(
-            id,
-            Parked {
-                source,
-                entry_id,
-                expires_at,
-            },
-        );
-    }
-
-    pub(super) fn untrack(&mut self, id: &str) {
-        if let Some(p) = self.parked.remove(id) {
-            self.deadlines.remove(&(p.expires_at, id.to_string()));
-        }
-    }
-
     /// Settles every parked entry whose deadline has passed.
     pub(super) async fn settle_due(&mut self) -> Result<()> {
-        let now = self.clock.now_secs_f64();
-        let due: Vec<String> = self
-            .deadlines
-            .iter()
-            .take_while(|(t, _)| (*t as f64) <= now)
-            .map(|(_, id)| id.clone())
-            .collect();
-        for id in due {
+        for id in self.mem.parked.due(self.clock.now_secs_f64()) {
             self.settle(id).await?;
         }
         Ok(())
@@ -571,22 +542,14 @@ impl<S: Sender> OutboxService<S> {
     /// `XRANGE - + COUNT 1` per stream finds its oldest entry, and an agent can
     /// only drop entries from the head (`XADD MAXLEN`).
     pub(super) async fn sweep(&mut self) -> Result<()> {
-        if self.parked.is_empty() {
+        if self.mem.parked.is_empty() {
             return Ok(());
         }
         // A slice per sweep, round robin: what an idle outbox costs Redis must
         // not grow with the number parked. A wake-up is lost only when a decider
         // dies between deciding and waking (answering again wakes it too), so a
         // slow round suffices.
-        if self.sweep_queue.is_empty() {
-            self.sweep_queue = self.parked.keys().cloned().collect();
-        }
-        let take = self.sweep_queue.len().min(SWEEP_SLICE);
-        let ids: Vec<String> = self
-            .sweep_queue
-            .drain(..take)
-            .filter(|id| self.parked.contains_key(id))
-            .collect();
+        let ids = self.mem.parked.sweep_slice(SWEEP_SLICE);
         let states = Approvals::on(&mut self.store).sweep_read(&ids).await?;
         let mut unclaimed = Vec::new();
         for (id, state) in ids.into_iter().zip(states) {
@@ -605,7 +568,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let mut vanished = Vec::new();
         for src in self.sources.ids() {
-            let mine: Vec<&Parked> = self.parked.values().filter(|p| p.source == src).collect();
+            let mine = self.mem.parked.entry_ids_of(src);
             if mine.is_empty() {
                 continue;
             }
@@ -614,14 +577,14 @@ impl<S: Sender> OutboxService<S> {
                 .range(&self.sources[src].key, "-", "+", 1)
                 .await?;
             let oldest = first.first().and_then(|e| stream_id(&e.id));
-            for p in mine {
-                let gone = match (stream_id(&p.entry_id), oldest) {
+            for entry_id in mine {
+                let gone = match (stream_id(&entry_id), oldest) {
                     (Some(mine), Some(oldest)) => mine < oldest,
                     (_, None) => true,
                     (None, _) => false,
                 };
                 if gone {
-                    vanished.push((src, p.entry_id.clone()));
+                    vanished.push((src, entry_id));
                 }
             }
         }
@@ -633,7 +596,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Writes a parked record's notification again if it vanished unshown.
     pub(super) async fn renotify_if_lost(&mut self, id: &str) -> Result<()> {
-        let Some(parked) = self.parked.get(id).cloned() else {
+        let Some(parked) = self.mem.parked.get(id).cloned() else {
             return Ok(());
         };
         let Some(record) = Approvals::on(&mut self.store).load(id).await? else {

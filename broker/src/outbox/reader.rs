@@ -38,7 +38,7 @@ impl<S: Sender> OutboxService<S> {
         self.recover(&mut conn).await?;
         let mut reads = Some(self.spawn_reader(conn));
         systemd::ready();
-        tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.parked.len(), "outbox service running");
+        tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.mem.parked.len(), "outbox service running");
         self.claim_dead().await?;
         self.retain().await?;
         let mut st = LoopState {
@@ -164,10 +164,10 @@ impl<S: Sender> OutboxService<S> {
             st.last_beat = Some(Instant::now());
         }
         let wait = self.block_for(st);
-        let busy = !self.flights.is_empty();
+        let busy = !self.mem.flights.is_empty();
         tokio::select! {
             _ = self.shutdown.wait() => return Ok(Turn::Stop),
-            Some(joined) = self.flights.join_next(), if busy => self.collect(joined).await?,
+            Some(joined) = self.mem.flights.join_next(), if busy => self.collect(joined).await?,
             read = reads.recv() => {
                 let batch = match read {
                     Some(batch) => batch?,
@@ -183,7 +183,7 @@ impl<S: Sender> OutboxService<S> {
                     }
                 }
                 self.park_batch().await?;
-                self.claims.clear();
+                self.mem.claims.clear();
             }
             _ = tokio::time::sleep(wait) => {}
         }
@@ -218,14 +218,14 @@ impl<S: Sender> OutboxService<S> {
         if let Some(w) = self.watchdog.interval() {
             block = block.min(w);
         }
-        if let Some(due) = self.retries.next_due() {
+        if let Some(due) = self.mem.sched.next_due() {
             block = block.min(due.saturating_duration_since(tokio::time::Instant::now()));
         }
-        if let Some(t) = self.acks_since {
+        if let Some(t) = self.mem.acks_since {
             block = block.min(ACK_DELAY.saturating_sub(t.elapsed()));
         }
-        if let Some((deadline, _)) = self.deadlines.first() {
-            let until = *deadline as f64 - self.clock.now_secs_f64();
+        if let Some(deadline) = self.mem.parked.next_deadline() {
+            let until = deadline as f64 - self.clock.now_secs_f64();
             block = block.min(Duration::from_secs_f64(until.max(0.0)));
         }
         block.max(Duration::from_millis(1))
@@ -240,9 +240,7 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<()> {
         // Nothing read or begun before this recovery is trusted: what it left
         // half-done is pending and is read again here.
-        self.prefetched.clear();
-        self.claims.clear();
-        self.to_park.clear();
+        self.mem.forget_batch();
         for src in self.sources.ids() {
             let key = self.sources[src].key.clone();
             let mut after = "0".to_string();
@@ -271,7 +269,7 @@ impl<S: Sender> OutboxService<S> {
                     let deliveries = counts.get(&id).copied().unwrap_or(2);
                     self.handle(src, id, fields, deliveries).await?;
                 }
-                self.prefetched.clear();
+                self.mem.prefetched.clear();
                 self.drain().await?;
                 // A long recovery does not hold up decisions on what it has
                 // recovered already.
@@ -348,9 +346,9 @@ impl<S: Sender> OutboxService<S> {
         };
         // One waiting for its retry was handed out again by a reconnect, not by a crash.
         let waiting = || {
-            self.retries
-                .scheduled
-                .contains(&delivery_key(&source.key, &entry.id))
+            self.mem
+                .sched
+                .is_scheduled(&delivery_key(&source.key, &entry.id))
         };
         if !checked_later && self.is_poison(deliveries) && !waiting() {
             return self.poison(src, &entry, deliveries, None).await;
@@ -358,7 +356,7 @@ impl<S: Sender> OutboxService<S> {
         match class {
             Class::Decision => {
                 if let Some(id) = entry.text(crate::fields::decisions::APPROVAL_ID) {
-                    if self.parked.contains_key(id) {
+                    if self.mem.parked.contains(id) {
                         self.settle(id.to_string()).await?;
                     }
                 }
@@ -404,12 +402,12 @@ impl<S: Sender> OutboxService<S> {
                 .await;
         }
         let approval_id = self.approval_id(&source.key, &entry.id)?;
-        if retry && self.parked.contains_key(&approval_id) {
+        if retry && self.mem.parked.contains(&approval_id) {
             return Ok(());
         }
         if !retry {
             // A fresh entry: parked with the rest of its batch, in a few round trips.
-            self.to_park.push(NewPark {
+            self.mem.to_park.push(NewPark {
                 source: src,
                 entry,
                 message,

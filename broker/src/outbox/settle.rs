@@ -16,15 +16,15 @@ impl<S: Sender> OutboxService<S> {
     /// Acts on a parked entry's record: deliver on approved, notice on rejected or
     /// expired, nothing while pending.
     pub(super) async fn settle(&mut self, id: String) -> Result<()> {
-        let Some(parked) = self.parked.get(&id).cloned() else {
+        let Some(parked) = self.mem.parked.get(&id).cloned() else {
             return Ok(());
         };
         let src = parked.source;
         // Its approved send is under way or queued: its outcome settles it.
         if self
-            .retries
-            .scheduled
-            .contains(&delivery_key(&self.sources[src].key, &parked.entry_id))
+            .mem
+            .sched
+            .is_scheduled(&delivery_key(&self.sources[src].key, &parked.entry_id))
         {
             return Ok(());
         }
@@ -44,7 +44,7 @@ impl<S: Sender> OutboxService<S> {
             Approvals::on(&mut self.store)
                 .unindex(&self.name, agent.as_deref(), &id)
                 .await?;
-            self.untrack(&id);
+            self.mem.parked.untrack(&id);
             return Ok(());
         };
         if record.is_settled() {
@@ -172,7 +172,7 @@ impl<S: Sender> OutboxService<S> {
             }
         };
         let dkey = delivery_key(&key, entry_id);
-        if self.retries.scheduled.contains(&dkey) {
+        if self.mem.sched.is_scheduled(&dkey) {
             return Ok(()); // waits for its retry time
         }
         // A send another worker started (it may still complete it) is never
@@ -200,9 +200,7 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         // Decided: its deadline no longer wakes the loop.
-        if let Some(p) = self.parked.get(&id) {
-            self.deadlines.remove(&(p.expires_at, id.clone()));
-        }
+        self.mem.parked.decided(&id);
         // Sent beside the loop; scheduled until its outcome is recorded, so a
         // repeated wake-up, the sweep or a vanished-entry check leaves it alone.
         self.dispatch(Flight {
@@ -227,7 +225,7 @@ impl<S: Sender> OutboxService<S> {
         record: Record,
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
-        self.retries.scheduled.remove(&f.key);
+        self.mem.sched.end(&f.key);
         let mark = f.key.clone();
         let gate = f.gate.clone();
         let channel = f.message.channel_id.clone();
@@ -300,10 +298,9 @@ impl<S: Sender> OutboxService<S> {
                     .clear_delivery_started(&id)
                     .await?;
                 // Decided: its deadline no longer wakes the loop.
-                if let Some(p) = self.parked.get(&id) {
-                    self.deadlines.remove(&(p.expires_at, id.clone()));
-                }
-                self.retries
+                self.mem.parked.decided(&id);
+                self.mem
+                    .sched
                     .defer(f.key, due, Job::Approved { approval_id: id });
             }
         }
@@ -363,7 +360,7 @@ impl<S: Sender> OutboxService<S> {
         Approvals::on(&mut self.store)
             .close(record, !handed_over)
             .await?;
-        self.untrack(&record.id);
+        self.mem.parked.untrack(&record.id);
         Ok(())
     }
 }

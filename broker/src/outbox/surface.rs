@@ -79,7 +79,7 @@ impl<S: Sender> OutboxService<S> {
         let claims = Approvals::on(&mut self.store)
             .claim_many(&self.name, &requests)
             .await?;
-        self.claims.extend(
+        self.mem.claims.extend(
             asked
                 .iter()
                 .map(|(_, entry_id, _)| entry_id.to_string())
@@ -92,11 +92,11 @@ impl<S: Sender> OutboxService<S> {
     /// the record's note of it, the ack. A record settled and gone meanwhile keeps
     /// no answerable card: answers to it could only be late.
     pub(super) async fn flush_shown(&mut self) -> Result<()> {
-        self.shown_since = None;
-        if self.shown.is_empty() {
+        self.mem.shown_since = None;
+        if self.mem.shown.is_empty() {
             return Ok(());
         }
-        let shown = std::mem::take(&mut self.shown);
+        let shown = std::mem::take(&mut self.mem.shown);
         let cards: Vec<(&str, &str, &str)> = shown
             .iter()
             .map(|s| {
@@ -158,9 +158,9 @@ impl<S: Sender> OutboxService<S> {
             .unwrap_or_default()
             .to_string();
         if self
-            .retries
-            .scheduled
-            .contains(&delivery_key(&self.sources[src].key, &entry.id))
+            .mem
+            .sched
+            .is_scheduled(&delivery_key(&self.sources[src].key, &entry.id))
         {
             return Ok(()); // waits for its retry time
         }
@@ -235,7 +235,7 @@ impl<S: Sender> OutboxService<S> {
         deliveries: u64,
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
-        self.retries.scheduled.remove(&f.key);
+        self.mem.sched.end(&f.key);
         let channel = f.message.channel_id.clone();
         let key = f.key.clone();
         let gate = f.gate.clone();
@@ -245,7 +245,7 @@ impl<S: Sender> OutboxService<S> {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 // Recorded with the others shown in the last ACK_DELAY, so a card
                 // is answerable (its map entry written) soon after it appears.
-                self.shown.push(Shown {
+                self.mem.shown.push(Shown {
                     stream: self.sources[src].key.clone(),
                     entry_id: f.entry.id.clone(),
                     approval_id: id,
@@ -254,7 +254,7 @@ impl<S: Sender> OutboxService<S> {
                     gate,
                     key: key.clone(),
                 });
-                let first = *self.shown_since.get_or_insert_with(Instant::now);
+                let first = *self.mem.shown_since.get_or_insert_with(Instant::now);
                 if first.elapsed() >= ACK_DELAY {
                     self.flush_shown().await?;
                 }
@@ -282,12 +282,12 @@ impl<S: Sender> OutboxService<S> {
                     entry: f.entry,
                     deliveries,
                 };
-                self.retries.defer(f.key, due, job);
+                self.mem.sched.defer(f.key, due, job);
             }
         }
         // An outcome that arrived while the card was being sent acts now: on
         // the card if it was shown, else on the record alone.
-        if let Some((source, entry)) = self.outcomes_waiting.remove(&key) {
+        if let Some((source, entry)) = self.mem.outcomes_waiting.remove(&key) {
             self.handle_outcome(source, &entry, false).await?;
         }
         self.start_next(&channel).await
@@ -318,7 +318,7 @@ impl<S: Sender> OutboxService<S> {
                 .iter()
                 .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
         );
-        let claim = match self.claims.remove(&entry.id) {
+        let claim = match self.mem.claims.remove(&entry.id) {
             Some(claimed) => claimed,
             None => {
                 let request = ClaimRequest {
@@ -453,7 +453,7 @@ impl<S: Sender> OutboxService<S> {
         };
         if claimed == SUPERSEDED {
             for card in &record.superseded {
-                let update = Outcome {
+                let update = CardUpdate {
                     outcome: SUPERSEDED,
                     external_id: card,
                     channel_id: &record.notify_channel,
@@ -467,17 +467,16 @@ impl<S: Sender> OutboxService<S> {
         }
         let sending = record.notify_entry.as_deref().and_then(|shown| {
             let key = delivery_key(&self.sources[src].key, shown);
-            (self.retries.scheduled.contains(&key) && !self.retries.is_deferred(&key))
-                .then_some(key)
+            self.mem.sched.is_sending(&key).then_some(key)
         });
         if let (true, None, Some(card)) = (may_wait, &record.notify_external_id, sending) {
             // Its card is being sent: the outcome edits it once it exists (the
             // entry stays pending until then, so a restart loses nothing).
-            self.outcomes_waiting.insert(card, (src, entry.clone()));
+            self.mem.outcomes_waiting.insert(card, (src, entry.clone()));
             return Ok(());
         }
         if let Some(external) = &record.notify_external_id {
-            let update = Outcome {
+            let update = CardUpdate {
                 outcome: record.outcome.as_deref().unwrap_or(""),
                 external_id: external,
                 channel_id: &record.notify_channel,

@@ -353,7 +353,7 @@ async fn direct_messages_in_and_out() {
 /// A retried send with the same nonce creates one message, and returns its id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_send_creates_one_message() {
-    use broker::outbox::{Outgoing, Sender};
+    use broker::bridge::{Outgoing, Sender};
     let fake = FakeDiscord::start(&[TALK]).await;
     let d = deployment(&fake, "", "");
     let s = discord::settings(&d.config, "dc").unwrap();

@@ -176,7 +176,7 @@ async fn delivers_with_headers_threading_and_unicode() {
 /// made: it is reported uncertain with the Message-ID of the first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_is_uncertain_and_never_sent_twice() {
-    use broker::outbox::{Outgoing, SendError, Sender};
+    use broker::bridge::{Outgoing, SendError, Sender};
     let stack = MailStack::start();
     let d = deployment(&stack, "", "");
     let sender =
@@ -1067,7 +1067,7 @@ async fn a_reply_to_the_not_understood_mail_decides() {
 /// session that carried mail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_in_every_mode_with_a_private_ca() {
-    use broker::outbox::{Outgoing, SendError, Sender};
+    use broker::bridge::{Outgoing, SendError, Sender};
     use email::config::{ImapSettings, SmtpSettings, Tls};
     let stack = MailStack::start_tls();
     let t = stack.tls.as_ref().unwrap();

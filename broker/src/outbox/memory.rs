@@ -1,0 +1,73 @@
+//! Everything an outbox worker remembers between steps, in one owner, so
+//! forgetting is one assignment that cannot miss a field.
+//!
+//! Invariants:
+//! - What is here is a cache of Redis (pending lists, records, marks): losing
+//!   it loses nothing, and the recovery that follows every forget rebuilds it.
+//! - Forgetting is all or nothing ([`Memory::forget`]): the scheduler and the
+//!   parked index in particular never go apart (a parked entry whose send was
+//!   abandoned must be tracked afresh, or only the slow sweep repairs it).
+//!   Sends are aborted and waited for first, so none passes its gate after.
+//! - A recovery starts from a clean batch ([`Memory::forget_batch`]) but keeps
+//!   sends, retries and parked entries: a reconnect after a clean drain must
+//!   neither restart back-offs nor send a deferred entry early.
+//! - Kept outside: the configuration, the connection, the id key and the
+//!   worker's lease (a lost connection must not give up the lease; a fence
+//!   takes a new one itself).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::approval::{repo::Claim, Record};
+use crate::store::Entry;
+
+use super::parked::ParkedIndex;
+use super::schedule::Scheduler;
+use super::source::SourceId;
+use super::{surface, FlightResult, NewPark};
+
+#[derive(Default)]
+pub(super) struct Memory {
+    /// The parked entries known, their deadlines and the sweep ([`super::parked`]).
+    pub parked: ParkedIndex,
+    /// Deliveries deferred, queued behind their destination or waiting for
+    /// room, and their attempts ([`super::schedule`]).
+    pub sched: Scheduler,
+    /// Sends under way side by side (at most `max_in_flight`).
+    pub flights: tokio::task::JoinSet<FlightResult>,
+    /// Fresh entries of the batch being read, parked together after it.
+    pub to_park: Vec<NewPark>,
+    /// Claims of the batch's notifications, made together before it is
+    /// handled: entry id → the claim.
+    pub claims: HashMap<String, Claim>,
+    /// Records of a recovery page, read together (and put in the pending index).
+    pub prefetched: HashMap<String, Option<Record>>,
+    /// Outcome entries waiting for their card's send to end: notification
+    /// delivery key → (source, outcome entry).
+    pub outcomes_waiting: HashMap<String, (SourceId, Entry)>,
+    /// Notifications shown, recorded together after the batch.
+    pub shown: Vec<surface::Shown>,
+    /// When the oldest of `shown` was shown.
+    pub shown_since: Option<Instant>,
+    /// Delivered this batch, to ack together: (stream, entry id, delivery key).
+    pub acks: Vec<(String, String, String)>,
+    /// When the oldest of `acks` was delivered.
+    pub acks_since: Option<Instant>,
+}
+
+impl Memory {
+    /// Forgets everything, after abandoning every send (waited for, so none
+    /// is still running when this returns).
+    pub async fn forget(&mut self) {
+        self.flights.abort_all();
+        while self.flights.join_next().await.is_some() {}
+        *self = Memory::default();
+    }
+
+    /// Forgets the batch being read (a recovery starts afresh from Redis).
+    pub fn forget_batch(&mut self) {
+        self.to_park.clear();
+        self.claims.clear();
+        self.prefetched.clear();
+    }
+}

@@ -1,0 +1,184 @@
+//! The parked entries one outbox worker knows of: by approval id, by
+//! deadline, and the sweep's round robin over them.
+//!
+//! Pure: no Redis; time is passed in (unix seconds from the service's clock).
+//!
+//! Invariants:
+//! - An id is parked at most once; tracking it again replaces its entry and
+//!   its deadline.
+//! - A deadline wakes the loop only while its entry waits for a decision:
+//!   [`ParkedIndex::decided`] drops it and keeps the entry (its send is under
+//!   way or deferred), [`ParkedIndex::untrack`] drops both.
+//! - A sweep round visits every id parked when it began, a slice at a time,
+//!   skipping those untracked since: what a sweep costs does not grow with
+//!   the number parked.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::source::SourceId;
+
+/// One parked entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Parked {
+    pub source: SourceId,
+    pub entry_id: String,
+    /// Unix seconds; 0 for none.
+    pub expires_at: u64,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct ParkedIndex {
+    parked: HashMap<String, Parked>,
+    deadlines: BTreeSet<(u64, String)>,
+    /// Ids still to be re-read this round of sweeps.
+    sweep_queue: Vec<String>,
+}
+
+impl ParkedIndex {
+    pub fn track(&mut self, id: String, source: SourceId, entry_id: String, expires_at: u64) {
+        self.untrack(&id);
+        if expires_at != 0 {
+            self.deadlines.insert((expires_at, id.clone()));
+        }
+        let parked = Parked {
+            source,
+            entry_id,
+            expires_at,
+        };
+        self.parked.insert(id, parked);
+    }
+
+    pub fn untrack(&mut self, id: &str) {
+        if let Some(p) = self.parked.remove(id) {
+            self.deadlines.remove(&(p.expires_at, id.to_string()));
+        }
+    }
+
+    /// Decided: its deadline no longer wakes the loop; the entry stays.
+    pub fn decided(&mut self, id: &str) {
+        if let Some(p) = self.parked.get(id) {
+            self.deadlines.remove(&(p.expires_at, id.to_string()));
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Parked> {
+        self.parked.get(id)
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.parked.contains_key(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.parked.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.parked.is_empty()
+    }
+
+    /// The earliest deadline still waiting for a decision.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.deadlines.first().map(|(t, _)| *t)
+    }
+
+    /// Ids whose deadline is at or before `now`, earliest first (not removed:
+    /// settling them decides).
+    pub fn due(&self, now: f64) -> Vec<String> {
+        self.deadlines
+            .iter()
+            .take_while(|(t, _)| (*t as f64) <= now)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
+    /// The sweep's next slice of at most `n` ids still parked; a new round
+    /// begins when the last one ended.
+    pub fn sweep_slice(&mut self, n: usize) -> Vec<String> {
+        if self.sweep_queue.is_empty() {
+            self.sweep_queue = self.parked.keys().cloned().collect();
+        }
+        let take = self.sweep_queue.len().min(n);
+        let parked = &self.parked;
+        self.sweep_queue
+            .drain(..take)
+            .filter(|id| parked.contains_key(id))
+            .collect()
+    }
+
+    /// The entry ids parked from `source`.
+    pub fn entry_ids_of(&self, source: SourceId) -> Vec<String> {
+        let mine = self.parked.values().filter(|p| p.source == source);
+        mine.map(|p| p.entry_id.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::source::Sources;
+    use super::*;
+
+    fn source() -> SourceId {
+        let config = crate::config::Config::parse(
+            "[redis]\nurl = \"redis://127.0.0.1:1\"\n[bridges.b]\ntype = \"console\"\n",
+        )
+        .unwrap();
+        Sources::new(&config, "b").ids().next().unwrap()
+    }
+
+    /// Deadlines come due in order as the clock passes them; a decided entry
+    /// stays parked but no longer wakes anything; untracking drops both.
+    #[test]
+    fn deadlines_come_due_and_decided_ones_stop_waking() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        p.track("b".into(), src, "1-2".into(), 200);
+        p.track("a".into(), src, "1-1".into(), 100);
+        p.track("never".into(), src, "1-3".into(), 0);
+        assert_eq!(p.next_deadline(), Some(100));
+        assert!(p.due(99.9).is_empty());
+        assert_eq!(p.due(200.0), ["a", "b"]);
+        p.decided("a");
+        assert_eq!((p.next_deadline(), p.contains("a")), (Some(200), true));
+        p.untrack("b");
+        assert_eq!((p.next_deadline(), p.len()), (None, 2));
+        p.track("never".into(), src, "1-3".into(), 300);
+        assert_eq!(
+            p.due(1e9),
+            ["never"],
+            "tracking again replaces the deadline"
+        );
+    }
+
+    /// A round of sweeps visits each parked id once, in slices, and skips the
+    /// ids untracked meanwhile; then a new round begins.
+    #[test]
+    fn a_sweep_round_visits_each_id_once_in_slices() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        for n in 0..10 {
+            p.track(format!("id{n}"), src, format!("1-{n}"), 0);
+        }
+        let mut seen = p.sweep_slice(4);
+        assert_eq!(seen.len(), 4);
+        let later = (0..10)
+            .map(|n| format!("id{n}"))
+            .find(|id| !seen.contains(id))
+            .unwrap();
+        p.untrack(&later);
+        seen.extend(p.sweep_slice(4));
+        seen.extend(p.sweep_slice(4));
+        let mut unique = seen.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!((seen.len(), unique.len()), (9, 9), "{seen:?}");
+        assert!(
+            !seen.contains(&later),
+            "an id untracked before its turn is skipped"
+        );
+        assert_eq!(
+            p.sweep_slice(100).len(),
+            9,
+            "a new round: every id still parked"
+        );
+        assert_eq!(p.entry_ids_of(src).len(), 9);
+    }
+}
