@@ -13,6 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::approval::Record;
+use crate::clock::Clock;
 use crate::config::BridgeConfig;
 use crate::config::{Config, Service};
 use crate::entry::Message;
@@ -24,6 +25,7 @@ use crate::ping::{PingService, Probe};
 use crate::shutdown::Shutdown;
 use crate::store::Entry;
 use crate::store::Store;
+use crate::timing::Timing;
 
 /// One bridge type: what talks to its platform.
 pub trait Bridge: Sized + Send + Sync + 'static {
@@ -208,6 +210,29 @@ pub struct Launch {
     /// The outbox worker name (`--worker`); `None` is the default worker.
     pub worker: Option<String>,
     pub shutdown: Shutdown,
+    /// What time it is, for every decision about time (deadlines, answers).
+    pub clock: Clock,
+    /// How often the loops do their periodic work.
+    pub timing: Timing,
+}
+
+impl Launch {
+    /// A launch on the wall clock with the default intervals.
+    pub fn new(
+        config: Arc<Config>,
+        bridge: &str,
+        worker: Option<String>,
+        shutdown: Shutdown,
+    ) -> Launch {
+        Launch {
+            config,
+            bridge: bridge.to_string(),
+            worker,
+            shutdown,
+            clock: Clock::system(),
+            timing: Timing::default(),
+        }
+    }
 }
 
 /// Runs one service of a bridge of type `B` until shutdown.
@@ -217,6 +242,8 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
         bridge: name,
         worker,
         shutdown,
+        clock,
+        timing,
     } = launch;
     let bridge = B::load(&config, &name)?;
     if worker.is_some() && service != Service::Outbox {
@@ -233,13 +260,16 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
             // decisions would fail silently.
             let (trigger, engine) = Shutdown::new();
             let outbox = OutboxService::new(config.clone(), &name, sender, store.clone(), engine)?
-                .with_worker(worker.as_deref())?;
+                .with_worker(worker.as_deref())?
+                .with_clock(clock)
+                .with_timing(timing);
             let parks = config.bridge(&name)?.approval.required;
             let worker = worker.unwrap_or_else(|| keys::DEFAULT_WORKER.to_string());
             let beside = tokio::spawn(async move {
                 let result = match parks {
                     true => {
-                        crate::request::serve(store, config, name, worker, shutdown.clone()).await
+                        let shutdown = shutdown.clone();
+                        crate::request::serve(store, config, name, worker, shutdown, clock).await
                     }
                     false => Ok(()),
                 };
@@ -261,7 +291,7 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
             }
         }
         Service::Ingest => {
-            let ingest = Ingest::new(config, &name, store)?;
+            let ingest = Ingest::new(config, &name, store)?.with_clock(clock);
             bridge.ingest(ingest, shutdown).await
         }
         Service::Ping => {

@@ -328,7 +328,7 @@ pub async fn approvals_decide(
         Outcome::NotAllowed => Err(Error::refused(format!(
             "{approver} is not on the approvers list of the requesting bridge"
         ))),
-        Outcome::Late(state) if state == "superseded" => Err(Error::refused(format!(
+        Outcome::Late(approval::Late::Superseded) => Err(Error::refused(format!(
             "{id} was edited since it was shown: nothing decided; look at it again"
         ))),
         Outcome::SharedProofCounted => Err(Error::refused(format!(
@@ -337,6 +337,10 @@ pub async fn approvals_decide(
         Outcome::EditorNotCounted => Err(Error::refused(format!(
             "{approver} edited {id}: under a quorum the editor's approval does not count; the other approvers decide"
         ))),
+        Outcome::Late(approval::Late::Busy) => Err(Error::Operator {
+            kind: crate::error::Operator::Busy,
+            message: format!("{id}: other answers keep landing at the same moment; try again"),
+        }),
         Outcome::Late(state) => Err(Error::refused(format!("{id} is already {state}"))),
         Outcome::Unknown | Outcome::Submitted => {
             Err(Error::refused(format!("no approval {id}")))

@@ -105,7 +105,7 @@ impl Ingest {
             return Ok(Outcome::Unknown);
         }
         let Some(record) = self.approvals().load(&id).await? else {
-            return Ok(Outcome::Late("missing".into()));
+            return Ok(Outcome::Late(crate::approval::Late::Missing));
         };
         let approver = crate::config::canonical_identity(&format!("{}:{user}", self.kind));
         let allowed = self

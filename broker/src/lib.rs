@@ -26,6 +26,7 @@
 //! - [`request`]: decisions and edits asked by the operators and the page, applied by the outbox.
 //! - [`cli`]: the operator commands behind `cowboy`.
 //! - [`clock`]: the clock every decision about time reads (injectable for tests).
+//! - [`timing`]: the loops' intervals (sweep, heartbeat, retention), passed in at launch.
 //! - [`schema`]: the config schema as data (key names read from serde).
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
 //! - [`systemd`]: readiness, watchdog and stopping notifications.
@@ -52,6 +53,7 @@ pub mod service;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;
+pub mod timing;
 
 pub use bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 pub use clock::Clock;

@@ -168,7 +168,7 @@ pub enum Reply {
     EditorNotCounted,
     SharedProofCounted,
     Late {
-        state: String,
+        state: approval::Late,
     },
     Unknown,
     Edited {
@@ -253,7 +253,7 @@ pub async fn decide(
     answer: Answer<'_>,
 ) -> Result<Outcome> {
     let Some(bridge) = bridge_of(store, id).await? else {
-        return Ok(Outcome::Late("missing".into()));
+        return Ok(Outcome::Late(approval::Late::Missing));
     };
     let action = Action::Decide {
         approved: answer.verdict == Verdict::Approved,
@@ -427,6 +427,7 @@ pub async fn serve(
     bridge: String,
     worker: String,
     shutdown: Shutdown,
+    clock: Clock,
 ) -> Result<()> {
     let requesters = Requester::all(&config, &bridge)?;
     if requesters.is_empty() {
@@ -440,7 +441,6 @@ pub async fn serve(
     for s in &streams {
         store.ensure_group(s, &group).await?;
     }
-    let clock = Clock::system();
     // This worker's own unacknowledged requests first (a crash mid-request).
     let mut backlog = true;
     let mut failures = 0u32;
@@ -650,7 +650,7 @@ async fn apply(
     let record = Approvals::on(store).load(id).await?;
     let Some(record) = record else {
         return Ok(Reply::Late {
-            state: "missing".into(),
+            state: approval::Late::Missing,
         });
     };
     if record.source() != bridge {

@@ -119,12 +119,7 @@ pub fn main<B: Bridge>(service: Service) -> ! {
                         return EXIT_SOFTWARE;
                     }
                 };
-                let launch = Launch {
-                    config,
-                    bridge: args.bridge,
-                    worker: args.worker,
-                    shutdown,
-                };
+                let launch = Launch::new(config, &args.bridge, args.worker, shutdown);
                 let result = crate::bridge::run::<B>(service, launch).await;
                 match result {
                     Ok(()) => 0,

@@ -355,13 +355,19 @@ impl Deployment {
         service: broker::config::Service,
         name: &str,
     ) -> Running {
+        self.run_timed::<B>(service, name, broker::timing::Timing::default())
+    }
+
+    /// [`Self::run`] with the loops' intervals given (a sweep every 200 ms, ...).
+    pub fn run_timed<B: broker::bridge::Bridge>(
+        &self,
+        service: broker::config::Service,
+        name: &str,
+        timing: broker::timing::Timing,
+    ) -> Running {
         let (trigger, shutdown) = Shutdown::new();
-        let launch = broker::bridge::Launch {
-            config: self.config.clone(),
-            bridge: name.to_string(),
-            worker: None,
-            shutdown,
-        };
+        let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
+        launch.timing = timing;
         let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
         Running { trigger, task }
     }

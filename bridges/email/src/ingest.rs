@@ -439,7 +439,7 @@ impl EmailIngest {
                     .answer(&external_id, verdict, from, &reason)
                     .await?;
                 if let Outcome::Late(state) = outcome {
-                    tracing::info!(from, approval = %approval_id, state, "late answer ignored");
+                    tracing::info!(from, approval = %approval_id, state = %state, "late answer ignored");
                 }
             }
             Answer::NotUnderstood { read, why } => {

@@ -37,7 +37,7 @@ pub mod view;
 pub use frame::*;
 pub use id::*;
 pub use record::{field, Record, State, Status, Verdict};
-pub use repo::Approvals;
+pub use repo::{Approvals, Decided};
 pub use view::{Shown, View};
 
 use crate::audit;
@@ -76,8 +76,8 @@ pub enum Outcome {
     /// Handed to the requesting bridge's outbox, which applies it (a
     /// surface's answer, see [`crate::request`]); its outcome is in the trail.
     Submitted,
-    /// Too late: the record is decided (`approved`/`rejected`), `expired` or `missing`.
-    Late(String),
+    /// Nothing decided, and why ([`Late`]).
+    Late(Late),
 }
 
 /// A human's answer: what, who (a qualified identity such as `discord:1234`,
@@ -180,13 +180,67 @@ pub async fn resolve_approval(
     Ok(outcome)
 }
 
+/// Why an answer decided nothing because of the record's state. The wire
+/// spelling (requests' replies, the audit trail) is the lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Late {
+    /// No such record: never parked, or settled and gone.
+    Missing,
+    /// Past its deadline.
+    Expired,
+    /// Its outcome is recorded already.
+    Settled,
+    /// Approved already.
+    Approved,
+    /// Rejected already.
+    Rejected,
+    /// The message was edited since the version answered was shown.
+    Superseded,
+    /// The record was changed outside the broker (a seal does not verify).
+    Tampered,
+    /// Other answers kept landing between this one's read and its write.
+    Busy,
+    /// A reason a newer version gave (never fails a reply).
+    #[serde(other)]
+    Unknown,
+}
+
+impl Late {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Late::Missing => "missing",
+            Late::Expired => "expired",
+            Late::Settled => "settled",
+            Late::Approved => "approved",
+            Late::Rejected => "rejected",
+            Late::Superseded => "superseded",
+            Late::Tampered => "tampered",
+            Late::Busy => "busy",
+            Late::Unknown => "unknown",
+        }
+    }
+
+    /// Whether the card stops taking answers: not when the record was
+    /// tampered with (it stays answerable once put right) or busy.
+    pub fn disarms(self) -> bool {
+        !matches!(self, Late::Tampered | Late::Busy)
+    }
+}
+
+impl std::fmt::Display for Late {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Whether an answer with this outcome leaves its card unanswerable (its map
 /// entry dropped). A counted approval keeps the card armed for the rest of the
 /// quorum; a stranger's answer changes nothing; a record changed outside
 /// the broker (or busy) stays answerable once it is put right.
 pub fn disarms(outcome: &Outcome) -> bool {
     match outcome {
-        Outcome::Late(state) => state != "tampered" && state != "busy",
+        Outcome::Late(late) => late.disarms(),
         other => !matches!(
             other,
             Outcome::NotAllowed
@@ -211,11 +265,18 @@ pub async fn decide(
     // read again (a few times; then it is reported as busy).
     for _ in 0..3 {
         match decide_once(store, config, id, answer).await? {
-            Outcome::Late(state) if state == "stale" => continue,
-            outcome => return Ok(outcome),
+            Applied::Stale => continue,
+            Applied::Done(outcome) => return Ok(outcome),
         }
     }
-    Ok(Outcome::Late("busy".into()))
+    Ok(Outcome::Late(Late::Busy))
+}
+
+/// One attempt at a decision: done, or to read again (another decider's
+/// count landed between this one's read and its write).
+enum Applied {
+    Done(Outcome),
+    Stale,
 }
 
 async fn decide_once(
@@ -223,9 +284,9 @@ async fn decide_once(
     config: &Config,
     id: &str,
     answer: Answer<'_>,
-) -> Result<Outcome> {
+) -> Result<Applied> {
     let Some(record) = Approvals::on(store).load(id).await? else {
-        return Ok(Outcome::Late("missing".into()));
+        return Ok(Applied::Done(Outcome::Late(Late::Missing)));
     };
     // Email addresses compare without case: one person is one identity.
     let approver = crate::config::canonical_identity(answer.approver);
@@ -261,7 +322,7 @@ async fn decide_once(
             .event(&record, audit::Kind::Ignored)
             .with(audit::field::WHY, "not an approver");
         audit::append(store, config, &[event]).await?;
-        return Ok(Outcome::NotAllowed);
+        return Ok(Applied::Done(Outcome::NotAllowed));
     }
     apply(store, config, &record, answer).await
 }
@@ -319,7 +380,11 @@ pub async fn reject_unshown(
     let reason = format!("the approval request could not be shown to approvers: {reason}");
     let approver = format!("broker:{notify}");
     let answer = Answer::new(clock, Verdict::Rejected, &approver, &reason);
-    apply(store, config, record, answer).await
+    Ok(match apply(store, config, record, answer).await? {
+        Applied::Done(outcome) => outcome,
+        // Decided meanwhile by someone else: nothing left to reject.
+        Applied::Stale => Outcome::Late(Late::Busy),
+    })
 }
 
 /// Writes a decision (pending and in time only), records the answer in the
@@ -329,7 +394,7 @@ async fn apply(
     config: &Config,
     record: &Record,
     given: Answer<'_>,
-) -> Result<Outcome> {
+) -> Result<Applied> {
     let id = record.id.as_str();
     let Answer {
         verdict,
@@ -393,7 +458,7 @@ async fn apply(
                     format!("the record was changed outside the broker (its {which} seal does not verify): nothing decided"),
                 );
                 audit::append(store, config, &[event]).await?;
-                return Ok(Outcome::Late("tampered".into()));
+                return Ok(Applied::Done(Outcome::Late(Late::Tampered)));
             }
             key.map(|k| k.seal_decision(id, seen)).unwrap_or_default()
         }
@@ -402,13 +467,13 @@ async fn apply(
     let d = Approvals::on(store)
         .decide(id, &given, &seal, &count)
         .await?;
-    if d.answer == "stale" {
-        return Ok(Outcome::Late("stale".into())); // read again by `decide`
+    if d.answer == Decided::Stale {
+        return Ok(Applied::Stale); // read again by `decide`
     }
     let need = record.quorum() as usize;
     // Under a quorum of one the approvals are not listed: the answer is the one.
-    let have = match (need, d.answer.as_str(), verdict) {
-        (1, "decided", Verdict::Approved) => 1,
+    let have = match (need, &d.answer, verdict) {
+        (1, Decided::Decided, Verdict::Approved) => 1,
         _ => d.approvals.len(),
     };
     let count = format!("{have}/{need}");
@@ -417,8 +482,8 @@ async fn apply(
             .event(record, audit::Kind::Ignored)
             .with(audit::field::WHY, why)
     };
-    let (events, outcome, wake) = match d.answer.as_str() {
-        "decided" => {
+    let (events, outcome, wake) = match d.answer {
+        Decided::Decided => {
             tracing::info!(
                 approval = id,
                 approver,
@@ -452,8 +517,7 @@ async fn apply(
                 Some(verdict.as_str()),
             )
         }
-        "counted" | "counted-again" => {
-            let again = d.answer == "counted-again";
+        Decided::Counted { again } => {
             tracing::info!(
                 approval = id,
                 approver,
@@ -477,16 +541,21 @@ async fn apply(
         }
         // Decided but not yet settled: the requester is woken again, in case the
         // first wake-up was lost (a decider that died between its two steps).
-        state @ ("approved" | "rejected") => {
+        // A status that is neither reads as rejected (fails closed).
+        Decided::Already(status) => {
+            let (late, state) = match status {
+                Status::Approved => (Late::Approved, "approved"),
+                _ => (Late::Rejected, "rejected"),
+            };
             tracing::info!(
                 approval = id,
                 state,
                 "late answer ignored; requester woken again"
             );
             let event = ignored(&format!("late: already {state}"));
-            (vec![event], Outcome::Late(state.to_string()), Some(state))
+            (vec![event], Outcome::Late(late), Some(state))
         }
-        "same-proof" => {
+        Decided::SameProof => {
             tracing::info!(
                 approval = id,
                 approver,
@@ -495,21 +564,27 @@ async fn apply(
             let event = ignored("under a quorum one service password counts once (the page's proves every web: user, a surface's ingest every identity on its platform); set approval.trust_surfaces to count them apart");
             (vec![event], Outcome::SharedProofCounted, None)
         }
-        "editor" => {
+        Decided::Editor => {
             tracing::info!(approval = id, approver, "an editor's approval not counted");
             let event =
                 ignored("edited this message: under a quorum the editor's approval does not count");
             (vec![event], Outcome::EditorNotCounted, None)
         }
-        "superseded" => {
+        Decided::Superseded => {
             tracing::info!(approval = id, "answer to an edited version ignored");
             let event = ignored("late: the message was edited since this version was shown");
-            (vec![event], Outcome::Late("superseded".into()), None)
+            (vec![event], Outcome::Late(Late::Superseded), None)
         }
-        state => {
-            tracing::info!(approval = id, state, "late answer ignored");
-            let event = ignored(&format!("late: {state}"));
-            (vec![event], Outcome::Late(state.to_string()), None)
+        Decided::Stale => return Ok(Applied::Stale),
+        late @ (Decided::Missing | Decided::Expired | Decided::Settled) => {
+            let late = match late {
+                Decided::Missing => Late::Missing,
+                Decided::Expired => Late::Expired,
+                _ => Late::Settled,
+            };
+            tracing::info!(approval = id, state = %late, "late answer ignored");
+            let event = ignored(&format!("late: {late}"));
+            (vec![event], Outcome::Late(late), None)
         }
     };
     audit::append(store, config, &events).await?;
@@ -534,7 +609,7 @@ async fn apply(
             .await
             .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
     }
-    Ok(outcome)
+    Ok(Applied::Done(outcome))
 }
 
 /// The card approvers were shown for `record`, as the notify bridge got it

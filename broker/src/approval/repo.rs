@@ -265,22 +265,108 @@ pub struct SweepState {
 /// the config and the surfaces refuse them).
 const APPROVALS_SEPARATOR: &str = "\n";
 
+/// [`DECIDE`]'s answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// Decided by this answer.
+    Decided,
+    /// Counted toward the quorum (`again`: counted for this approver already).
+    Counted {
+        again: bool,
+    },
+    /// The answerer edited the message, and editors do not count.
+    Editor,
+    /// The shared proof it came through counted already.
+    SameProof,
+    /// The state verified before changed meanwhile: read again.
+    Stale,
+    /// The card or version answered is not the record's current one.
+    Superseded,
+    Missing,
+    Expired,
+    Settled,
+    /// Decided already, as the record's status says (an unknown status reads
+    /// as rejected).
+    Already(Status),
+}
+
+impl Decided {
+    /// Every answer the script gives, as it spells them.
+    pub const ANSWERS: &'static [&'static str] = &[
+        "decided",
+        "counted",
+        "counted-again",
+        "editor",
+        "same-proof",
+        "stale",
+        "superseded",
+        "missing",
+        "expired",
+        "settled",
+    ];
+
+    fn parse(answer: &str) -> Decided {
+        match answer {
+            "decided" => Decided::Decided,
+            "counted" => Decided::Counted { again: false },
+            "counted-again" => Decided::Counted { again: true },
+            "editor" => Decided::Editor,
+            "same-proof" => Decided::SameProof,
+            "stale" => Decided::Stale,
+            "superseded" => Decided::Superseded,
+            "missing" => Decided::Missing,
+            "expired" => Decided::Expired,
+            "settled" => Decided::Settled,
+            status => Decided::Already(Status::parse(status)),
+        }
+    }
+}
+
 /// What [`DECIDE`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
-    /// `decided`, `counted`, `counted-again`, or why nothing changed.
-    pub answer: String,
+    pub answer: Decided,
     /// The worker to wake (empty when the record is gone or settled).
     pub worker: String,
     /// Who approved so far.
     pub approvals: Vec<String>,
 }
 
+/// [`CLAIM`]'s answer: the entry is the record's card, or why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claimed {
+    /// This entry is the card (claimed now, or by this entry before).
+    Ok,
+    /// The record is not asked through this bridge.
+    NotOurs,
+    /// Settled already.
+    Settled,
+    /// The entry's digest is not the one the requesting service wrote.
+    Digest,
+    /// Another entry was taken as the card.
+    Claimed,
+    /// No such record.
+    Missing,
+}
+
+impl Claimed {
+    fn parse(answer: &str) -> Claimed {
+        match answer {
+            "ok" => Claimed::Ok,
+            "settled" => Claimed::Settled,
+            "digest" => Claimed::Digest,
+            "claimed" => Claimed::Claimed,
+            "missing" => Claimed::Missing,
+            // An answer this version does not know is not a claim.
+            _ => Claimed::NotOurs,
+        }
+    }
+}
+
 /// The notify side's claim of a record for one notification entry.
 #[derive(Debug, Clone)]
 pub struct Claim {
-    /// `ok`, or why the entry is not the notification (see [`CLAIM`]).
-    pub answer: String,
+    pub answer: Claimed,
     /// The record after the claim; `None` when it does not exist.
     pub record: Option<Record>,
 }
@@ -784,7 +870,7 @@ impl<'a> Approvals<'a> {
         let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
         let approvals = text(approvals);
         Ok(Decision {
-            answer: text(answer),
+            answer: Decided::parse(&text(answer)),
             worker: text(worker),
             approvals: approvals
                 .split(APPROVALS_SEPARATOR)
@@ -901,7 +987,7 @@ impl<'a> Approvals<'a> {
             .iter()
             .zip(answers)
             .map(|(r, (answer, map))| Claim {
-                answer,
+                answer: Claimed::parse(&answer),
                 record: whole_record(r.id, map),
             })
             .collect())
@@ -1044,28 +1130,22 @@ mod tests {
             NOTE_SHOWN,
             FORGET_CLAIM,
         ] {
-            for quoted in script.split('\'').skip(1).step_by(2) {
+            // Comments may hold apostrophes: only code is read.
+            let code: String = script
+                .lines()
+                .map(|l| l.split("--").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let quotes = code.matches('\'').count();
+            assert_eq!(quotes % 2, 0, "unbalanced quotes in a script:\n{code}");
+            for quoted in code.split('\'').skip(1).step_by(2) {
                 let is_command = quoted.chars().all(|c| c.is_ascii_uppercase());
-                let is_answer = [
-                    "missing",
-                    "expired",
-                    "settled",
-                    "decided",
-                    "ok",
-                    "not-ours",
-                    "digest",
-                    "claimed",
-                    "superseded",
-                    "sending",
-                    "changed",
-                    "pending",
+                let is_number = quoted.chars().all(|c| c.is_ascii_digit());
+                let others = [
+                    "ok", "not-ours", "digest", "claimed", "sending", "changed", "pending",
                     "approved",
-                    "counted",
-                    "counted-again",
-                    "editor",
-                    "same-proof",
-                ]
-                .contains(&quoted);
+                ];
+                let is_answer = Decided::ANSWERS.contains(&quoted) || others.contains(&quoted);
                 // A pattern piece such as `[^`, not a name.
                 let is_pattern = !quoted
                     .chars()
@@ -1074,10 +1154,43 @@ mod tests {
                     continue;
                 }
                 assert!(
-                    is_command || is_answer || field::ALL.contains(&quoted),
+                    is_command || is_number || is_answer || field::ALL.contains(&quoted),
                     "`{quoted}` in a script is not a record field"
                 );
             }
         }
+    }
+
+    /// Every answer of the decision script reads as its own variant; a status
+    /// the broker never writes reads as rejected (fails closed).
+    #[test]
+    fn decision_answers_are_typed_and_forged_statuses_fail_closed() {
+        for answer in Decided::ANSWERS {
+            assert!(
+                !matches!(Decided::parse(answer), Decided::Already(_)),
+                "{answer}"
+            );
+        }
+        assert_eq!(
+            Decided::parse("approved"),
+            Decided::Already(Status::Approved)
+        );
+        assert_eq!(Decided::parse("forged"), Decided::Already(Status::Rejected));
+    }
+
+    /// A late reason keeps its wire spelling, and one from a newer version
+    /// never fails a reply.
+    #[test]
+    fn late_reasons_keep_their_wire_spelling() {
+        use super::super::Late;
+        for late in [Late::Missing, Late::Superseded, Late::Busy, Late::Tampered] {
+            let json = serde_json::to_string(&late).unwrap();
+            assert_eq!(json, format!("\"{late}\""));
+            assert_eq!(serde_json::from_str::<Late>(&json).unwrap(), late);
+        }
+        assert_eq!(
+            serde_json::from_str::<Late>("\"newer\"").unwrap(),
+            Late::Unknown
+        );
     }
 }

@@ -64,12 +64,10 @@ use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store, StreamBatch};
 use crate::systemd::{self, Watchdog};
 
-/// How often a slice of the parked records is re-read in case a wake-up was lost.
-const SWEEP_EVERY: Duration = Duration::from_secs(30);
 /// Parked records re-read per sweep.
 const SWEEP_SLICE: usize = 64;
-/// How often the service refreshes its heartbeat.
-pub const HEARTBEAT_EVERY: Duration = Duration::from_secs(10);
+use crate::timing::Timing;
+pub use crate::timing::HEARTBEAT_EVERY;
 /// Longest single block on the read, so shutdown and heartbeats stay timely.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
 /// Consecutive Redis failures (with growing pauses, about five minutes in all)
@@ -115,6 +113,8 @@ pub struct OutboxService<S> {
     lease: Option<(claim::Lease, Instant)>,
     /// What time it is, for every decision about time.
     clock: Clock,
+    /// How often the periodic work is done.
+    timing: Timing,
     shutdown: Shutdown,
     watchdog: Watchdog,
 }
@@ -149,6 +149,7 @@ impl<S: Sender> OutboxService<S> {
             policy,
             lease: None,
             clock: Clock::system(),
+            timing: Timing::default(),
             shutdown,
             watchdog: Watchdog::from_env(),
         })
@@ -174,6 +175,12 @@ impl<S: Sender> OutboxService<S> {
     /// Reads time from `clock` instead of the wall clock (tests).
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Does its periodic work at these intervals.
+    pub fn with_timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
         self
     }
 

@@ -156,10 +156,13 @@ impl<S: Sender> OutboxService<S> {
                 .into())
             }
         }
-        if st.last_beat.is_none_or(|t| t.elapsed() >= HEARTBEAT_EVERY) {
+        if st
+            .last_beat
+            .is_none_or(|t| t.elapsed() >= self.timing.heartbeat_every)
+        {
             let field = self.heartbeat_field();
             self.store
-                .heartbeat(&self.name, &field, HEARTBEAT_EVERY * 3)
+                .heartbeat(&self.name, &field, self.timing.heartbeat_every * 3)
                 .await?;
             st.last_beat = Some(Instant::now());
         }
@@ -191,7 +194,7 @@ impl<S: Sender> OutboxService<S> {
         self.settle_due().await?;
         self.retry_due().await?;
         self.flush_shown().await?;
-        if st.last_sweep.elapsed() >= SWEEP_EVERY {
+        if st.last_sweep.elapsed() >= self.timing.sweep_every {
             self.sweep().await?;
             st.last_sweep = Instant::now();
         }
@@ -199,7 +202,7 @@ impl<S: Sender> OutboxService<S> {
             self.claim_dead().await?;
             st.last_claim = Instant::now();
         }
-        if st.last_retain.elapsed() >= retention::RETAIN_EVERY {
+        if st.last_retain.elapsed() >= self.timing.retain_every {
             self.retain().await?;
             st.last_retain = Instant::now();
         }
@@ -210,10 +213,14 @@ impl<S: Sender> OutboxService<S> {
     /// is due: the next deadline, retry, sweep, takeover check or beat.
     pub(super) fn block_for(&self, st: &LoopState) -> Duration {
         let mut block = MAX_BLOCK
-            .min(SWEEP_EVERY.saturating_sub(st.last_sweep.elapsed()))
+            .min(
+                self.timing
+                    .sweep_every
+                    .saturating_sub(st.last_sweep.elapsed()),
+            )
             .min(self.claim_every().saturating_sub(st.last_claim.elapsed()));
         if let Some(t) = st.last_beat {
-            block = block.min(HEARTBEAT_EVERY.saturating_sub(t.elapsed()));
+            block = block.min(self.timing.heartbeat_every.saturating_sub(t.elapsed()));
         }
         if let Some(w) = self.watchdog.interval() {
             block = block.min(w);

@@ -15,9 +15,6 @@
 
 use super::*;
 
-/// How often the streams are trimmed (and once at start-up).
-pub(super) const RETAIN_EVERY: Duration = Duration::from_secs(300);
-
 impl<S: Sender> OutboxService<S> {
     /// Trims this bridge's outbox streams, inboxes and dead letters, and the
     /// in-flight marks nothing can use any more.

@@ -13,7 +13,7 @@
 
 use super::inflight::{Gate, Prior};
 use super::*;
-use crate::approval::repo::ClaimRequest;
+use crate::approval::repo::{ClaimRequest, Claimed};
 
 /// The outcome entry an edit writes for the card of the version it replaced.
 const SUPERSEDED: &str = "superseded";
@@ -346,18 +346,20 @@ impl<S: Sender> OutboxService<S> {
             State::Pending => {}
             other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
         }
-        let refusal = match claim.as_str() {
-            "ok" => None,
-            "digest" => Some(format!(
+        let refusal = match claim {
+            Claimed::Ok => None,
+            Claimed::Digest => Some(format!(
                 "not the notification the requesting service wrote for approval `{id}` (its digest differs); not shown"
             )),
-            "claimed" => Some(format!(
+            Claimed::Claimed => Some(format!(
                 "approval `{id}` was already notified by entry {}; a second notification is not shown",
                 record.notify_entry.as_deref().unwrap_or("")
             )),
-            "missing" => Some(format!("approval `{id}` does not exist")),
-            "settled" => Some(format!("approval `{id}` is settled")),
-            other => Some(format!("approval `{id}` cannot be notified here ({other})")),
+            Claimed::Missing => Some(format!("approval `{id}` does not exist")),
+            Claimed::Settled => Some(format!("approval `{id}` is settled")),
+            Claimed::NotOurs => Some(format!(
+                "approval `{id}` cannot be notified here (it is not asked through this bridge)"
+            )),
         };
         if let Some(reason) = refusal {
             tracing::warn!(approval = %id, entry = %entry.id, reason, "forged or repeated notification refused");

@@ -826,7 +826,7 @@ async fn decide(
             format!("Nothing decided: {identity} is not an approver of this bridge."),
             StatusCode::FORBIDDEN,
         ),
-        Ok(Outcome::Late(state)) if state == "superseded" => (
+        Ok(Outcome::Late(approval::Late::Superseded)) => (
             "Nothing decided: the message was edited since this page was shown; look at it again."
                 .to_string(),
             StatusCode::CONFLICT,
@@ -841,7 +841,7 @@ async fn decide(
                 .to_string(),
             StatusCode::CONFLICT,
         ),
-        Ok(Outcome::Late(state)) if state == "missing" => (
+        Ok(Outcome::Late(approval::Late::Missing)) => (
             "Nothing decided: it is settled and gone.".to_string(),
             StatusCode::CONFLICT,
         ),

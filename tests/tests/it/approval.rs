@@ -339,7 +339,7 @@ async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
     )
     .await
     .unwrap();
-    assert_eq!(outcome, approval::Outcome::Late("missing".into()));
+    assert_eq!(outcome, approval::Outcome::Late(approval::Late::Missing));
     assert!(
         hash(&mut store, &keys::approval_map("desk"))
             .await
@@ -378,7 +378,7 @@ async fn answers_after_the_deadline_do_not_count() {
     )
     .await
     .unwrap();
-    assert_eq!(outcome, approval::Outcome::Late("expired".into()));
+    assert_eq!(outcome, approval::Outcome::Late(approval::Late::Expired));
     assert_eq!(
         hash(&mut store, &keys::approval(&id)).await["status"],
         "pending",

@@ -457,12 +457,21 @@ async fn a_vanished_parked_entry_is_settled_as_failed_at_start_up() {
     assert!(d.delivered("mail.out").is_empty());
 }
 
-/// The same while the outbox runs: the periodic sweep (every 30 s) finds the
-/// parked entry gone from its stream and settles it as failed.
+/// The same while the outbox runs: the periodic sweep (every 30 s, every
+/// 300 ms here) finds the parked entry gone from its stream and settles it as
+/// failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_parked_entry_is_settled_as_failed_by_the_sweep() {
     let d = Deployment::new(&approval_config(3600));
-    let services = [d.spawn("outbox", "desk"), d.spawn("outbox", "mail")];
+    let often = broker::timing::Timing {
+        sweep_every: std::time::Duration::from_millis(300),
+        ..Default::default()
+    };
+    let outbox = broker::config::Service::Outbox;
+    let services = [
+        d.spawn("outbox", "desk"),
+        d.run_timed::<console::Console>(outbox, "mail", often),
+    ];
     agent_sends(&d, "first", "r-first").await;
     let (id, _) = notification(&d, 0).await;
     let mut store = d.store().await;
@@ -471,11 +480,9 @@ async fn a_vanished_parked_entry_is_settled_as_failed_by_the_sweep() {
         .query_async(&mut store.conn)
         .await
         .unwrap();
-    let notice = wait_until(
-        "a failure notice from the sweep",
-        std::time::Duration::from_secs(45),
-        || async { inbox_notices(&d, "ann:mail:inbox").await.into_iter().next() },
-    )
+    let notice = wait_until("a failure notice from the sweep", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
     .await;
     assert_eq!(notice["status"], "failed");
     assert_eq!(notice["approval_id"], id);

@@ -164,7 +164,7 @@ async fn the_trail_of_an_expired_approval_shows_the_late_answer() {
     let outcome = approval::resolve_approval(&mut store, &d.config, "desk", &card, answer)
         .await
         .unwrap();
-    assert_eq!(outcome, approval::Outcome::Late("expired".into()));
+    assert_eq!(outcome, approval::Outcome::Late(approval::Late::Expired));
     let outbox = d.spawn("outbox", "mail");
     record_gone(&d, &id).await;
     let h = history_of_len(&d, &id, 4).await;
@@ -599,13 +599,13 @@ async fn the_decision_step_decides_only_on_what_was_verified() {
                 .decide(&id, &answer, "seal", &c)
                 .await
                 .unwrap();
-            assert_eq!(d.answer, "stale", "{field}");
+            assert_eq!(d.answer, approval::Decided::Stale, "{field}");
         } else {
             let d = approval::Approvals::on(&mut store)
                 .decide(&id, &answer, "seal", &count)
                 .await
                 .unwrap();
-            assert_eq!(d.answer, "stale", "{field}");
+            assert_eq!(d.answer, approval::Decided::Stale, "{field}");
         }
         match genuine {
             Some(v) => redis::AsyncCommands::hset::<_, _, _, ()>(&mut conn, &rec, field, v)
@@ -621,7 +621,7 @@ async fn the_decision_step_decides_only_on_what_was_verified() {
         .decide(&id, &answer, "seal", &count)
         .await
         .unwrap();
-    assert_eq!(d2.answer, "counted");
+    assert_eq!(d2.answer, approval::Decided::Counted { again: false });
     for s in services {
         s.stop().await.unwrap();
     }
@@ -1022,7 +1022,7 @@ async fn an_edit_is_a_new_question_and_is_what_is_sent() {
     )
     .await
     .unwrap();
-    assert_eq!(raced, approval::Outcome::Late("superseded".into()));
+    assert_eq!(raced, approval::Outcome::Late(approval::Late::Superseded));
 
     let shown = d.cowboy(&["approvals", "show", &id]);
     let shown = String::from_utf8_lossy(&shown.stdout);
