@@ -1092,18 +1092,20 @@ pub fn all_probes(config: &Config) -> Vec<Probe> {
     }
     let operators: Vec<&String> = config.operators.keys().collect();
     for (i, name) in operators.iter().enumerate() {
-        let own = format!("cli:{name}");
+        let own = crate::identity::Identity::cli(name).to_string();
         let other = operators
             .get(i + 1)
             .or(operators.first())
             .filter(|o| *o != name)
-            .map(|o| format!("cli:{o}"))
+            .map(|o| crate::identity::Identity::cli(o).to_string())
             .unwrap_or_else(|| "web".to_string());
         probes.extend(decider_probes(config, name, true, Some(&own), Some(&other)));
     }
     if let Some(web) = &config.web {
         if web.redis_password_file.is_some() {
-            let other = operators.first().map(|o| format!("cli:{o}"));
+            let other = operators
+                .first()
+                .map(|o| crate::identity::Identity::cli(o).to_string());
             probes.extend(decider_probes(
                 config,
                 keys::WEB_USER,

@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::deliveries;
 use crate::entry::Message;
 use crate::error::{ConfigError, Error, Result};
+use crate::identity::Identity;
 use crate::keys;
 use crate::store::Store;
 
@@ -210,7 +211,7 @@ pub async fn deliveries_reconcile(
             "--outcome `{outcome}`: give delivered or not-delivered"
         ))
     })?;
-    let by = format!("cli:{operator}");
+    let by = Identity::cli(operator);
     let clock = Clock::system();
     match deliveries::reconcile(store, config, &clock, id, finding, evidence, &by).await? {
         None => Ok(format!("{id} reconciled as delivered by {by}; nothing sent\n")),
@@ -277,7 +278,7 @@ pub async fn approvals_decide(
     seen: Option<&str>,
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
-    let approver = format!("cli:{operator}");
+    let approver = Identity::cli(operator);
     let record = Approvals::on(store).load(&id).await?;
     if seen.is_none() && verdict == Verdict::Approved {
         // A blind approval counts for whatever version exists when it lands:
@@ -358,7 +359,7 @@ pub async fn approvals_edit(
     operator: &str,
 ) -> Result<String> {
     let id = approval::find_by_prefix(store, config, prefix).await?;
-    let editor = format!("cli:{operator}");
+    let editor = Identity::cli(operator);
     let e = if config.operators.is_empty() {
         approval::edit::edit(store, config, &Clock::system(), &id, change, &editor).await?
     } else {

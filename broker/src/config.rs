@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::ConfigError;
+use crate::identity::{canonical, Identity};
 
 /// Surfaces an approver identity may come from besides the bridges'
 /// platforms: the operator CLI and the page.
@@ -654,16 +655,10 @@ impl Config {
             }
             for (i, who) in person.identities.iter().enumerate() {
                 let key = format!("{at}.identities[{i}]");
-                if !well_formed_identity(who) {
-                    return Err(ConfigError::invalid(
-                        key,
-                        format!(
-                            "`{who}` is not `type:id` with type one of {}",
-                            approver_kinds().join(", ")
-                        ),
-                    ));
+                if let Err(why) = Identity::parse(who) {
+                    return Err(ConfigError::invalid(key, why));
                 }
-                if let Some(other) = claimed.insert(canonical_identity(who), name) {
+                if let Some(other) = claimed.insert(canonical(who), name) {
                     return Err(ConfigError::invalid(
                         key,
                         format!("`{who}` is claimed by [people.{other}] already: an identity is one person's"),
@@ -735,7 +730,7 @@ impl Config {
                 ));
             }
             for (i, who) in approval.approvers.iter().enumerate() {
-                let ok = well_formed_identity(who);
+                let ok = Identity::parse(who);
                 let unproven = who.strip_prefix("cli:").is_some_and(|op| {
                     !self.operators.is_empty() && !self.operators.contains_key(op)
                 });
@@ -754,13 +749,10 @@ impl Config {
                         format!("`{who}` names no `[operators]` entry (with operators declared, every cli: approver must be one)"),
                     ));
                 }
-                if !ok {
+                if let Err(why) = ok {
                     return Err(ConfigError::invalid(
                         format!("{at}.approval.approvers[{i}]"),
-                        format!(
-                            "`{who}` is not `type:id` with type one of {}",
-                            approver_kinds().join(", ")
-                        ),
+                        why,
                     ));
                 }
             }
@@ -779,11 +771,8 @@ impl Config {
                 }
             }
             // Distinct people: an identity listed twice (emails compare without case) is one.
-            let distinct: std::collections::BTreeSet<String> = approval
-                .approvers
-                .iter()
-                .map(|a| canonical_identity(a))
-                .collect();
+            let distinct: std::collections::BTreeSet<String> =
+                approval.approvers.iter().map(|a| canonical(a)).collect();
             if distinct.len() != approval.approvers.len() {
                 return Err(ConfigError::invalid(
                     format!("{at}.approval.approvers"),
@@ -826,7 +815,7 @@ impl Config {
                 }
                 // One password counts once: the approvers must be able to
                 // answer through as many secrets as the quorum needs.
-                let proofs: std::collections::BTreeSet<&str> =
+                let proofs: std::collections::BTreeSet<String> =
                     approval.approvers.iter().map(|a| proof_class(a)).collect();
                 if !approval.trust_surfaces && proofs.len() < approval.quorum as usize {
                     return Err(ConfigError::invalid(
@@ -858,14 +847,10 @@ impl Config {
     /// The bridge that carries `name`'s approval notifications.
     /// The `[people]` entry `identity` belongs to (emails compare without case).
     pub fn person_of(&self, identity: &str) -> Option<&str> {
-        let identity = canonical_identity(identity);
+        let identity = canonical(identity);
         self.people
             .iter()
-            .find(|(_, p)| {
-                p.identities
-                    .iter()
-                    .any(|i| canonical_identity(i) == identity)
-            })
+            .find(|(_, p)| p.identities.iter().any(|i| canonical(i) == identity))
             .map(|(name, _)| name.as_str())
     }
 
@@ -874,7 +859,7 @@ impl Config {
     pub fn counting_key(&self, identity: &str) -> String {
         match self.person_of(identity) {
             Some(name) => format!("person:{name}"),
-            None => format!("identity:{}", canonical_identity(identity)),
+            None => format!("identity:{}", canonical(identity)),
         }
     }
 
@@ -960,37 +945,15 @@ impl ApprovalConfig {
     }
 }
 
-/// Identities compare exactly, except email addresses, which compare case-insensitively.
+/// Identities compare in their canonical form (see [`crate::identity`]).
 fn identity_eq(a: &str, b: &str) -> bool {
-    canonical_identity(a) == canonical_identity(b)
+    canonical(a) == canonical(b)
 }
 
-/// `type:id` with a known type, a non-empty id and no control characters (a
-/// quorum keeps identities one per line).
-fn well_formed_identity(who: &str) -> bool {
-    who.split_once(':').is_some_and(|(kind, id)| {
-        approver_kinds().contains(&kind) && !id.is_empty() && !id.chars().any(char::is_control)
-    })
-}
-
-/// One person, one spelling: `email:Ann@Example.org` is `email:ann@example.org`;
-/// other identities compare exactly.
-/// The secret an answer by `identity` is proven with, as a class: an
-/// operator's own Redis user (`cli:NAME`), the page's password (`web:`), or
-/// the notify bridge's ingest password (every other surface).
-fn proof_class(identity: &str) -> &str {
-    match identity.split_once(':') {
-        Some(("cli", _)) => identity,
-        Some(("web", _)) => "page",
-        _ => "surface",
-    }
-}
-
-pub fn canonical_identity(identity: &str) -> String {
-    match identity.split_once(':') {
-        Some(("email", addr)) => format!("email:{}", addr.to_ascii_lowercase()),
-        _ => identity.to_string(),
-    }
+/// The secret an answer by `identity` is proven with, as a class (see
+/// [`Identity::proof_class`]).
+fn proof_class(identity: &str) -> String {
+    Identity::read(identity).proof_class().to_string()
 }
 
 /// Resolves a secret file path: a leading `$CREDENTIALS_DIRECTORY` is replaced by

@@ -107,14 +107,14 @@ impl Ingest {
         let Some(record) = self.approvals().load(&id).await? else {
             return Ok(Outcome::Late(crate::approval::Late::Missing));
         };
-        let approver = crate::config::canonical_identity(&format!("{}:{user}", self.kind));
+        let approver = crate::identity::Identity::on(&self.kind, user);
         let allowed = self
             .config
             .bridges
             .get(record.source())
             .is_some_and(|b| b.approval.allows(&approver));
         if !allowed {
-            tracing::warn!(approval = %id, approver, "answer from someone not on approval.approvers ignored");
+            tracing::warn!(approval = %id, approver = %approver, "answer from someone not on approval.approvers ignored");
             self.refused_answer(&id, user, "not an approver").await?;
             return Ok(Outcome::NotAllowed);
         }
@@ -132,7 +132,7 @@ impl Ingest {
             &answer,
         )
         .await?;
-        tracing::info!(bridge = %self.name, external_id, approver, "answer to a notification handed to the asking bridge");
+        tracing::info!(bridge = %self.name, external_id, approver = %approver, "answer to a notification handed to the asking bridge");
         Ok(Outcome::Submitted)
     }
 
@@ -147,7 +147,7 @@ impl Ingest {
         let Some(record) = self.approvals().load(approval_id).await? else {
             return Ok(());
         };
-        let by = crate::config::canonical_identity(&format!("{}:{user}", self.kind));
+        let by = crate::identity::Identity::on(&self.kind, user);
         let event = crate::audit::Event::new(
             record.source(),
             crate::audit::Kind::Ignored,

@@ -15,6 +15,7 @@
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
 //! - [`store`]: connections and stream primitives.
 //! - [`entry`]: outbox entry validation and notices to agents.
+//! - [`identity`]: approver identities (`KIND:ID`) in one canonical form.
 //! - [`fields`]: field names of the entries the broker writes besides the agent's.
 //! - [`error`]: typed errors, whether to retry, and the one table of exit codes.
 //! - [`audit`]: the audit trail of every approval, and its queries.
@@ -43,6 +44,7 @@ pub mod deliveries;
 pub mod entry;
 pub mod error;
 pub mod fields;
+pub mod identity;
 pub mod ingest;
 pub mod keys;
 pub mod outbox;

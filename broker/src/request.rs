@@ -45,6 +45,7 @@ use crate::audit;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::identity::Identity;
 use crate::keys;
 use crate::shutdown::Shutdown;
 use crate::store::Store;
@@ -74,7 +75,7 @@ impl Requester {
     /// The suffix of its request and reply streams.
     pub fn suffix(&self) -> String {
         match self {
-            Requester::Operator(name) => format!("cli:{name}"),
+            Requester::Operator(name) => Identity::cli(name).to_string(),
             Requester::Web => "web".to_string(),
             Requester::Surface { name, .. } => format!("surface:{name}"),
         }
@@ -83,7 +84,7 @@ impl Requester {
     /// Whether a request read from this requester's stream may act as `identity`.
     pub fn may_act_as(&self, identity: &str) -> bool {
         match self {
-            Requester::Operator(name) => identity == format!("cli:{name}"),
+            Requester::Operator(name) => identity == Identity::cli(name).as_str(),
             Requester::Web => identity
                 .strip_prefix("web:")
                 .is_some_and(|user| !user.is_empty()),

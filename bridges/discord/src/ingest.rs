@@ -380,8 +380,8 @@ impl Handler {
             };
             let channel = ChannelId::new(channel);
             let counted = |user: UserId| {
-                let who = format!("discord:{user}");
-                record.approvals.contains(&who)
+                let who = broker::identity::Identity::on("discord", &user.to_string());
+                record.approvals.iter().any(|a| a == who.as_str())
             };
             let emoji = self
                 .settings

@@ -405,7 +405,10 @@ impl EmailIngest {
                 .config()
                 .bridges
                 .get(record.source())
-                .is_some_and(|b| b.approval.allows(&format!("email:{from}"))),
+                .is_some_and(|b| {
+                    b.approval
+                        .allows(&broker::identity::Identity::on("email", from))
+                }),
             None => false,
         };
         if !allowed {

@@ -289,7 +289,7 @@ async fn decide_once(
         return Ok(Applied::Done(Outcome::Late(Late::Missing)));
     };
     // Email addresses compare without case: one person is one identity.
-    let approver = crate::config::canonical_identity(answer.approver);
+    let approver = crate::identity::Identity::read(answer.approver);
     // A quorum counts people: every identity of one person counts as one.
     let counts_as = config.counting_key(&approver);
     let rules = config.bridges.get(record.source()).map(|b| &b.approval);
@@ -378,7 +378,7 @@ pub async fn reject_unshown(
     reason: &str,
 ) -> Result<Outcome> {
     let reason = format!("the approval request could not be shown to approvers: {reason}");
-    let approver = format!("broker:{notify}");
+    let approver = crate::identity::Identity::broker(notify);
     let answer = Answer::new(clock, Verdict::Rejected, &approver, &reason);
     Ok(match apply(store, config, record, answer).await? {
         Applied::Done(outcome) => outcome,

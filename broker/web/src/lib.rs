@@ -39,6 +39,7 @@ use serde::Deserialize;
 
 use broker::approval::{self, field, Answer, Approvals, Outcome, State as ApprovalState, Verdict};
 use broker::config::{Config, RedisConfig};
+use broker::identity::Identity;
 use broker::{audit, keys, Clock, Shutdown, Store};
 
 use session::{Keys, Session, LOGIN_COOKIE, SESSION_COOKIE};
@@ -115,7 +116,7 @@ impl UserStream {
     /// Takes one of `user`'s streams, if one is free: [`MAX_STREAMS_PER_USER`]
     /// for an approver of some bridge, one for a user who only looks.
     fn take(app: &App, user: &str) -> Option<UserStream> {
-        let identity = format!("web:{user}");
+        let identity = Identity::web(user);
         let approver = app
             .config
             .bridges
@@ -734,7 +735,7 @@ async fn render_detail(
         approval::Shown::Unreadable(_) => matches = Some(false),
     }
     let r = view.record;
-    let identity = format!("web:{}", session.user);
+    let identity = Identity::web(&session.user);
     let cannot_decide = match bridge {
         _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
         Some(b) if b.approval.allows(&identity) => None,
@@ -786,7 +787,7 @@ async fn decide(
         Some("rejected") => Verdict::Rejected,
         _ => return refused("no verdict"),
     };
-    let identity = format!("web:{}", s.user);
+    let identity = Identity::web(&s.user);
     let reason = f.get("reason").map(String::as_str).unwrap_or("");
     if reason.len() > MAX_REASON_BYTES {
         return refused("the reason is too long (at most 2,000 bytes)");
@@ -883,7 +884,7 @@ async fn edit(
         channel_id: f.get("channel").cloned(),
         seen: Some(seen),
     };
-    let editor = format!("web:{}", s.user);
+    let editor = Identity::web(&s.user);
     let (message, status) = match broker::request::edit(
         &mut store,
         &broker::request::Requester::Web,
