@@ -9,6 +9,7 @@
 pub mod discord;
 pub mod dns;
 pub mod mail;
+pub mod setup;
 pub mod web;
 
 use std::net::TcpListener;
@@ -250,6 +251,12 @@ fn answers_pong(mut conn: std::net::TcpStream) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// Every entry of stream `key` (an inbox), oldest first.
+pub async fn inbox(d: &Deployment, key: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let mut store = d.store().await;
+    stream(&mut store, key).await
 }
 
 pub(crate) fn free_port() -> u16 {

@@ -128,14 +128,6 @@ pub fn make_ca_for(dir: &Path, name: &str, server: Option<&str>) -> PathBuf {
     dir.join(ca)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn wait_port(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
@@ -195,18 +187,18 @@ impl MailStack {
             let t = dir.path().join("tls");
             std::fs::create_dir_all(&t).unwrap();
             TlsPorts {
-                smtps_port: free_port(),
-                imaps_port: free_port(),
-                smtp_plain_port: free_port(),
+                smtps_port: crate::free_port(),
+                imaps_port: crate::free_port(),
+                smtp_plain_port: crate::free_port(),
                 ca: make_ca(&t, "mail", true),
                 other_ca: make_ca(&t, "other", false),
             }
         });
         let mut stack = MailStack {
             dir,
-            smtp_port: free_port(),
-            imap_port: free_port(),
-            lmtp_port: free_port(),
+            smtp_port: crate::free_port(),
+            imap_port: crate::free_port(),
+            lmtp_port: crate::free_port(),
             tls,
             no_idle,
         };
@@ -220,10 +212,10 @@ impl MailStack {
                 "dovecot failed to start 5 times; see {}/dovecot/dovecot.log",
                 stack.d().display()
             );
-            stack.imap_port = free_port();
-            stack.lmtp_port = free_port();
+            stack.imap_port = crate::free_port();
+            stack.lmtp_port = crate::free_port();
             if let Some(t) = &mut stack.tls {
-                t.imaps_port = free_port();
+                t.imaps_port = crate::free_port();
             }
         }
         stack.start_postfix();

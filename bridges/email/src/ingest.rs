@@ -59,7 +59,8 @@ async fn tls_connect(
     };
     let bad =
         |key: &str, e: String| ConfigError::invalid(format!("bridges.{bridge}.imap.{key}"), e);
-    let config = crate::tls::client_config(roots).map_err(|e| bad("tls", e.to_string()))?;
+    // Building the TLS setup reads the system's roots: worth trying again.
+    let config = crate::tls::client_config(roots).map_err(|e| imap_err("TLS setup", e))?;
     let name = tokio_rustls::rustls::pki_types::ServerName::try_from(imap.host.clone())
         .map_err(|e| bad("host", format!("not a TLS server name: {e}")))?;
     let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
@@ -113,15 +114,20 @@ pub async fn login(imap: &ImapSettings, bridge: &str) -> Result<ImapSession> {
     client
         .login(&imap.username, &password)
         .await
-        .map_err(|(e, _)| {
-            ConfigError::invalid(
-                format!("bridges.{bridge}.imap.password_file"),
-                format!(
-                    "the IMAP server refused the login as {}: {e}",
-                    imap.username
-                ),
-            )
-            .into()
+        .map_err(|(e, _)| match e {
+            // The server said no: the credentials are wrong, and only the
+            // config can fix them. Anything else (a dropped connection) passes.
+            async_imap::error::Error::No(_) | async_imap::error::Error::Bad(_) => {
+                ConfigError::invalid(
+                    format!("bridges.{bridge}.imap.password_file"),
+                    format!(
+                        "the IMAP server refused the login as {}: {e}",
+                        imap.username
+                    ),
+                )
+                .into()
+            }
+            e => imap_err("LOGIN", e),
         })
 }
 

@@ -424,15 +424,17 @@ impl Record {
     }
 
     /// Whether the approval asks to run a declared action: as written at park
-    /// time, else (an older record) by its bridge's type in the registry; a
-    /// bridge no longer configured reads as gated, the careful way.
+    /// time, or as its bridge's type is in the registry. The record can only
+    /// add gating, never take it away: a writer of the record (the notify
+    /// side's outbox may write some fields) must not turn an action's card
+    /// into an editable message. A bridge no longer configured reads as
+    /// gated, the careful way.
     pub fn is_gated(&self, config: &crate::config::Config) -> bool {
-        self.gated.unwrap_or_else(|| {
-            config
-                .bridges
-                .get(&self.source)
-                .is_none_or(|b| registry::is_gated(&b.kind))
-        })
+        let by_type = config
+            .bridges
+            .get(&self.source)
+            .is_none_or(|b| registry::is_gated(&b.kind));
+        by_type || self.gated == Some(true)
     }
 
     /// Whether the record was approved before its deadline (`decided_at` is

@@ -53,7 +53,7 @@ return 1
 /// a person who edited the message approves it: not counted), `same-proof`
 /// (under a quorum, a second approval through the same shared proof: one
 /// password cannot stand for two people), or why nothing
-/// changed (`missing`, `expired`, `settled`, the decided status); the record's
+/// changed (`missing`, `expired`, `settled`, `already:` and the status as stored); the record's
 /// worker; and the approvals so far. One rejection rejects whatever was counted.
 const DECIDE: &str = r#"
 local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'worker', 'settled_at', 'quorum', 'approvals', 'superseded', 'message_sha256', 'approval_people', 'editors', 'approval_proofs')
@@ -71,7 +71,7 @@ if ARGV[7] ~= '' and f[7] then
   end
 end
 if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
-if f[1] ~= 'pending' then return {f[1], worker, have} end
+if f[1] ~= 'pending' then return {'already:' .. f[1], worker, have} end
 if ARGV[1] == 'approved' and ARGV[17] ~= '' then
   -- Decided only on the state the caller verified against its seals.
   if have ~= ARGV[13] or (f[9] or '') ~= ARGV[14] or (f[11] or '') ~= ARGV[15]
@@ -317,7 +317,10 @@ impl Decided {
             "missing" => Decided::Missing,
             "expired" => Decided::Expired,
             "settled" => Decided::Settled,
-            status => Decided::Already(Status::parse(status)),
+            // The status as stored, marked so a status forged to read like an
+            // answer (`decided`, `stale`) stays a status; anything else fails
+            // closed.
+            other => Decided::Already(Status::parse(other.strip_prefix("already:").unwrap_or(""))),
         }
     }
 }
@@ -1172,10 +1175,26 @@ mod tests {
             );
         }
         assert_eq!(
-            Decided::parse("approved"),
+            Decided::parse("already:approved"),
             Decided::Already(Status::Approved)
         );
-        assert_eq!(Decided::parse("forged"), Decided::Already(Status::Rejected));
+        assert_eq!(
+            Decided::parse("already:rejected"),
+            Decided::Already(Status::Rejected)
+        );
+        for forged in [
+            "already:forged",
+            "already:decided",
+            "already:stale",
+            "approved",
+            "?",
+        ] {
+            assert_eq!(
+                Decided::parse(forged),
+                Decided::Already(Status::Rejected),
+                "{forged}"
+            );
+        }
     }
 
     /// A late reason keeps its wire spelling, and one from a newer version

@@ -49,7 +49,13 @@ impl View {
         let shown = match entry {
             None => Shown::Gone,
             Some(_) if gated => Shown::Card(super::shown_card(store, &record).await?),
-            Some(entry) => {
+            Some(mut entry) => {
+                // A re-send's marks are the broker's, not the message's (the
+                // outbox verifies their seal before it sends; the digest
+                // below still decides whether this is what was approved).
+                entry
+                    .fields
+                    .retain(|(k, _)| k != super::RESEND_OF && k != super::RESEND_SEAL);
                 let read = match config.bridges.get(record.source()) {
                     Some(bridge) => Message::from_entry(&entry, bridge),
                     None => Err(format!(

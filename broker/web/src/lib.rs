@@ -855,6 +855,11 @@ async fn decide(
             StatusCode::NOT_FOUND,
         ),
         Err(broker::Error::Operator { message: why, .. }) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
+        // The outbox did not answer in time, or failed: say so, not "Redis".
+        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
+            tracing::warn!(error = %e, "web: a decision was not applied");
+            (format!("Nothing decided yet: {e}"), StatusCode::SERVICE_UNAVAILABLE)
+        }
         Err(e) => return failed(e),
     };
     render_detail(&app, &s, &id, Some(message), status).await
@@ -903,6 +908,13 @@ async fn edit(
         ),
         Err(broker::Error::Operator { message: why, .. }) => {
             (format!("Nothing edited: {why}"), StatusCode::CONFLICT)
+        }
+        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
+            tracing::warn!(error = %e, "web: an edit was not applied");
+            (
+                format!("Nothing edited yet: {e}"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
         }
         Err(e) => return failed(e),
     };

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use broker::{approval, keys};
+use harness::setup::Setup;
 use harness::{commands_processed, hash, pending, stream, wait_until, Deployment};
 use serde_json::json;
 
@@ -772,10 +773,7 @@ async fn deliveries_side_by_side_keep_order_per_destination() {
 /// first finishes, and a new entry is parked and notified meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_deliveries_run_side_by_side_and_block_nothing() {
-    let d = Deployment::new(&crate::approval_config(0).replace(
-        "input = \"{dir}/mail.in\"",
-        "input = \"{dir}/mail.in\"\nlatency_ms = 3000",
-    ));
+    let d = Deployment::new(&Setup::approval(0).mail("latency_ms = 3000").toml());
     let _desk = d.spawn("outbox", "desk");
     let _outbox = d.process("cowboy-console-outbox", "mail");
     let mut ids = Vec::new();
@@ -821,10 +819,7 @@ async fn approved_deliveries_run_side_by_side_and_block_nothing() {
 /// closes it early: it is settled once, as delivered, and told so once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_send_under_way_is_settled_once() {
-    let d = Deployment::new(&crate::approval_config(0).replace(
-        "input = \"{dir}/mail.in\"",
-        "input = \"{dir}/mail.in\"\nlatency_ms = 2000",
-    ));
+    let d = Deployment::new(&Setup::approval(0).mail("latency_ms = 2000").toml());
     let _desk = d.spawn("outbox", "desk");
     let _outbox = d.process("cowboy-console-outbox", "mail");
     agent_sends(&d, "once", "r1").await;

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use broker::{approval, keys, Store};
+use harness::setup::Setup;
 use harness::{hash, stream, wait_until, Deployment};
 use serde_json::json;
 
@@ -69,10 +70,11 @@ async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
 /// real message once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_notifications_are_refused_and_show_nothing() {
-    let d = Deployment::new(&approval_config(3600).replace(
-        "destinations = [\"ops\"]",
-        "destinations = [\"ops\", \"attacker\"]",
-    ));
+    let d = Deployment::new(
+        &Setup::approval(3600)
+            .desk_destinations(&["ops", "attacker"])
+            .toml(),
+    );
     let services = [
         d.spawn("outbox", "mail"),
         d.spawn("outbox", "desk"),
@@ -208,8 +210,9 @@ approval = { required = true, notify_channel = "ops", timeout = 0, approvers = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_outside_the_notify_destinations_is_refused() {
     let d = Deployment::new(
-        &approval_config(3600)
-            .replace("destinations = [\"ops\"]", "destinations = [\"elsewhere\"]"),
+        &Setup::approval(3600)
+            .desk_destinations(&["elsewhere"])
+            .toml(),
     );
     let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
     agent_sends(&d, "hello", "r").await;
@@ -706,10 +709,10 @@ async fn agents_cannot_post_into_the_approval_channel() {
 /// park again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_agent_cannot_starve_the_others() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 3 }"#,
-    ) + "\n[agents.bob]\n";
+    let config = Setup::approval(3600)
+        .approval_key("max_parked_per_agent = 3")
+        .agent("bob")
+        .toml();
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),
@@ -775,10 +778,10 @@ async fn one_agent_cannot_starve_the_others() {
 /// and once one is decided the agent may park again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_parks_no_more_bytes_than_its_limit() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "cli:op"], max_parked_bytes_per_agent = 10 }"#,
-    ) + "\n[agents.bob]\n";
+    let config = Setup::approval(3600)
+        .approval_key("max_parked_bytes_per_agent = 10")
+        .agent("bob")
+        .toml();
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),
@@ -841,16 +844,12 @@ async fn a_flood_of_cards_takes_turns_with_the_other_agents() {
     const FLOOD: usize = 200;
     // One card at a time, and the whole backlog read in one batch, so what
     // decides the order is the queue, not how fast the platform drains it.
-    let config = approval_config(3600)
-        .replace(
-            r#"approvers = ["console:boss", "cli:op"] }"#,
-            r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 0 }"#,
-        )
-        .replace(
-            r#"destinations = ["ops"]"#,
-            "destinations = [\"ops\"]\nmax_in_flight = 1\nbatch = 1000",
-        )
-        + "\n[agents.bob]\n";
+    let config = Setup::approval(3600)
+        .approval_key("max_parked_per_agent = 0")
+        .desk("max_in_flight = 1")
+        .desk("batch = 1000")
+        .agent("bob")
+        .toml();
     let d = Deployment::new(&config);
     let mut store = d.store().await;
     let notify = keys::outbox("desk");
@@ -918,10 +917,9 @@ async fn a_flood_of_cards_takes_turns_with_the_other_agents() {
 /// again, it is approved and sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn untagged_ids_and_forged_sources_stop_nothing() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "cli:op"], max_parked_per_agent = 2 }"#,
-    );
+    let config = Setup::approval(3600)
+        .approval_key("max_parked_per_agent = 2")
+        .toml();
     let d = Deployment::new(&config);
     let mut store = d.store().await;
     let old = [

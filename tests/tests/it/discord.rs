@@ -1,16 +1,17 @@
 //! The Discord bridge: the real serenity client (in the real binaries) against
 //! a local Discord that speaks the real protocol (harness::discord).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use broker::outbox::delivery_key;
 use broker::{approval, keys};
 use discord::render;
 use harness::discord::{contents, FakeDiscord, BOT_ID, TOKEN};
-use harness::{stream, wait_until, Deployment, Process};
+use harness::{inbox, stream, wait_until, Deployment, Process};
 
-const SOON: Duration = Duration::from_secs(30);
+/// Bounded wait on the local Discord: a gateway round trip and serenity's own
+/// pacing take longer than a console bridge's `crate::SOON`.
+const PLATFORM_SOON: Duration = Duration::from_secs(30);
 const TALK: u64 = 111_111_111_111_111_111;
 const OPS: u64 = 222_222_222_222_222_222;
 const NOWHERE: u64 = 333_333_333_333_333_333;
@@ -41,15 +42,12 @@ ping = {{ command = ["sh", "-c", "echo \"$COWBOY_FIELD_CONTENT\" >> {{dir}}/ping
 
 const GATED: &str = "approval = { required = true, notify = \"dc\", notify_channel = \"222222222222222222\", timeout = 0, approvers = [\"discord:42000000000000042\"] }";
 
-async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
-    let mut store = d.store().await;
-    stream(&mut store, key).await
-}
-
 async fn connected(fake: &FakeDiscord) {
-    wait_until("the ingest identified on the gateway", SOON, || async {
-        fake.identified().then_some(())
-    })
+    wait_until(
+        "the ingest identified on the gateway",
+        PLATFORM_SOON,
+        || async { fake.identified().then_some(()) },
+    )
     .await;
 }
 
@@ -57,7 +55,7 @@ async fn connected(fake: &FakeDiscord) {
 async fn card(fake: &FakeDiscord, n: usize) -> harness::discord::Posted {
     wait_until(
         "an approval card with the bot's reactions",
-        SOON,
+        PLATFORM_SOON,
         || async {
             fake.with(|r| {
                 let cards: Vec<_> = r
@@ -84,7 +82,7 @@ async fn card(fake: &FakeDiscord, n: usize) -> harness::discord::Posted {
 /// the bot's reactions; a human never reacts within those milliseconds).
 async fn answerable(d: &Deployment, card: u64) {
     let store = d.store().await;
-    wait_until("the card recorded as shown", SOON, || {
+    wait_until("the card recorded as shown", PLATFORM_SOON, || {
         let mut store = store.clone();
         async move {
             let map = harness::hash(&mut store, &keys::approval_map("dc")).await;
@@ -96,7 +94,7 @@ async fn answerable(d: &Deployment, card: u64) {
 
 /// Waits for the card's closing edit and returns its text.
 async fn closed(fake: &FakeDiscord, card: u64) -> String {
-    wait_until("the card closed", SOON, || async {
+    wait_until("the card closed", PLATFORM_SOON, || async {
         fake.with(|r| {
             r.posted
                 .iter()
@@ -126,7 +124,7 @@ async fn delivers_with_reference_and_nonce() {
         )
         .await
         .unwrap();
-    let posted = wait_until("a message", SOON, || async {
+    let posted = wait_until("a message", PLATFORM_SOON, || async {
         fake.with(|r| r.posted.first().cloned())
     })
     .await;
@@ -170,14 +168,14 @@ async fn a_refused_token_stops_the_bridge_and_loses_nothing() {
         .await
         .unwrap();
     let outbox = d.process("cowboy-discord-outbox", "dc");
-    assert_eq!(outbox.wait_code(SOON), Some(78));
+    assert_eq!(outbox.wait_code(PLATFORM_SOON), Some(78));
     let log = std::fs::read_to_string(d.path("cowboy-discord-outbox-dc.log")).unwrap();
     assert!(
         log.contains("`bridges.dc`") && log.contains("refused this bridge's credentials"),
         "{log}"
     );
     let ingest = d.process("cowboy-discord-ingest", "dc");
-    assert_eq!(ingest.wait_code(SOON), Some(78));
+    assert_eq!(ingest.wait_code(PLATFORM_SOON), Some(78));
     let log = std::fs::read_to_string(d.path("cowboy-discord-ingest-dc.log")).unwrap();
     assert!(log.contains("`bridges.dc.token_file`"), "{log}");
     assert!(stream(&mut store, &keys::dead("dc")).await.is_empty());
@@ -189,7 +187,7 @@ async fn a_refused_token_stops_the_bridge_and_loses_nothing() {
 
     std::fs::write(d.path("token"), format!("{TOKEN}\n")).unwrap();
     let outbox = d.process("cowboy-discord-outbox", "dc");
-    wait_until("the waiting message delivered", SOON, || async {
+    wait_until("the waiting message delivered", PLATFORM_SOON, || async {
         fake.with(|r| r.posted.first().cloned())
     })
     .await;
@@ -221,7 +219,7 @@ async fn a_long_message_arrives_whole_split() {
         )
         .await
         .unwrap();
-    let parts = wait_until("all parts", SOON, || async {
+    let parts = wait_until("all parts", PLATFORM_SOON, || async {
         let c = fake.with(|r| contents(r, TALK));
         (c.len() >= 3 && c.join(" ").len() == content.len()).then_some(c)
     })
@@ -301,7 +299,7 @@ async fn direct_messages_in_and_out() {
     let ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let id = fake.user_dm(DM, APPROVER, "boss", "are you there?");
-    let entry = wait_until("the DM in the inbox", SOON, || async {
+    let entry = wait_until("the DM in the inbox", PLATFORM_SOON, || async {
         inbox(&d, "dc:inbox").await.into_iter().next()
     })
     .await;
@@ -328,7 +326,7 @@ async fn direct_messages_in_and_out() {
         )
         .await
         .unwrap();
-    wait_until("the answer in the DM", SOON, || async {
+    wait_until("the answer in the DM", PLATFORM_SOON, || async {
         fake.with(|r| (contents(r, DM) == ["yes, here"]).then_some(()))
     })
     .await;
@@ -341,7 +339,7 @@ async fn direct_messages_in_and_out() {
     connected(&fake).await;
     fake.user_dm(DM, APPROVER, "boss", "not carried");
     fake.user_message(TALK, APPROVER, "boss", "carried", None);
-    let entries = wait_until("the channel message", SOON, || async {
+    let entries = wait_until("the channel message", PLATFORM_SOON, || async {
         let e = inbox(&d, "dc:inbox").await;
         (!e.is_empty()).then_some(e)
     })
@@ -402,7 +400,7 @@ async fn rate_limits_are_waited_out() {
         )
         .await
         .unwrap();
-    wait_until("delivery after two 429s", SOON, || async {
+    wait_until("delivery after two 429s", PLATFORM_SOON, || async {
         fake.with(|r| r.posted.first().cloned())
     })
     .await;
@@ -431,7 +429,7 @@ async fn an_unknown_channel_is_dead_lettered() {
             .await
             .unwrap();
     }
-    let notices = wait_until("five notices", SOON, || async {
+    let notices = wait_until("five notices", PLATFORM_SOON, || async {
         let n = inbox(&d, "ann:dc:inbox").await;
         (n.len() == 5).then_some(n)
     })
@@ -477,7 +475,7 @@ async fn the_approval_channel_has_one_spelling() {
             .await
             .unwrap();
     }
-    let notices = wait_until("three refusals", SOON, || async {
+    let notices = wait_until("three refusals", PLATFORM_SOON, || async {
         let n = inbox(&d, "ann:dc:inbox").await;
         (n.len() >= 3).then_some(n)
     })
@@ -527,7 +525,7 @@ async fn approval_by_reaction() {
         "the whole-message digest"
     );
     fake.user_reaction(OPS, card.id, STRANGER, "✅");
-    wait_until("the stranger's reaction removed", SOON, || async {
+    wait_until("the stranger's reaction removed", PLATFORM_SOON, || async {
         fake.with(|r| {
             r.removed
                 .iter()
@@ -544,7 +542,7 @@ async fn approval_by_reaction() {
     );
     assert!(fake.with(|r| contents(r, TALK)).is_empty());
     fake.user_reaction(OPS, card.id, APPROVER, "✅");
-    wait_until("delivery", SOON, || async {
+    wait_until("delivery", PLATFORM_SOON, || async {
         fake.with(|r| (!contents(r, TALK).is_empty()).then_some(()))
     })
     .await;
@@ -598,11 +596,11 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
         "nobody listened"
     );
     let _ingest = d.process("cowboy-discord-ingest", "dc");
-    wait_until("the approved message delivered", SOON, || async {
+    wait_until("the approved message delivered", PLATFORM_SOON, || async {
         fake.with(|r| (!contents(r, TALK).is_empty()).then_some(()))
     })
     .await;
-    let rejected = wait_until("the rejection notice", SOON, || async {
+    let rejected = wait_until("the rejection notice", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox")
             .await
             .into_iter()
@@ -613,7 +611,7 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
         (rejected["request_id"].as_str(), rejected["reason"].as_str()),
         ("r2", "not now")
     );
-    wait_until("the third rejected", SOON, || async {
+    wait_until("the third rejected", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox")
             .await
             .into_iter()
@@ -621,7 +619,7 @@ async fn answers_made_while_the_ingest_was_away_are_caught_up() {
             .filter(|n| n["status"] == "rejected")
     })
     .await;
-    wait_until("the stranger's reaction removed", SOON, || async {
+    wait_until("the stranger's reaction removed", PLATFORM_SOON, || async {
         fake.with(|r| {
             r.removed
                 .iter()
@@ -644,7 +642,7 @@ async fn messages_written_while_the_ingest_was_away_are_carried_once() {
     let ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     fake.user_message(TALK, APPROVER, "boss", "before", None);
-    wait_until("the first message carried", SOON, || async {
+    wait_until("the first message carried", PLATFORM_SOON, || async {
         (inbox(&d, "dc:inbox").await.len() == 1).then_some(())
     })
     .await;
@@ -653,12 +651,12 @@ async fn messages_written_while_the_ingest_was_away_are_carried_once() {
     fake.user_message(OPS, APPROVER, "boss", "while away 2", None);
     fake.user_message(TALK, STRANGER, "eve", "while away 3", None);
     let _ingest = d.process("cowboy-discord-ingest", "dc");
-    wait_until("the missed messages carried", SOON, || async {
+    wait_until("the missed messages carried", PLATFORM_SOON, || async {
         (inbox(&d, "dc:inbox").await.len() >= 4).then_some(())
     })
     .await;
     fake.user_message(TALK, APPROVER, "boss", "live again", None);
-    let entries = wait_until("the live message carried", SOON, || async {
+    let entries = wait_until("the live message carried", PLATFORM_SOON, || async {
         let e = inbox(&d, "dc:inbox").await;
         (e.len() >= 5).then_some(e)
     })
@@ -675,7 +673,7 @@ async fn messages_written_while_the_ingest_was_away_are_carried_once() {
 
 /// The notify side deletes a settled record once the card shows its outcome.
 async fn no_records_left(store: &broker::Store) {
-    wait_until("every approval record deleted", SOON, || {
+    wait_until("every approval record deleted", PLATFORM_SOON, || {
         let mut store = store.clone();
         async move {
             approval::list_ids(&mut store)
@@ -710,7 +708,7 @@ async fn rejection_by_reaction_or_reply() {
         .unwrap();
     let first = card(&fake, 0).await;
     fake.user_reaction(OPS, first.id, APPROVER, "❌");
-    let n1 = wait_until("the first notice", SOON, || async {
+    let n1 = wait_until("the first notice", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox").await.into_iter().next()
     })
     .await;
@@ -730,7 +728,7 @@ async fn rejection_by_reaction_or_reply() {
         .unwrap();
     let second = card(&fake, 1).await;
     fake.user_message(OPS, APPROVER, "boss", "reject too early", Some(second.id));
-    let n2 = wait_until("the second notice", SOON, || async {
+    let n2 = wait_until("the second notice", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox").await.into_iter().nth(1)
     })
     .await;
@@ -773,7 +771,7 @@ async fn expiry_closes_the_card_and_late_answers_are_ignored() {
         .await
         .unwrap();
     let card = card(&fake, 0).await;
-    let notice = wait_until("the expiry notice", SOON, || async {
+    let notice = wait_until("the expiry notice", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox").await.into_iter().next()
     })
     .await;
@@ -783,7 +781,7 @@ async fn expiry_closes_the_card_and_late_answers_are_ignored() {
     fake.user_reaction(OPS, card.id, APPROVER, "✅");
     // A later inbound message is handled after the reaction event.
     fake.user_message(TALK, APPROVER, "boss", "marker", None);
-    wait_until("the marker", SOON, || async {
+    wait_until("the marker", PLATFORM_SOON, || async {
         (!inbox(&d, "dc:inbox").await.is_empty()).then_some(())
     })
     .await;
@@ -816,13 +814,13 @@ async fn inbound_messages_ping_and_resume() {
         )
         .await
         .unwrap();
-    wait_until("the bot's post", SOON, || async {
+    wait_until("the bot's post", PLATFORM_SOON, || async {
         fake.with(|r| r.posted.first().cloned())
     })
     .await;
     fake.user_message(999, APPROVER, "boss", "elsewhere", None);
     let mid = fake.user_message(TALK, APPROVER, "boss", "hello bot", Some(123));
-    let entry = wait_until("an inbox entry", SOON, || async {
+    let entry = wait_until("an inbox entry", PLATFORM_SOON, || async {
         inbox(&d, "dc:inbox").await.into_iter().next()
     })
     .await;
@@ -833,19 +831,19 @@ async fn inbound_messages_ping_and_resume() {
     assert_eq!(entry["author"], "boss");
     assert_eq!(entry["reply_to"], "123");
     assert!(!entry["timestamp"].is_empty());
-    wait_until("the ping command ran", SOON, || async {
+    wait_until("the ping command ran", PLATFORM_SOON, || async {
         std::fs::read_to_string(d.path("pinged"))
             .ok()
             .filter(|s| s.contains("hello bot"))
     })
     .await;
     fake.drop_gateway();
-    wait_until("a resume or a new session", SOON, || async {
+    wait_until("a resume or a new session", PLATFORM_SOON, || async {
         fake.with(|r| (r.resumes + r.identifies >= 2).then_some(()))
     })
     .await;
     fake.user_message(TALK, APPROVER, "boss", "after the drop", None);
-    let entries = wait_until("the message after the drop", SOON, || async {
+    let entries = wait_until("the message after the drop", PLATFORM_SOON, || async {
         let e = inbox(&d, "dc:inbox").await;
         (e.len() >= 2).then_some(e)
     })
@@ -856,7 +854,7 @@ async fn inbound_messages_ping_and_resume() {
         ["hello bot", "after the drop"],
         "not the bot's own, not other channels'"
     );
-    let beat = wait_until("users/@me in the heartbeat", SOON, || {
+    let beat = wait_until("users/@me in the heartbeat", PLATFORM_SOON, || {
         let mut store = store.clone();
         async move {
             let b = harness::hash(&mut store, &keys::heartbeat("dc")).await;
@@ -895,7 +893,7 @@ async fn a_console_bridge_is_approved_by_discord_reaction() {
         .unwrap();
     let card = card(&fake, 0).await;
     fake.user_reaction(OPS, card.id, APPROVER, "✅");
-    let sent = wait_until("console delivery", SOON, || async {
+    let sent = wait_until("console delivery", PLATFORM_SOON, || async {
         d.delivered("desk.out").first().cloned()
     })
     .await;
@@ -955,7 +953,7 @@ async fn cards_ping_nobody_and_forged_outcomes_edit_nothing() {
     ] {
         store.xadd("dc:outbox", &f).await.unwrap();
     }
-    wait_until("both forged outcomes dead-lettered", SOON, || {
+    wait_until("both forged outcomes dead-lettered", PLATFORM_SOON, || {
         let mut store = store.clone();
         async move { (stream(&mut store, "dc:dead").await.len() == 2).then_some(()) }
     })
@@ -969,7 +967,7 @@ async fn cards_ping_nobody_and_forged_outcomes_edit_nothing() {
         "pending"
     );
     fake.user_reaction(OPS, card.id, APPROVER, "✅");
-    let sent = wait_until("delivery", SOON, || async {
+    let sent = wait_until("delivery", PLATFORM_SOON, || async {
         fake.with(|r| r.posted.iter().find(|p| p.channel_id == TALK).cloned())
     })
     .await;
@@ -1013,20 +1011,26 @@ async fn a_rate_limited_destination_does_not_hold_up_the_others() {
             .await
             .unwrap();
     }
-    let talk_then = wait_until("the other destination's delivery", SOON, || async {
-        fake.with(|r| (!contents(r, OPS).is_empty()).then(|| contents(r, TALK).len()))
-    })
+    let talk_then = wait_until(
+        "the other destination's delivery",
+        PLATFORM_SOON,
+        || async { fake.with(|r| (!contents(r, OPS).is_empty()).then(|| contents(r, TALK).len())) },
+    )
     .await;
     assert_eq!(
         talk_then, 0,
         "ops went out while talk was still rate limited"
     );
-    let talk = wait_until("the stalled destination's deliveries", SOON, || async {
-        fake.with(|r| {
-            let t = contents(r, TALK);
-            (t.len() == 2).then_some(t)
-        })
-    })
+    let talk = wait_until(
+        "the stalled destination's deliveries",
+        PLATFORM_SOON,
+        || async {
+            fake.with(|r| {
+                let t = contents(r, TALK);
+                (t.len() == 2).then_some(t)
+            })
+        },
+    )
     .await;
     assert_eq!(talk, ["talk 1", "talk 2"], "order kept per destination");
     assert!(stream(&mut store, "dc:dead").await.is_empty());
@@ -1053,7 +1057,7 @@ async fn a_delivery_that_never_stops_failing_is_dead_lettered() {
             .await
             .unwrap();
     }
-    let notice = wait_until("the notice for the poison entry", SOON, || async {
+    let notice = wait_until("the notice for the poison entry", PLATFORM_SOON, || async {
         inbox(&d, "ann:dc:inbox").await.into_iter().next()
     })
     .await;
@@ -1123,7 +1127,7 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
         answerable(&d, card.id).await;
         let reacted = std::time::Instant::now();
         fake.user_reaction(OPS, card.id, APPROVER, "✅");
-        wait_until("the approved delivery", SOON, || async {
+        wait_until("the approved delivery", PLATFORM_SOON, || async {
             fake.with(|r| contents(r, TALK).contains(&content).then_some(()))
         })
         .await;
@@ -1134,7 +1138,7 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
         );
         wait_until(
             "another attempt on the stalled destination",
-            SOON,
+            PLATFORM_SOON,
             || async {
                 fake.with(|r| {
                     (r.rate_limited_on.get(&QUIET).copied().unwrap_or(0) > limited
@@ -1214,9 +1218,11 @@ async fn split_messages_to_one_channel_never_interleave() {
     for c in &cards {
         fake.user_reaction(OPS, c.id, APPROVER, "✅");
     }
-    wait_until("both approved messages delivered", SOON, || async {
-        (shape(TALK).len() == 6).then_some(())
-    })
+    wait_until(
+        "both approved messages delivered",
+        PLATFORM_SOON,
+        || async { (shape(TALK).len() == 6).then_some(()) },
+    )
     .await;
     let talk = shape(TALK);
     assert!(
@@ -1249,14 +1255,18 @@ async fn a_decision_while_the_card_is_posted_still_closes_it() {
         )
         .await
         .unwrap();
-    let id = wait_until("the card claimed and being posted", SOON, || async {
-        let ids = approval::list_ids(&mut store.clone()).await.unwrap();
-        let id = ids.first()?.clone();
-        harness::hash(&mut store.clone(), &keys::approval(&id))
-            .await
-            .contains_key("notify_entry")
-            .then_some(id)
-    })
+    let id = wait_until(
+        "the card claimed and being posted",
+        PLATFORM_SOON,
+        || async {
+            let ids = approval::list_ids(&mut store.clone()).await.unwrap();
+            let id = ids.first()?.clone();
+            harness::hash(&mut store.clone(), &keys::approval(&id))
+                .await
+                .contains_key("notify_entry")
+                .then_some(id)
+        },
+    )
     .await;
     let out = d.cowboy(&["approvals", "reject", &id, "--as", "op", "--reason", "no"]);
     assert!(out.status.success(), "{out:?}");

@@ -175,7 +175,8 @@ async fn an_approved_push_publishes_exactly_the_approved_commit() {
     }
     // The record says it asks to run an action (its type is gated in the
     // registry): the CLI shows the card, not the agent's fields, and refuses
-    // an edit; a record from before the field existed reads the same.
+    // an edit; a record from before the field existed reads the same, and so
+    // does one whose field a writer lowered.
     let mut store = d.store().await;
     let record = harness::hash(&mut store, &format!("approval:{id}")).await;
     assert_eq!(
@@ -183,7 +184,11 @@ async fn an_approved_push_publishes_exactly_the_approved_commit() {
         Some("1"),
         "{record:?}"
     );
-    for round in ["written at park time", "read by the type"] {
+    for (round, next) in [
+        ("written at park time", None),
+        ("read by the type", Some("0")),
+        ("lowered by a writer", Some("0")),
+    ] {
         let show = d.cowboy(&["approvals", "show", &id]);
         let text = String::from_utf8_lossy(&show.stdout);
         assert!(
@@ -196,9 +201,12 @@ async fn an_approved_push_publishes_exactly_the_approved_commit() {
                 && String::from_utf8_lossy(&edit.stderr).contains("bound to a commit"),
             "{round}: {edit:?}"
         );
-        let _: () = redis::AsyncCommands::hdel(&mut store.conn, format!("approval:{id}"), "gated")
-            .await
-            .unwrap();
+        let key = format!("approval:{id}");
+        let _: () = match next {
+            None => redis::AsyncCommands::hdel(&mut store.conn, &key, "gated").await,
+            Some(value) => redis::AsyncCommands::hset(&mut store.conn, &key, "gated", value).await,
+        }
+        .unwrap();
     }
     let b = commit(
         &work,

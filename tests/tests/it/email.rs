@@ -7,7 +7,7 @@ use std::time::Duration;
 use broker::outbox::delivery_key;
 use broker::{approval, keys};
 use harness::mail::MailStack;
-use harness::{stream, wait_until, Deployment, Process};
+use harness::{inbox, stream, wait_until, Deployment, Process};
 use mail_parser::MessageParser;
 
 /// Mail arrives within a second or so (Dovecot delays IDLE notifications by 500 ms).
@@ -102,11 +102,6 @@ pub(crate) fn reply_in_thread(mail: &Mail, body: &str) -> String {
         refs.join(" "),
         body.replace('\n', "\r\n")
     )
-}
-
-pub(crate) async fn inbox(d: &Deployment, key: &str) -> Vec<HashMap<String, String>> {
-    let mut store = d.store().await;
-    stream(&mut store, key).await
 }
 
 fn base64_encode(bytes: &[u8]) -> String {

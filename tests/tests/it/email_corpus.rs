@@ -9,7 +9,8 @@ use broker::keys;
 use harness::mail::MailStack;
 use harness::{hash, wait_until};
 
-use crate::email::{deployment, inbox, reply_in_thread, wait_mails, APPROVAL, MAIL};
+use crate::email::{deployment, reply_in_thread, wait_mails, APPROVAL, MAIL};
+use harness::inbox;
 
 struct Case {
     name: String,

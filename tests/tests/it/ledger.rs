@@ -3,6 +3,7 @@
 
 use broker::audit::{self, Entry, Filter};
 use broker::{approval, keys, Clock};
+use harness::setup::Setup;
 use harness::{hash, wait_until, Deployment};
 
 use crate::approval::{
@@ -213,11 +214,13 @@ const QUORUM_PEOPLE: &str = "\n[people.boss]\nidentities = [\"console:boss\", \"
 
 /// A deployment whose `mail` needs two of `approvers` (the people of
 /// [`QUORUM_PEOPLE`]), with mail's and desk's outboxes and desk's ingest running.
-fn quorum_of_two(approvers: &str) -> (Deployment, [harness::Running; 3]) {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        &format!("approvers = [{approvers}], quorum = 2, trust_surfaces = true }}"),
-    ) + QUORUM_PEOPLE;
+fn quorum_of_two(approvers: &[&str]) -> (Deployment, [harness::Running; 3]) {
+    let config = Setup::approval(3600)
+        .approvers(approvers)
+        .approval_key("quorum = 2")
+        .approval_key("trust_surfaces = true")
+        .with(QUORUM_PEOPLE)
+        .toml();
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),
@@ -277,8 +280,12 @@ async fn edit_as_boss(d: &Deployment, id: &str, content: &str) {
 /// amy's and carl's are, and the edited version is sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_person_counts_once_and_an_editor_does_not_count() {
-    let (d, services) =
-        quorum_of_two(r#""console:boss", "console:bigboss", "console:amy", "console:carl""#);
+    let (d, services) = quorum_of_two(&[
+        "console:boss",
+        "console:bigboss",
+        "console:amy",
+        "console:carl",
+    ]);
     agent_sends(&d, "the secret is hunter2", "r1").await;
     let (id, card) = notification(&d, 0).await;
     react(&d, &card, "✅", "boss", "");
@@ -327,11 +334,12 @@ async fn one_person_counts_once_and_an_editor_does_not_count() {
 /// op, proven by a Redis user of its own, completes the quorum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_surface_password_counts_once_under_a_quorum() {
-    let config = approval_config(3600).replace(
-        r#"approvers = ["console:boss", "cli:op"] }"#,
-        r#"approvers = ["console:boss", "console:amy", "cli:op"], quorum = 2 }"#,
-    ) + QUORUM_PEOPLE
-        + "\n[people.op]\nidentities = [\"cli:op\"]\n\n[operators.op]\npassword_file = \"{dir}/op\"\n";
+    let config = Setup::approval(3600)
+        .approvers(&["console:boss", "console:amy", "cli:op"])
+        .approval_key("quorum = 2")
+        .with(QUORUM_PEOPLE)
+        .with("[people.op]\nidentities = [\"cli:op\"]\n\n[operators.op]\npassword_file = \"{dir}/op\"\n")
+        .toml();
     let d = Deployment::new(&config);
     let services = approval_services(&d);
     agent_sends(&d, "two passwords", "r1").await;
@@ -366,7 +374,7 @@ async fn one_surface_password_counts_once_under_a_quorum() {
 /// broker. Put right, two genuine approvals send it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_count_meets_no_quorum() {
-    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy"]);
     agent_sends(&d, "count me", "r1").await;
     let (id, card) = notification(&d, 0).await;
     let mut store = d.store().await;
@@ -405,7 +413,7 @@ async fn a_forged_count_meets_no_quorum() {
 /// approvals of the edit send it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_or_an_editor_list_from_outside_the_broker_decides_nothing() {
-    let (d, services) = quorum_of_two(r#""console:boss", "console:amy", "console:carl""#);
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy", "console:carl"]);
     agent_sends(&d, "first version", "r1").await;
     let (id, card) = notification(&d, 0).await;
     let mut store = d.store().await;
@@ -488,7 +496,7 @@ async fn a_count_or_an_editor_list_from_outside_the_broker_decides_nothing() {
 /// by the seal that failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_count_from_an_earlier_revision_or_with_forged_names_decides_nothing() {
-    let (d, services) = quorum_of_two(r#""console:boss", "console:amy", "console:carl""#);
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy", "console:carl"]);
     agent_sends(&d, "the text", "r1").await;
     let (id, card) = notification(&d, 0).await;
     let mut store = d.store().await;
@@ -556,7 +564,7 @@ async fn a_count_from_an_earlier_revision_or_with_forged_names_decides_nothing()
 /// nothing. Put back, the same step counts the approval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_decision_step_decides_only_on_what_was_verified() {
-    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy"]);
     agent_sends(&d, "race me", "r1").await;
     let (id, _) = notification(&d, 0).await;
     let mut store = d.store().await;
@@ -631,7 +639,7 @@ async fn the_decision_step_decides_only_on_what_was_verified() {
 /// a second approver sends once; one rejection rejects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_needs_distinct_approvers_and_one_rejection_rejects() {
-    let (d, services) = quorum_of_two(r#""console:boss", "console:amy""#);
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy"]);
     agent_sends(&d, "two keys", "r1").await;
     let (id, card) = notification(&d, 0).await;
     assert!(
@@ -757,10 +765,7 @@ async fn review_decides_only_what_the_operator_answers() {
 /// sent once after the new approval. Nothing is retried blindly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uncertain_deliveries_wait_for_an_operator() {
-    let config = approval_config(3600).replace(
-        "input = \"{dir}/mail.in\"\n",
-        "input = \"{dir}/mail.in\"\nlose_replies = 2\n",
-    );
+    let config = Setup::approval(3600).mail("lose_replies = 2").toml();
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),
@@ -877,6 +882,13 @@ async fn uncertain_deliveries_wait_for_an_operator() {
     assert!(
         shown.contains(&format!("re-send of approval {second}")),
         "the card says what it re-sends: {shown}"
+    );
+    // The CLI reads the re-send as the message it is (the broker's marks aside).
+    let show = d.cowboy(&["approvals", "show", &again]);
+    let show = String::from_utf8_lossy(&show.stdout);
+    assert!(
+        show.contains("| try me again, corrected") && show.contains("matches the approval"),
+        "{show}"
     );
     // An agent copying the broker's re-send fields onto its own entry is refused.
     let put_back = harness::stream(&mut d.store().await, &keys::agent_outbox("ann", "mail"))
@@ -1098,10 +1110,7 @@ async fn an_edit_is_a_new_question_and_is_what_is_sent() {
 /// becomes answerable, so an approval of it cannot send the edited version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_still_being_sent_when_an_edit_lands_is_never_answerable() {
-    let config = approval_config(3600).replace(
-        "input = \"{dir}/desk.in\"\n",
-        "input = \"{dir}/desk.in\"\nlatency_ms = 1500\n",
-    );
+    let config = Setup::approval(3600).desk("latency_ms = 1500").toml();
     let d = Deployment::new(&config);
     let services = [
         d.spawn("outbox", "mail"),

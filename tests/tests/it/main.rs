@@ -24,25 +24,8 @@ use std::time::Duration;
 /// Bounded wait for things that happen within a few hundred milliseconds.
 pub const SOON: Duration = Duration::from_secs(10);
 
-/// A requesting bridge `mail` (approval required, notify through `desk`), the
-/// approval surface `desk`, and one agent `ann`. `{timeout}` is the approval timeout.
+/// The standard approval deployment ([`harness::setup::Setup`]) with approval
+/// timeout `timeout`.
 pub fn approval_config(timeout: u64) -> String {
-    format!(
-        r#"
-[agents.ann]
-
-[bridges.mail]
-type = "console"
-output = "{{dir}}/mail.out"
-input = "{{dir}}/mail.in"
-destinations = ["*"]
-approval = {{ required = true, notify = "desk", notify_channel = "ops", timeout = {timeout}, approvers = ["console:boss", "cli:op"] }}
-
-[bridges.desk]
-type = "console"
-output = "{{dir}}/desk.out"
-input = "{{dir}}/desk.in"
-destinations = ["ops"]
-"#
-    )
+    harness::setup::Setup::approval(timeout).toml()
 }

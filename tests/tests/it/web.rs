@@ -5,21 +5,21 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use broker::keys;
+use harness::setup::Setup;
 use harness::web::{write_password, Browser, Prometheus, WebServer};
 use harness::{hash, wait_until, Deployment};
 
 use crate::approval::{agent_sends, inbox_notices, notification};
-use crate::{approval_config, SOON};
+use crate::SOON;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef-session-key";
 
 fn web_config() -> String {
     format!(
         "{}\n[web]\nsession_key_file = \"{{dir}}/session.key\"\ntrusted_proxies = [\"127.0.0.1\"]\n\n[web.users.boss]\npassword_file = \"{{dir}}/boss.hash\"\n\n[web.users.eve]\npassword_file = \"{{dir}}/eve.hash\"\n",
-        approval_config(3600).replace(
-            r#"approvers = ["console:boss", "cli:op"] }"#,
-            r#"approvers = ["console:boss", "cli:op", "web:boss"] }"#,
-        )
+        Setup::approval(3600)
+            .approvers(&["console:boss", "cli:op", "web:boss"])
+            .toml()
     )
 }
 
