@@ -1,0 +1,330 @@
+//! The checks a config passes before anything starts, each failing with the
+//! key named.
+
+use std::collections::BTreeMap;
+
+use super::{BridgeConfig, Config, WebConfig};
+use crate::error::ConfigError;
+use crate::identity::{canonical, Identity};
+
+impl Config {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(web) = &self.web {
+            validate_web(web)?;
+        }
+        self.validate_names()?;
+        self.validate_people()?;
+        for (name, bridge) in &self.bridges {
+            self.validate_bridge(name, bridge)?;
+        }
+        Ok(())
+    }
+
+    /// Names: agents, bridges' approval tags, operators; the audit trail's retention.
+    fn validate_names(&self) -> Result<(), ConfigError> {
+        if !(1..=36_500).contains(&self.audit.retention_days) {
+            return Err(ConfigError::invalid(
+                "audit.retention_days",
+                "must be between 1 and 36500 (the trail is the only record of who approved what)",
+            ));
+        }
+        for name in self.agents.keys() {
+            check_name(&format!("agents.{name}"), name)?;
+        }
+        // Each bridge's approval ids end with its tag, and its services'
+        // rights on records follow the tag: two bridges must not share one.
+        let mut tags: BTreeMap<String, &str> = BTreeMap::new();
+        for name in self.bridges.keys() {
+            if let Some(other) = tags.insert(crate::keys::approval_tag(name), name) {
+                return Err(ConfigError::invalid(
+                    format!("bridges.{name}"),
+                    format!("its approval ids would end like bridge `{other}`'s (a one in four billion chance): rename one of them"),
+                ));
+            }
+        }
+        for name in self.operators.keys() {
+            let at = format!("operators.{name}");
+            check_name(&at, name)?;
+            // The `[redis]` user administers (it renders and loads the ACL):
+            // as an approver it could act as every other operator.
+            if Some(name) == self.redis.username.as_ref() {
+                return Err(ConfigError::invalid(
+                    at,
+                    "the [redis] user is the administrator (it can change every other user): it cannot also be an operator who decides; give the operator a Redis user of its own",
+                ));
+            }
+            if self.agents.contains_key(name) || self.bridges.contains_key(name) {
+                return Err(ConfigError::invalid(
+                    at,
+                    "an operator cannot share a name with an agent or a bridge",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `[people]`: each identity names one person.
+    fn validate_people(&self) -> Result<(), ConfigError> {
+        let mut claimed: BTreeMap<String, &str> = BTreeMap::new();
+        for (name, person) in &self.people {
+            let at = format!("people.{name}");
+            check_name(&at, name)?;
+            if person.identities.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.identities"),
+                    "a person needs at least one identity",
+                ));
+            }
+            for (i, who) in person.identities.iter().enumerate() {
+                let key = format!("{at}.identities[{i}]");
+                if let Err(why) = Identity::parse(who) {
+                    return Err(ConfigError::invalid(key, why));
+                }
+                if let Some(other) = claimed.insert(canonical(who), name) {
+                    return Err(ConfigError::invalid(
+                        key,
+                        format!("`{who}` is claimed by [people.{other}] already: an identity is one person's"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One `[bridges.NAME]`: its type, its limits, its approval gate, its ping.
+    fn validate_bridge(&self, name: &str, bridge: &BridgeConfig) -> Result<(), ConfigError> {
+        let at = format!("bridges.{name}");
+        check_name(&at, name)?;
+        if self.agents.contains_key(name) {
+            return Err(ConfigError::invalid(
+                at,
+                "a bridge and an agent cannot share a name (their keys would overlap)",
+            ));
+        }
+        if registry::kind(&bridge.kind).is_none() {
+            return Err(ConfigError::invalid(
+                format!("{at}.type"),
+                format!(
+                    "unknown bridge type `{}` (known: {})",
+                    bridge.kind,
+                    registry::names().join(", ")
+                ),
+            ));
+        }
+        if bridge.max_content_bytes == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_content_bytes"),
+                "must be at least 1",
+            ));
+        }
+        if bridge.claim_idle_seconds == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.claim_idle_seconds"),
+                "must be at least 1",
+            ));
+        }
+        if bridge.max_deliveries < 2 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_deliveries"),
+                "must be at least 2 (a restart hands every pending entry over once more)",
+            ));
+        }
+        if bridge.max_in_flight == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_in_flight"),
+                "must be at least 1",
+            ));
+        }
+        if bridge.max_attempts == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.max_attempts"),
+                "must be at least 1",
+            ));
+        }
+        if bridge.batch == 0 {
+            return Err(ConfigError::invalid(
+                format!("{at}.batch"),
+                "must be at least 1",
+            ));
+        }
+        let approval = &bridge.approval;
+        let notify = self.notify_bridge(name);
+        if !self.bridges.contains_key(notify) {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.notify"),
+                format!("names no configured bridge: `{notify}`"),
+            ));
+        }
+        for (i, who) in approval.approvers.iter().enumerate() {
+            let ok = Identity::parse(who);
+            let unproven = who
+                .strip_prefix("cli:")
+                .is_some_and(|op| !self.operators.is_empty() && !self.operators.contains_key(op));
+            let no_such_web_user = who
+                .strip_prefix("web:")
+                .is_some_and(|u| !self.web.as_ref().is_some_and(|w| w.users.contains_key(u)));
+            if no_such_web_user {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers[{i}]"),
+                    format!("`{who}` names no `[web.users]` entry"),
+                ));
+            }
+            if unproven {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers[{i}]"),
+                    format!("`{who}` names no `[operators]` entry (with operators declared, every cli: approver must be one)"),
+                ));
+            }
+            if let Err(why) = ok {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers[{i}]"),
+                    why,
+                ));
+            }
+        }
+        if approval.required {
+            if approval.notify_channel.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.notify_channel"),
+                    "required = true needs a notify_channel",
+                ));
+            }
+            if approval.approvers.is_empty() {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers"),
+                    "required = true needs at least one approver",
+                ));
+            }
+        }
+        // Distinct people: an identity listed twice (emails compare without case) is one.
+        let distinct: std::collections::BTreeSet<String> =
+            approval.approvers.iter().map(|a| canonical(a)).collect();
+        if distinct.len() != approval.approvers.len() {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.approvers"),
+                "an approver is listed twice",
+            ));
+        }
+        // A quorum counts people: two identities of one person are one.
+        let people: std::collections::BTreeSet<String> = approval
+            .approvers
+            .iter()
+            .map(|a| self.counting_key(a))
+            .collect();
+        if approval.quorum == 0 || approval.quorum as usize > people.len().max(1) {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.quorum"),
+                format!(
+                    "must be between 1 and the number of distinct people among the approvers ({})",
+                    people.len()
+                ),
+            ));
+        }
+        let labels = approval.approvers.iter().any(|a| a.starts_with("cli:"));
+        if approval.quorum > 1 && labels && self.operators.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.quorum"),
+                "with cli: approvers, a quorum above 1 needs [operators]: without them a cli: name is a label anyone at the shell can give, so one person could count twice",
+            ));
+        }
+        if approval.quorum > 1 {
+            if let Some((i, who)) = approval
+                .approvers
+                .iter()
+                .enumerate()
+                .find(|(_, a)| self.person_of(a).is_none())
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.approvers[{i}]"),
+                    format!("`{who}` belongs to no [people.NAME] entry: under a quorum above 1 every approver must be a declared person, so one human with two identities cannot count twice"),
+                ));
+            }
+            // One password counts once: the approvers must be able to
+            // answer through as many secrets as the quorum needs.
+            let proofs: std::collections::BTreeSet<String> =
+                approval.approvers.iter().map(|a| proof_class(a)).collect();
+            if !approval.trust_surfaces && proofs.len() < approval.quorum as usize {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.quorum"),
+                    format!(
+                        "the approvers answer through {} password(s) (the notify bridge's ingest speaks for every identity on its platform, the page's for every web: user, each operator has its own), so one password would count as several people: add operators, or set approval.trust_surfaces = true to count each person on one surface",
+                        proofs.len()
+                    ),
+                ));
+            }
+        }
+        if bridge.ping.command.first().is_some_and(|c| c.is_empty()) {
+            return Err(ConfigError::invalid(
+                format!("{at}.ping.command"),
+                "the program name is empty",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[web]`: user names, proxies, addresses, session length.
+fn validate_web(web: &WebConfig) -> Result<(), ConfigError> {
+    for name in web.users.keys() {
+        check_name(&format!("web.users.{name}"), name)?;
+    }
+    for (i, p) in web.trusted_proxies.iter().enumerate() {
+        if p.parse::<std::net::IpAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                format!("web.trusted_proxies[{i}]"),
+                format!("`{p}` is not an IP address"),
+            ));
+        }
+    }
+    for (key, addr) in [
+        ("web.listen", &web.listen),
+        ("web.exporter_listen", &web.exporter_listen),
+    ] {
+        if addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ConfigError::invalid(
+                key,
+                format!("`{addr}` is not an address:port"),
+            ));
+        }
+    }
+    if !(1..=24 * 30).contains(&web.session_hours) {
+        return Err(ConfigError::invalid(
+            "web.session_hours",
+            "must be between 1 and 720",
+        ));
+    }
+    Ok(())
+}
+
+fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
+    if name.starts_with("cowboy-") {
+        return Err(ConfigError::invalid(
+            key,
+            "names starting with `cowboy-` are reserved for service users",
+        ));
+    }
+    if name == "default" {
+        return Err(ConfigError::invalid(
+            key,
+            "`default` is Redis's own user (turned off by the rendered ACL): choose another name",
+        ));
+    }
+    let ok = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::invalid(
+            key,
+            "names may use only ASCII letters, digits, `-` and `_`",
+        ))
+    }
+}
+
+/// The secret an answer by `identity` is proven with, as a class (see
+/// [`Identity::proof_class`]).
+fn proof_class(identity: &str) -> String {
+    Identity::read(identity).proof_class().to_string()
+}
