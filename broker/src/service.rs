@@ -141,16 +141,12 @@ pub fn main<B: Bridge>(service: Service) -> ! {
 pub fn exec_service(
     config_path: &std::path::Path,
     config: &Config,
-    service: &str,
+    service: Service,
     bridge: &str,
     worker: Option<&str>,
 ) -> Error {
     use std::os::unix::process::CommandExt;
-    if !["ingest", "outbox", "ping"].contains(&service) {
-        return Error::usage(format!(
-            "unknown service `{service}` (ingest, outbox, ping)"
-        ));
-    }
+    let service = service.as_str();
     let kind = match config.bridge(bridge) {
         Ok(b) => b.kind.clone(),
         Err(e) => return e.into(),

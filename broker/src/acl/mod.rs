@@ -48,7 +48,7 @@ pub struct User {
 }
 
 /// Output formats of `cowboy acl`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
     /// An `aclfile` users file.
     Aclfile,

@@ -16,17 +16,24 @@
 //! - [`uncertain`]: uncertain deliveries and their reconciliation.
 //! - [`send`]: writing an entry as an agent would.
 //! - [`status`]: the deployment at a glance.
+//! - [`args`]: the command line, typed; [`run`]: carrying it out; [`editor`]: `$EDITOR`.
 //! - here: the connections the commands decide and read over.
 
 mod approvals;
+mod args;
+mod editor;
 mod review;
+mod run;
 mod send;
 mod status;
 mod trail;
 mod uncertain;
 
 pub use approvals::*;
+pub use args::*;
+pub use editor::in_editor;
 pub use review::*;
+pub use run::{exec_web, run};
 pub use send::*;
 pub use status::*;
 pub use trail::*;

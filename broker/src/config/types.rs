@@ -367,7 +367,7 @@ impl ServicePasswords {
 }
 
 /// The three services of a bridge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub enum Service {
     Ingest,
     Outbox,
