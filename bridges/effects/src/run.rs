@@ -135,7 +135,8 @@ pub async fn run(
                 if n == 0 {
                     break;
                 }
-                let mut t = tail.lock().unwrap();
+                // A reader that panicked holding the lock left bytes worth keeping.
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
                 t.extend_from_slice(&buf[..n]);
                 let over = t.len().saturating_sub(TAIL_BYTES);
                 t.drain(..over);
@@ -177,7 +178,8 @@ pub async fn run(
             abort.abort();
         }
     }
-    let output = String::from_utf8_lossy(&tail.lock().unwrap()).into_owned();
+    let output =
+        String::from_utf8_lossy(&tail.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
     Ok(match status {
         Some(s) if s.success() => Report {
             status: "done",
