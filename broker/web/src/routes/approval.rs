@@ -1,0 +1,286 @@
+//! One approval: what it would send or run, and deciding or editing it.
+
+use std::collections::HashMap;
+
+use axum::extract::{Form, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+
+use broker::approval::{self, Answer, Approvals, Outcome, Verdict};
+use broker::audit;
+use broker::identity::Identity;
+
+use crate::session::Session;
+
+use crate::*;
+
+pub(crate) async fn render_detail(
+    app: &App,
+    session: &Session,
+    id: &str,
+    message: Option<String>,
+    status: StatusCode,
+) -> Response {
+    let mut store = app.store.clone();
+    let record = match Approvals::on(&mut store).load(id).await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
+    let csrf = app.keys.csrf(session);
+    let now = app.clock.now_secs_f64();
+    let Some(r) = record else {
+        let filter = audit::Filter {
+            approval: Some(id.to_string()),
+            ..audit::Filter::default()
+        };
+        let history = match audit::query(&mut store, &app.config, &filter).await {
+            Ok(h) => h,
+            Err(e) => return failed(e),
+        };
+        if history.is_empty() && message.is_none() {
+            return not_found();
+        }
+        let d = pages::Detail {
+            id,
+            record: None,
+            state: "settled (the record is gone)",
+            fields: vec![],
+            content: None,
+            context: None,
+            matches: Some(true),
+            history: &history,
+            cannot_decide: None,
+            editable: false,
+            message,
+        };
+        return page(status, pages::approval(&session.user, &csrf, &d));
+    };
+    let history = match audit::history(&mut store, r.source(), id, Some(r.created_at as f64)).await
+    {
+        Ok(h) => h,
+        Err(e) => return failed(e),
+    };
+    let bridge = app.config.bridges.get(r.source());
+    let view = match approval::View::load(&mut store, &app.config, r).await {
+        Ok(v) => v,
+        Err(e) => return failed(e),
+    };
+    let gated = view.gated;
+    let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
+    match view.shown {
+        approval::Shown::Gone => {}
+        // A declared action: the card approvers were shown, which holds
+        // what the approval binds (the command, the bridge's findings),
+        // never the agent's raw fields.
+        approval::Shown::Card(card) => {
+            matches = Some(card.is_some());
+            content = card;
+        }
+        approval::Shown::Message {
+            message: m,
+            matches: same,
+        } => {
+            matches = Some(same);
+            fields.push(("to", m.channel_id.clone()));
+            fields.push((
+                "subject",
+                m.subject.clone().unwrap_or_else(|| "(none)".into()),
+            ));
+            fields.push((
+                "reply to",
+                m.reply_to.clone().unwrap_or_else(|| "(none)".into()),
+            ));
+            content = Some(m.content);
+        }
+        approval::Shown::Unreadable(_) => matches = Some(false),
+    }
+    let r = view.record;
+    let identity = Identity::web(&session.user);
+    let cannot_decide = match bridge {
+        _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
+        Some(b) if b.approval.allows(&identity) => None,
+        _ => Some(format!("You ({identity}) are not on the approvers of bridge `{}`: you can see this approval but not decide it.", r.source())),
+    };
+    let state = if r.is_settled() {
+        "settled"
+    } else {
+        r.state(now).as_str()
+    };
+    let d = pages::Detail {
+        id,
+        record: Some(&r),
+        state,
+        fields,
+        content,
+        context: None,
+        matches,
+        history: &history,
+        cannot_decide,
+        editable: !gated,
+        message,
+    };
+    page(status, pages::approval(&session.user, &csrf, &d))
+}
+
+pub(crate) async fn detail(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let Some(s) = app.session(&headers).await else {
+        return to_login();
+    };
+    if !approval::is_id(&id) {
+        return not_found();
+    }
+    render_detail(&app, &s, &id, None, StatusCode::OK).await
+}
+
+pub(crate) async fn decide(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let s = match checked_post(&app, &headers, &id, &f).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let verdict = match f.get("verdict").map(String::as_str) {
+        Some("approved") => Verdict::Approved,
+        Some("rejected") => Verdict::Rejected,
+        _ => return refused("no verdict"),
+    };
+    let identity = Identity::web(&s.user);
+    let reason = f.get("reason").map(String::as_str).unwrap_or("");
+    if reason.len() > MAX_REASON_BYTES {
+        return refused("the reason is too long (at most 2,000 bytes)");
+    }
+    // A decision from the page is bound to the version it showed.
+    let Some(digest) = f
+        .get("digest")
+        .map(String::as_str)
+        .filter(|d| !d.is_empty())
+    else {
+        return refused("no digest: decide from the approval's page");
+    };
+    let answer = Answer::new(&app.clock, verdict, &identity, reason).seeing(digest);
+    let mut store = app.store.clone();
+    // The page's Redis user writes no record: the requesting bridge's outbox
+    // applies the decision (see `broker::request`).
+    let decided =
+        broker::request::decide(&mut store, &broker::request::Requester::Web, &id, answer).await;
+    let (message, status) = match decided {
+        Ok(Outcome::Decided) => (
+            format!("{} by {identity}.", verdict.as_str()),
+            StatusCode::OK,
+        ),
+        Ok(Outcome::Counted {
+            have,
+            need,
+            again: false,
+        }) => (
+            format!("Approval counted: {have} of {need}."),
+            StatusCode::OK,
+        ),
+        Ok(Outcome::Counted { have, need, .. }) => (
+            format!("Nothing changed: your approval is counted already ({have} of {need})."),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::NotAllowed) => (
+            format!("Nothing decided: {identity} is not an approver of this bridge."),
+            StatusCode::FORBIDDEN,
+        ),
+        Ok(Outcome::Late(approval::Late::Superseded)) => (
+            "Nothing decided: the message was edited since this page was shown; look at it again."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::SharedProofCounted) => (
+            "Not counted: an approval through this page is counted already, and under a quorum the page counts once (its one password proves all its users); the other approvers answer on a surface of their own."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::EditorNotCounted) => (
+            "Not counted: you edited this message, and under a quorum the editor's approval does not count; the other approvers decide."
+                .to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Late(approval::Late::Missing)) => (
+            "Nothing decided: it is settled and gone.".to_string(),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Late(state)) => (
+            format!("Nothing decided: it is already {state}."),
+            StatusCode::CONFLICT,
+        ),
+        Ok(Outcome::Unknown | Outcome::Submitted) => (
+            "Nothing decided: no such approval.".to_string(),
+            StatusCode::NOT_FOUND,
+        ),
+        Err(broker::Error::Operator { message: why, .. }) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
+        // The outbox did not answer in time, or failed: say so, not "Redis".
+        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
+            tracing::warn!(error = %e, "web: a decision was not applied");
+            (format!("Nothing decided yet: {e}"), StatusCode::SERVICE_UNAVAILABLE)
+        }
+        Err(e) => return failed(e),
+    };
+    render_detail(&app, &s, &id, Some(message), status).await
+}
+
+pub(crate) async fn edit(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let s = match checked_post(&app, &headers, &id, &f).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let mut store = app.store.clone();
+    // Edited from the version shown (checked by the edit itself): a page
+    // older than the record edits nothing.
+    let Some(seen) = f.get("digest").filter(|d| !d.is_empty()).cloned() else {
+        return refused("no digest: edit from the approval's page");
+    };
+    // Browsers send CR LF in a textarea; the agent's lines end with LF.
+    let content = f.get("content").map(|c| c.replace("\r\n", "\n"));
+    let change = approval::edit::Change {
+        content,
+        subject: f.get("subject").cloned(),
+        channel_id: f.get("channel").cloned(),
+        seen: Some(seen),
+    };
+    let editor = Identity::web(&s.user);
+    let (message, status) = match broker::request::edit(
+        &mut store,
+        &broker::request::Requester::Web,
+        &id,
+        &change,
+        &editor,
+    )
+    .await
+    {
+        Ok(e) => (
+            format!(
+                "Edited (edit {}): approvers are asked again about the new version.",
+                e.revision
+            ),
+            StatusCode::OK,
+        ),
+        Err(broker::Error::Operator { message: why, .. }) => {
+            (format!("Nothing edited: {why}"), StatusCode::CONFLICT)
+        }
+        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
+            tracing::warn!(error = %e, "web: an edit was not applied");
+            (
+                format!("Nothing edited yet: {e}"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
+        }
+        Err(e) => return failed(e),
+    };
+    render_detail(&app, &s, &id, Some(message), status).await
+}
