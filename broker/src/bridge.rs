@@ -291,7 +291,9 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
             }
         }
         Service::Ingest => {
-            let ingest = Ingest::new(config, &name, store)?.with_clock(clock);
+            let ingest = Ingest::new(config, &name, store)?
+                .with_clock(clock)
+                .with_timing(timing);
             bridge.ingest(ingest, shutdown).await
         }
         Service::Ping => {

@@ -9,14 +9,19 @@
 //! `requests:surface:{name}` stream, which that bridge's outbox applies under
 //! the rules every surface follows (see [`crate::request`]).
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::approval::{self, Answer, Approvals, Outcome, Verdict};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::Result;
 use crate::keys;
+use crate::shutdown::Shutdown;
 use crate::store::Store;
+use crate::systemd::Watchdog;
+use crate::timing::Timing;
 
 /// The ingest side of one bridge.
 pub struct Ingest {
@@ -27,6 +32,7 @@ pub struct Ingest {
     pub store: Store,
     /// When answers are given.
     clock: Clock,
+    liveness: Liveness,
 }
 
 impl Ingest {
@@ -38,7 +44,14 @@ impl Ingest {
             kind,
             store,
             clock: Clock::system(),
+            liveness: Liveness::new(Timing::default().heartbeat_every),
         })
+    }
+
+    /// Beats at these intervals.
+    pub fn with_timing(mut self, timing: Timing) -> Ingest {
+        self.liveness.every = timing.heartbeat_every;
+        self
     }
 
     /// Reads time from `clock` instead of the wall clock (tests).
@@ -162,8 +175,79 @@ impl Ingest {
     /// Refreshes this bridge's ingest heartbeat.
     pub async fn heartbeat(&mut self) -> Result<()> {
         let name = self.name.clone();
-        self.store
-            .heartbeat(&name, "ingest", crate::outbox::HEARTBEAT_EVERY * 3)
-            .await
+        let ttl = self.liveness.every * 3;
+        self.store.heartbeat(&name, "ingest", ttl).await
+    }
+
+    /// Tells the supervisor this ingest is alive (the watchdog) and refreshes
+    /// its heartbeat when one is due. Call it on every turn of the loop.
+    pub async fn tick(&mut self) -> Result<()> {
+        self.liveness.watchdog.tick();
+        if self.liveness.due() {
+            self.heartbeat().await?;
+            self.liveness.last_beat = Some(tokio::time::Instant::now());
+        }
+        Ok(())
+    }
+
+    /// The longest a loop may wait before its next [`Self::tick`] is due.
+    pub fn tick_within(&self) -> Duration {
+        self.liveness.within()
+    }
+
+    /// Keeps the heartbeat and the watchdog alone until shutdown, over a
+    /// connection of its own: for an ingest whose platform client runs its
+    /// own loop (Discord), or that has no platform to read. A failed beat is
+    /// logged; the next one tries again.
+    pub fn keep_alive(&self, shutdown: Shutdown) -> impl Future<Output = ()> + Send + 'static {
+        let (mut store, name) = (self.store.clone(), self.name.clone());
+        let mut liveness = Liveness::new(self.liveness.every);
+        async move {
+            loop {
+                liveness.watchdog.tick();
+                if let Err(e) = store.heartbeat(&name, "ingest", liveness.every * 3).await {
+                    tracing::warn!(error = %e, "heartbeat failed");
+                }
+                liveness.last_beat = Some(tokio::time::Instant::now());
+                if !shutdown.sleep(liveness.within()).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The watchdog and the heartbeat of one ingest: the one copy of what every
+/// bridge's loop did by hand.
+struct Liveness {
+    watchdog: Watchdog,
+    last_beat: Option<tokio::time::Instant>,
+    /// How often the heartbeat is refreshed (its time to live is three times this).
+    every: Duration,
+}
+
+impl Liveness {
+    fn new(every: Duration) -> Liveness {
+        Liveness {
+            watchdog: Watchdog::from_env(),
+            last_beat: None,
+            every,
+        }
+    }
+
+    fn due(&self) -> bool {
+        self.last_beat.is_none_or(|t| t.elapsed() >= self.every)
+    }
+
+    /// Until the next beat or watchdog ping is due.
+    fn within(&self) -> Duration {
+        let beat = match self.last_beat {
+            Some(t) => self.every.saturating_sub(t.elapsed()),
+            None => Duration::ZERO,
+        };
+        match self.watchdog.interval() {
+            Some(w) => beat.min(w),
+            None => beat,
+        }
     }
 }

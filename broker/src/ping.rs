@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, PingConfig};
 use crate::error::Result;
 use crate::keys;
-use crate::outbox::{backoff, HEARTBEAT_EVERY};
+use crate::outbox::backoff;
 use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store, StreamBatch};
+use crate::timing::HEARTBEAT_EVERY;
 
 /// A platform liveness check (e.g. SMTP NOOP, Discord `users/@me`), run with each
 /// heartbeat; its outcome is published as the heartbeat's `platform` field.

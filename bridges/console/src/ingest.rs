@@ -14,7 +14,7 @@
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use broker::approval::Verdict;
 use broker::ingest::Ingest;
@@ -73,8 +73,6 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
         .await
         .map_err(|e| Error::from_redis(&format!("GET {cursor_key}"), e))?
         .unwrap_or(0);
-    let mut last_beat: Option<Instant> = None;
-    let mut watchdog = broker::systemd::Watchdog::from_env();
     let watched = watch(&input);
     if watched.is_none() {
         tracing::warn!(input = %input.display(), "the input file cannot be watched; polling it every 100 ms");
@@ -86,11 +84,7 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
     tracing::info!(input = %input.display(), offset, "console ingest following");
     broker::systemd::ready();
     loop {
-        watchdog.tick();
-        if last_beat.is_none_or(|t| t.elapsed() >= broker::outbox::HEARTBEAT_EVERY) {
-            ingest.heartbeat().await?;
-            last_beat = Some(Instant::now());
-        }
+        ingest.tick().await?;
         let (lines, len) = read_new_lines(&input, offset)?;
         if len < offset && !lines.is_empty() {
             tracing::warn!("input file shrank; reading it from the start");

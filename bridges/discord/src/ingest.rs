@@ -551,34 +551,12 @@ impl EventHandler for Handler {
 /// Runs the gateway client until shutdown, with heartbeats and the watchdog.
 pub async fn run(
     mut client: serenity::Client,
-    mut beat_store: broker::Store,
+    beats: impl std::future::Future<Output = ()>,
     bridge: String,
     shutdown: Shutdown,
 ) -> Result<()> {
     let shards = client.shard_manager.clone();
     let token_key = format!("bridges.{bridge}.token_file");
-    let beats = {
-        let shutdown = shutdown.clone();
-        async move {
-            let mut watchdog = broker::systemd::Watchdog::from_env();
-            let every = watchdog
-                .interval()
-                .unwrap_or(broker::outbox::HEARTBEAT_EVERY)
-                .min(broker::outbox::HEARTBEAT_EVERY);
-            loop {
-                watchdog.tick();
-                if let Err(e) = beat_store
-                    .heartbeat(&bridge, "ingest", broker::outbox::HEARTBEAT_EVERY * 3)
-                    .await
-                {
-                    tracing::warn!(error = %e, "heartbeat failed");
-                }
-                if !shutdown.sleep(every).await {
-                    return;
-                }
-            }
-        }
-    };
     let result = tokio::select! {
         r = client.start() => r.map_err(|e| match e {
             // A wrong or revoked token: restarting cannot help (exit 78).

@@ -69,7 +69,7 @@ impl Bridge for Discord {
     async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
         let s = self.settings;
         let http = http(&s, &self.token);
-        let beat_store = ingest.store.clone();
+        let beats = ingest.keep_alive(shutdown.clone());
         let name = ingest.name().to_string();
         let handler = ingest::Handler::new(ingest, s.clone());
         let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
@@ -79,7 +79,7 @@ impl Bridge for Discord {
         if let Some(url) = &s.gateway_url {
             *client.ws_url.lock().await = url.clone();
         }
-        ingest::run(client, beat_store, name, shutdown).await
+        ingest::run(client, beats, name, shutdown).await
     }
 
     /// `users/@me`.

@@ -72,20 +72,12 @@ impl Bridge for Effects {
 /// An ingest with no platform to read: it only keeps its heartbeat, so the
 /// bridge shows whole in `cowboy status`.
 pub(crate) async fn heartbeat_only(mut ingest: Ingest, shutdown: Shutdown) -> Result<()> {
+    // The first beat is checked: a connection or permission problem stops
+    // the service at start-up, naming it.
+    ingest.tick().await?;
     broker::systemd::ready();
-    let mut watchdog = broker::systemd::Watchdog::from_env();
-    loop {
-        watchdog.tick();
-        ingest.heartbeat().await?;
-        let every = watchdog
-            .interval()
-            .map_or(broker::outbox::HEARTBEAT_EVERY, |w| {
-                w.min(broker::outbox::HEARTBEAT_EVERY)
-            });
-        if !shutdown.sleep(every).await {
-            return Ok(());
-        }
-    }
+    ingest.keep_alive(shutdown).await;
+    Ok(())
 }
 
 /// Each repository is a git repository and each program can be found.

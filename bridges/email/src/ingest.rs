@@ -15,7 +15,7 @@
 //!   passes DKIM or DMARC for the sender's domain. Anything else decides nothing.
 //! - A lost connection is retried with backoff; a refused login stops the service.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_imap::Session;
 use broker::approval::Outcome;
@@ -184,20 +184,20 @@ impl EmailIngest {
             broker::systemd::ready();
             *ready = true;
         }
-        let mut watchdog = broker::systemd::Watchdog::from_env();
-        let mut last_beat: Option<Instant> = None;
         loop {
-            watchdog.tick();
-            if last_beat.is_none_or(|t| t.elapsed() >= broker::outbox::HEARTBEAT_EVERY) {
-                self.ingest.heartbeat().await?;
-                last_beat = Some(Instant::now());
-            }
+            self.ingest.tick().await?;
             self.fetch_new(&mut session, validity).await?;
             if shutdown.is_set() {
                 let _ = session.logout().await;
                 return Ok(());
             }
-            let wait = watchdog.interval().map_or(IDLE_FOR, |w| w.min(IDLE_FOR));
+            // Back in time for the next beat (not less than a second: each
+            // IDLE costs a round trip).
+            let wait = self
+                .ingest
+                .tick_within()
+                .max(Duration::from_secs(1))
+                .min(IDLE_FOR);
             if idle {
                 let mut handle = session.idle();
                 handle.init().await.map_err(|e| imap_err("IDLE", e))?;

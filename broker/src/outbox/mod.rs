@@ -67,7 +67,6 @@ use crate::systemd::{self, Watchdog};
 /// Parked records re-read per sweep.
 const SWEEP_SLICE: usize = 64;
 use crate::timing::Timing;
-pub use crate::timing::HEARTBEAT_EVERY;
 /// Longest single block on the read, so shutdown and heartbeats stay timely.
 const MAX_BLOCK: Duration = Duration::from_secs(5);
 /// Consecutive Redis failures (with growing pauses, about five minutes in all)

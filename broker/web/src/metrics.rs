@@ -258,7 +258,7 @@ pub async fn render(
             labels.push(("service".into(), service.into()));
             let at = beats.get(service).and_then(|t| t.parse::<f64>().ok());
             let alive =
-                at.is_some_and(|t| now - t < (broker::outbox::HEARTBEAT_EVERY * 3).as_secs_f64());
+                at.is_some_and(|t| now - t < (broker::timing::HEARTBEAT_EVERY * 3).as_secs_f64());
             up.push((labels.clone(), if alive { 1.0 } else { 0.0 }));
             if let Some(t) = at {
                 beat_age.push((labels, (now - t).max(0.0)));
