@@ -34,23 +34,7 @@ pub enum Command {
         command: Approvals,
     },
     /// Write an outbox entry as an agent would.
-    Send {
-        #[arg(long)]
-        bridge: String,
-        /// Write to the agent's own stream `{agent}:{bridge}:outbox`.
-        #[arg(long)]
-        agent: Option<String>,
-        #[arg(long)]
-        channel: String,
-        #[arg(long)]
-        content: String,
-        #[arg(long)]
-        subject: Option<String>,
-        #[arg(long)]
-        reply_to: Option<String>,
-        #[arg(long)]
-        request_id: Option<String>,
-    },
+    Send(super::SendArgs),
     /// Streams, pending and parked counts, dead letters and liveness per bridge.
     Status,
     /// The audit trail: every step of every approval, kept after the records.

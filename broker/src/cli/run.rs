@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use super::args::{AclCommand, Approvals, Args, Command, Deliveries};
 use super::editor::in_editor;
-use super::{self as cli, SendArgs};
+use super::{self as cli};
 use crate::approval::Verdict;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -111,20 +111,7 @@ async fn approvals(config: &Config, command: Approvals) -> Result<String> {
             id,
             digest,
             operator: who,
-        } => {
-            let who = operator(who);
-            let mut store = cli::decision_store(config, &who).await?;
-            cli::approvals_decide(
-                &mut store,
-                config,
-                &id,
-                Verdict::Approved,
-                &who,
-                "",
-                digest.as_deref(),
-            )
-            .await
-        }
+        } => decide(config, &id, Verdict::Approved, who, "", digest).await,
         Approvals::Edit {
             id,
             content,
@@ -163,47 +150,38 @@ async fn approvals(config: &Config, command: Approvals) -> Result<String> {
             reason,
             digest,
             operator: who,
-        } => {
-            let who = operator(who);
-            let mut store = cli::decision_store(config, &who).await?;
-            cli::approvals_decide(
-                &mut store,
-                config,
-                &id,
-                Verdict::Rejected,
-                &who,
-                &reason,
-                digest.as_deref(),
-            )
-            .await
-        }
+        } => decide(config, &id, Verdict::Rejected, who, &reason, digest).await,
     }
+}
+
+/// `cowboy approvals approve|reject`, as operator `who`.
+async fn decide(
+    config: &Config,
+    id: &str,
+    verdict: Verdict,
+    who: Option<String>,
+    reason: &str,
+    digest: Option<String>,
+) -> Result<String> {
+    let who = operator(who);
+    let mut store = cli::decision_store(config, &who).await?;
+    cli::approvals_decide(
+        &mut store,
+        config,
+        id,
+        verdict,
+        &who,
+        reason,
+        digest.as_deref(),
+    )
+    .await
 }
 
 /// The commands run over the `[redis]` connection.
 async fn connected(config: &Config, command: Command) -> Result<String> {
     let mut store = Store::connect(&config.redis).await?;
     match command {
-        Command::Send {
-            bridge,
-            agent,
-            channel,
-            content,
-            subject,
-            reply_to,
-            request_id,
-        } => {
-            let a = SendArgs {
-                bridge,
-                agent,
-                channel,
-                content,
-                subject,
-                reply_to,
-                request_id,
-            };
-            cli::send(&mut store, config, &a).await
-        }
+        Command::Send(a) => cli::send(&mut store, config, &a).await,
         Command::Status => cli::status(&mut store, config).await,
         Command::Audit {
             approval,

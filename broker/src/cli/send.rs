@@ -6,14 +6,24 @@ use crate::keys;
 use crate::store::Store;
 
 /// What `cowboy send` writes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, clap::Args)]
 pub struct SendArgs {
+    /// The bridge whose outbox it goes to.
+    #[arg(long)]
     pub bridge: String,
+    /// Write to the agent's own stream `{agent}:{bridge}:outbox`.
+    #[arg(long)]
     pub agent: Option<String>,
+    /// The destination (`channel_id`).
+    #[arg(long)]
     pub channel: String,
+    #[arg(long)]
     pub content: String,
+    #[arg(long)]
     pub subject: Option<String>,
+    #[arg(long)]
     pub reply_to: Option<String>,
+    #[arg(long)]
     pub request_id: Option<String>,
 }
 

@@ -47,18 +47,24 @@ fn nix_files() -> Vec<PathBuf> {
 
 /// Evaluates render.nix on an example file and returns the TOML text.
 fn render(example: &str) -> String {
-    let expr = format!("import ./render.nix (import ./examples/{example}.nix)");
+    nix_eval(&format!(
+        "import ./render.nix (import ./examples/{example}.nix)"
+    ))
+}
+
+/// Evaluates a Nix expression in `nix/`, strictly, as JSON.
+fn nix_eval<T: serde::de::DeserializeOwned>(expr: &str) -> T {
     let out = tool("nix-instantiate", "nix-bin")
         .current_dir(root().join("nix"))
-        .args(["--eval", "--strict", "--json", "-E", &expr])
+        .args(["--eval", "--strict", "--json", "-E", expr])
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{example}: {}",
+        "{expr}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice::<String>(&out.stdout).unwrap()
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// Every .nix file parses.
@@ -166,18 +172,9 @@ fn the_registry_is_the_module_enum_and_the_crates() {
         ) && module.contains("types.enum (attrNames registry)"),
         "the module's type enum must be read from the registry"
     );
-    let out = tool("nix-instantiate", "nix-bin")
-        .current_dir(root().join("nix"))
-        .args(["--eval", "--strict", "--json", "-E"])
-        .arg("builtins.attrNames (builtins.fromTOML (builtins.readFile ../bridges/registry/bridges.toml))")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let in_nix: Vec<String> = nix_eval(
+        "builtins.attrNames (builtins.fromTOML (builtins.readFile ../bridges/registry/bridges.toml))",
     );
-    let in_nix: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         in_nix,
         registry::names(),
@@ -305,17 +302,7 @@ fn unit_templates_verify() {
 #[test]
 fn inline_secrets_are_found_at_any_depth() {
     let expr = r#"import ./secrets.nix { smtp = { host = "h"; password = "x"; password_file = "/f"; }; token_file = "/t"; imap.auth.api_key = "k"; hooks = [ { secret = "s"; } ]; channels = [ "1" ]; }"#;
-    let out = tool("nix-instantiate", "nix-bin")
-        .current_dir(root().join("nix"))
-        .args(["--eval", "--strict", "--json", "-E", expr])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let found: Vec<String> = serde_json::from_slice(&out.stdout).unwrap();
+    let found: Vec<String> = nix_eval(expr);
     assert_eq!(
         found,
         ["hooks.secret", "imap.auth.api_key", "smtp.password"]
