@@ -16,7 +16,7 @@ use crate::approval::Record;
 use crate::clock::Clock;
 use crate::config::BridgeConfig;
 use crate::config::{Config, Service};
-use crate::entry::Message;
+use crate::entry::{Message, NoticeStatus};
 use crate::error::{ConfigError, Result};
 use crate::ingest::Ingest;
 use crate::keys;
@@ -71,8 +71,8 @@ pub struct Outgoing<'a> {
 /// the agent in its notice.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
-    /// `done`, `failed` or `timed_out`.
-    pub status: &'static str,
+    /// `Done`, `Failed` or `TimedOut`.
+    pub status: NoticeStatus,
     pub exit_code: Option<i32>,
     /// The last few KiB of what it printed.
     pub output: String,

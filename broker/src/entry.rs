@@ -160,13 +160,69 @@ fn text(entry: &Entry, name: &str) -> Result<Option<String>, String> {
     }
 }
 
+/// What became of an agent's entry, as its notice says (the wire spelling is
+/// [`NoticeStatus::as_str`], listed in `docs/protocol.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NoticeStatus {
+    /// An approver said no.
+    Rejected,
+    /// Nobody decided in time.
+    Expired,
+    /// The entry is not a valid request (dead-lettered).
+    Invalid,
+    /// It could not be delivered, or the declared action failed.
+    #[default]
+    Failed,
+    /// It may or may not have been delivered (never retried blindly).
+    Uncertain,
+    /// The agent has as many entries parked as its limit allows.
+    LimitReached,
+    /// Sent as an approver edited it.
+    Edited,
+    /// A declared action ran and succeeded.
+    Done,
+    /// A declared action ran past its time limit.
+    TimedOut,
+}
+
+impl NoticeStatus {
+    pub const ALL: [NoticeStatus; 9] = [
+        NoticeStatus::Rejected,
+        NoticeStatus::Expired,
+        NoticeStatus::Invalid,
+        NoticeStatus::Failed,
+        NoticeStatus::Uncertain,
+        NoticeStatus::LimitReached,
+        NoticeStatus::Edited,
+        NoticeStatus::Done,
+        NoticeStatus::TimedOut,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NoticeStatus::Rejected => "rejected",
+            NoticeStatus::Expired => "expired",
+            NoticeStatus::Invalid => "invalid",
+            NoticeStatus::Failed => "failed",
+            NoticeStatus::Uncertain => "uncertain",
+            NoticeStatus::LimitReached => "limit_reached",
+            NoticeStatus::Edited => "edited",
+            NoticeStatus::Done => "done",
+            NoticeStatus::TimedOut => "timed_out",
+        }
+    }
+}
+
+impl std::fmt::Display for NoticeStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a notice tells the agent about one of its entries.
 #[derive(Debug, Clone, Default)]
 pub struct Notice<'a> {
-    /// `rejected`, `expired`, `invalid`, `failed` or `uncertain`; `edited` when
-    /// an approver's edit of the message was sent; for a declared action also
-    /// `done` and `timed_out`.
-    pub status: &'a str,
+    pub status: NoticeStatus,
     pub stream: &'a str,
     pub entry_id: &'a str,
     pub approval_id: Option<&'a str>,
@@ -186,7 +242,7 @@ impl Notice<'_> {
     pub fn fields(&self) -> Vec<(&str, &[u8])> {
         let mut f: Vec<(&str, &[u8])> = vec![
             ("kind", b"notice"),
-            ("status", self.status.as_bytes()),
+            ("status", self.status.as_str().as_bytes()),
             ("stream", self.stream.as_bytes()),
             ("entry_id", self.entry_id.as_bytes()),
             ("reason", self.reason.as_bytes()),
@@ -212,6 +268,23 @@ impl Notice<'_> {
 mod tests {
     use super::*;
     use crate::config::Config;
+
+    /// Every notice status is one the protocol's documentation lists.
+    #[test]
+    fn notice_statuses_are_the_documented_ones() {
+        let doc = include_str!("../../docs/protocol.md");
+        let notices = doc
+            .split("### Notices")
+            .nth(1)
+            .and_then(|rest| rest.split("###").next())
+            .unwrap();
+        for status in NoticeStatus::ALL {
+            assert!(
+                notices.contains(&format!("`{status}`")),
+                "`{status}` is not in docs/protocol.md's Notices"
+            );
+        }
+    }
 
     fn bridge() -> BridgeConfig {
         let c = Config::parse(

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use broker::bridge::Bridge;
 use broker::bridge::{Outgoing, Report, SendError, Sender, Sent};
 use broker::entry::Message;
+use broker::entry::NoticeStatus;
 use broker::error::ConfigError;
 use broker::ingest::Ingest;
 use broker::store::Entry;
@@ -224,7 +225,7 @@ impl Sender for Rebuilder {
         let done = |reason: String, output: String| Sent {
             external_id: format!("rebuild:{}", out.delivery_key),
             report: Some(Report {
-                status: "done",
+                status: NoticeStatus::Done,
                 exit_code: Some(0),
                 output,
                 reason,
@@ -256,7 +257,7 @@ impl Sender for Rebuilder {
         .await
         .map_err(SendError::Permanent)?;
         match report.status {
-            "done" => {
+            NoticeStatus::Done => {
                 if let Err(e) = remember(&marker, &bound.commit, &argv) {
                     tracing::warn!(error = %e, "the built commit could not be remembered");
                 }

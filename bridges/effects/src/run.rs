@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use broker::bridge::{Outgoing, Report, SendError, Sender, Sent};
+use broker::entry::NoticeStatus;
 use tokio::io::AsyncReadExt;
 
 use crate::config::{Action, EffectsSettings};
@@ -57,9 +58,9 @@ impl Sender for Runner {
         )
         .await
         .map_err(SendError::Permanent)?;
-        tracing::info!(action = %bound.action, status = report.status, exit_code = ?report.exit_code, "action finished");
+        tracing::info!(action = %bound.action, status = %report.status, exit_code = ?report.exit_code, "action finished");
         match report.status {
-            "done" => Ok(Sent {
+            NoticeStatus::Done => Ok(Sent {
                 external_id: format!("run:{}", out.delivery_key),
                 report: Some(report),
             }),
@@ -182,13 +183,13 @@ pub async fn run(
         String::from_utf8_lossy(&tail.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
     Ok(match status {
         Some(s) if s.success() => Report {
-            status: "done",
+            status: NoticeStatus::Done,
             exit_code: Some(0),
             output,
             reason: "exited 0".into(),
         },
         Some(s) => Report {
-            status: "failed",
+            status: NoticeStatus::Failed,
             exit_code: s.code(),
             reason: match s.code() {
                 Some(c) => format!("exited with {c}"),
@@ -197,7 +198,7 @@ pub async fn run(
             output,
         },
         None => Report {
-            status: "timed_out",
+            status: NoticeStatus::TimedOut,
             exit_code: None,
             reason: format!("still running after {} s: killed", timeout.as_secs()),
             output,
@@ -221,7 +222,7 @@ mod tests {
         let done = run(&sh("echo hello"), &dir, &env, Duration::from_secs(10))
             .await
             .unwrap();
-        assert_eq!((done.status, done.exit_code), ("done", Some(0)));
+        assert_eq!((done.status, done.exit_code), (NoticeStatus::Done, Some(0)));
         assert_eq!(done.output, "hello\n");
         let failed = run(
             &sh("echo oops >&2; exit 3"),
@@ -231,7 +232,10 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!((failed.status, failed.exit_code), ("failed", Some(3)));
+        assert_eq!(
+            (failed.status, failed.exit_code),
+            (NoticeStatus::Failed, Some(3))
+        );
         assert_eq!(failed.output, "oops\n");
         let long = run(
             &sh("head -c 10000 /dev/zero | tr '\\0' x"),
@@ -256,7 +260,7 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(r.status, "timed_out");
+        assert_eq!(r.status, NoticeStatus::TimedOut);
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the background child did not hold the pipes open"
@@ -276,7 +280,10 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!((r.status, r.output.as_str()), ("done", "started\n"));
+        assert_eq!(
+            (r.status, r.output.as_str()),
+            (NoticeStatus::Done, "started\n")
+        );
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "waited for the child: {:?}",

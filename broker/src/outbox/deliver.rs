@@ -338,7 +338,7 @@ impl<S: Sender> OutboxService<S> {
                 self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Failed(n) => {
-                if n.as_notice().status == "uncertain" {
+                if n.as_notice().status == NoticeStatus::Uncertain {
                     let reason = n.reason.clone();
                     self.record_uncertain(f.source, &f.entry, &f.message, None, &reason)
                         .await?;
@@ -394,7 +394,7 @@ impl<S: Sender> OutboxService<S> {
                         Delivery::Deferred(now + wait)
                     }
                     Err((attempts, over)) => Delivery::Failed(FailedNotice::new(
-                        "failed",
+                        NoticeStatus::Failed,
                         format!(
                             "gave up after {attempts} attempts over {} s: {why}",
                             over.as_secs()
@@ -404,12 +404,12 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(SendError::Permanent(why)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(FailedNotice::new("failed", why))
+                Delivery::Failed(FailedNotice::new(NoticeStatus::Failed, why))
             }
             Err(SendError::Uncertain(why)) => {
                 self.mem.sched.finished(&key);
                 Delivery::Failed(FailedNotice::new(
-                    "uncertain",
+                    NoticeStatus::Uncertain,
                     format!("delivery uncertain, not retried: {why}"),
                 ))
             }
@@ -465,7 +465,7 @@ impl<S: Sender> OutboxService<S> {
         let source = &self.sources[src];
         let mut fields: Vec<(&str, &[u8])> = vec![
             ("reason", n.reason.as_bytes()),
-            ("status", n.status.as_bytes()),
+            ("status", n.status.as_str().as_bytes()),
             ("stream", source.key.as_bytes()),
             ("entry_id", entry.id.as_bytes()),
         ];
@@ -619,7 +619,7 @@ pub(super) enum Delivery {
 
 /// An owned notice for a failed delivery.
 pub(super) struct FailedNotice {
-    status: &'static str,
+    status: NoticeStatus,
     pub(super) reason: String,
     approval_id: Option<String>,
     exit_code: Option<String>,
@@ -627,7 +627,7 @@ pub(super) struct FailedNotice {
 }
 
 impl FailedNotice {
-    pub(super) fn new(status: &'static str, reason: impl Into<String>) -> Self {
+    pub(super) fn new(status: NoticeStatus, reason: impl Into<String>) -> Self {
         FailedNotice {
             status,
             reason: reason.into(),

@@ -57,7 +57,7 @@ use crate::approval::{self, Approvals, IdKey, Record, State, Status};
 use crate::audit;
 use crate::clock::Clock;
 use crate::config::{BridgeConfig, Config};
-use crate::entry::{Message, Notice};
+use crate::entry::{Message, Notice, NoticeStatus};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::shutdown::Shutdown;

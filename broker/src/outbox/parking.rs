@@ -48,7 +48,7 @@ impl<S: Sender> OutboxService<S> {
                     return self.finish(src, entry_id, &record, None).await;
                 }
                 let n = Notice {
-                    status: "failed",
+                    status: NoticeStatus::Failed,
                     reason: "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent",
                     approval_id: Some(&id),
                     request_id: record.request_id.as_deref(),
@@ -137,7 +137,7 @@ impl<S: Sender> OutboxService<S> {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
                 let n = Notice {
-                    status: "failed",
+                    status: NoticeStatus::Failed,
                     reason: &reason,
                     approval_id: Some(&id),
                     request_id: message.request_id.as_deref(),
@@ -321,7 +321,7 @@ impl<S: Sender> OutboxService<S> {
             match why {
                 Some(reason) => {
                     let n = Notice {
-                        status: "limit_reached",
+                        status: NoticeStatus::LimitReached,
                         reason: &reason,
                         request_id: p.message.request_id.as_deref(),
                         ..Notice::default()

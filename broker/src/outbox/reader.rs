@@ -396,7 +396,7 @@ impl<S: Sender> OutboxService<S> {
             Ok(m) => m,
             Err(reason) => {
                 let n = Notice {
-                    status: "invalid",
+                    status: NoticeStatus::Invalid,
                     reason: &reason,
                     ..Notice::default()
                 };
@@ -444,7 +444,7 @@ impl<S: Sender> OutboxService<S> {
             self.bridge.max_deliveries
         );
         let n = Notice {
-            status: "failed",
+            status: NoticeStatus::Failed,
             reason: &reason,
             approval_id: record.map(|r| r.id.as_str()),
             request_id: record.and_then(|r| r.request_id.as_deref()),

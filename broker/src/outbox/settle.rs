@@ -30,7 +30,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
             let n = Notice {
-                status: "failed",
+                status: NoticeStatus::Failed,
                 reason: "the approval record disappeared; not sent",
                 approval_id: Some(&id),
                 ..Notice::default()
@@ -68,8 +68,12 @@ impl<S: Sender> OutboxService<S> {
                     State::Expired => timeout_reason.as_str(),
                     _ => record.reason(),
                 };
+                let status = match state {
+                    State::Expired => NoticeStatus::Expired,
+                    _ => NoticeStatus::Rejected,
+                };
                 let n = Notice {
-                    status: state.as_str(),
+                    status,
                     reason,
                     approval_id: Some(&id),
                     approver: (state == State::Rejected).then(|| record.approver()),
@@ -100,7 +104,7 @@ impl<S: Sender> OutboxService<S> {
         let id = record.id.clone();
         let Some(entry) = self.store.entry(&key, entry_id).await? else {
             let n = Notice {
-                status: "failed",
+                status: NoticeStatus::Failed,
                 reason: "the entry was deleted from its stream before delivery",
                 approval_id: Some(&id),
                 ..Notice::default()
@@ -122,7 +126,7 @@ impl<S: Sender> OutboxService<S> {
             let reason = "marked approved without this bridge's seal (not decided through the broker); not sent";
             tracing::error!(approval = %id, "{reason}");
             let n = Notice {
-                status: "failed",
+                status: NoticeStatus::Failed,
                 reason,
                 approval_id: Some(&id),
                 ..Notice::default()
@@ -160,7 +164,7 @@ impl<S: Sender> OutboxService<S> {
             Ok(m) => m,
             Err(reason) => {
                 let n = Notice {
-                    status: "failed",
+                    status: NoticeStatus::Failed,
                     reason: &reason,
                     approval_id: Some(&id),
                     ..Notice::default()
@@ -238,7 +242,10 @@ impl<S: Sender> OutboxService<S> {
                     .with(audit::field::EXTERNAL_ID, &external_id)
                     .with(audit::field::DESTINATION, &f.message.channel_id)
                     .with(audit::field::DIGEST, f.message.sha256())
-                    .with_opt(audit::field::OUTCOME, report.as_ref().map(|r| r.status));
+                    .with_opt(
+                        audit::field::OUTCOME,
+                        report.as_ref().map(|r| r.status.as_str()),
+                    );
                 self.audit(&[delivered]).await?;
                 // A declared action tells the agent how its run went.
                 if let Some(r) = report {
@@ -263,7 +270,7 @@ impl<S: Sender> OutboxService<S> {
                         record.message_sha256
                     );
                     let n = Notice {
-                        status: "edited",
+                        status: NoticeStatus::Edited,
                         reason: &reason,
                         approval_id: Some(&id),
                         approver: Some(record.approver()),
@@ -281,16 +288,18 @@ impl<S: Sender> OutboxService<S> {
                 let failed = failed.with_approval(&id);
                 let n = failed.as_notice();
                 self.dead_letter_only(src, &f.entry, &n).await?;
-                if n.status == "uncertain" {
+                if n.status == NoticeStatus::Uncertain {
                     self.record_uncertain(src, &f.entry, &f.message, Some(&id), n.reason)
                         .await?;
                 } else {
-                    self.audit_failed(&id, n.reason, Some(n.status)).await?;
+                    self.audit_failed(&id, n.reason, Some(n.status.as_str()))
+                        .await?;
                 }
                 self.notice(src, &entry_id, Some(&f.entry), n.clone())
                     .await?;
                 // `uncertain` is shown as such: the message may have gone out.
-                self.finish(src, &entry_id, &record, Some(n.status)).await?;
+                self.finish(src, &entry_id, &record, Some(n.status.as_str()))
+                    .await?;
             }
             Delivery::Deferred(due) => {
                 // Not delivered, so the next attempt is not a retry.

@@ -168,7 +168,7 @@ impl<S: Sender> OutboxService<S> {
             Ok(checked) => checked,
             Err(reason) => {
                 let n = Notice {
-                    status: "invalid",
+                    status: NoticeStatus::Invalid,
                     reason: &reason,
                     approval_id: Some(&id),
                     ..Notice::default()
@@ -190,7 +190,7 @@ impl<S: Sender> OutboxService<S> {
                 &reason,
             )
             .await?;
-            let n = FailedNotice::new("failed", reason).with_approval(&id);
+            let n = FailedNotice::new(NoticeStatus::Failed, reason).with_approval(&id);
             return self.dead_letter(src, entry, n).await;
         }
         let stream = self.sources[src].key.clone();
@@ -446,7 +446,7 @@ impl<S: Sender> OutboxService<S> {
                 let reason = reason.unwrap_or_default();
                 tracing::warn!(approval = %id, reason, "forged outcome refused");
                 let n = Notice {
-                    status: "invalid",
+                    status: NoticeStatus::Invalid,
                     reason: &reason,
                     ..Notice::default()
                 };
