@@ -24,6 +24,7 @@
 //! - [`outbox`]: the outbox service (park, notify, settle, deliver).
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
 //! - [`ping`]: the inbox-side wake-up service and liveness.
+//! - [`retry`]: back-off, and the retry policy of deliveries.
 //! - [`request`]: decisions and edits asked by the operators and the page, applied by the outbox.
 //! - [`cli`]: the operator commands behind `cowboy`.
 //! - [`clock`]: the clock every decision about time reads (injectable for tests).
@@ -50,6 +51,7 @@ pub mod keys;
 pub mod outbox;
 pub mod ping;
 pub mod request;
+pub mod retry;
 pub mod schema;
 pub mod service;
 pub mod shutdown;

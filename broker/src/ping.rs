@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, PingConfig};
 use crate::error::Result;
 use crate::keys;
-use crate::outbox::backoff;
+use crate::retry::backoff;
 use crate::shutdown::Shutdown;
 use crate::store::{read_group, Entry, Store, StreamBatch};
 use crate::timing::HEARTBEAT_EVERY;

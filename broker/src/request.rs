@@ -455,7 +455,7 @@ pub async fn serve(
                     failures += 1;
                     tracing::warn!(error = %e, "connecting for decision requests failed; retrying");
                     if !shutdown
-                        .sleep(crate::outbox::backoff(failures.min(10)))
+                        .sleep(crate::retry::backoff(failures.min(10)))
                         .await
                     {
                         break;
@@ -499,7 +499,7 @@ pub async fn serve(
                 backlog = true;
                 conn = None;
                 if !shutdown
-                    .sleep(crate::outbox::backoff(failures.min(10)))
+                    .sleep(crate::retry::backoff(failures.min(10)))
                     .await
                 {
                     break;

@@ -61,7 +61,7 @@ where
             return;
         }
         tracing::warn!(error = %e, attempt, "catching up on {what} failed; trying again");
-        tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+        tokio::time::sleep(broker::retry::backoff(attempt)).await;
     }
 }
 
@@ -531,7 +531,7 @@ impl EventHandler for Handler {
                 return;
             }
             // Redis is away: the gateway will not send this event again, so wait here.
-            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+            tokio::time::sleep(broker::retry::backoff(attempt)).await;
         }
     }
 
@@ -543,7 +543,7 @@ impl EventHandler for Handler {
                 tracing::error!(error = %e, message = %reaction.message_id, "reaction not handled");
                 return;
             }
-            tokio::time::sleep(broker::outbox::backoff(attempt)).await;
+            tokio::time::sleep(broker::retry::backoff(attempt)).await;
         }
     }
 }

@@ -22,7 +22,7 @@ use broker::approval::Outcome;
 use broker::config::read_secret;
 use broker::error::ConfigError;
 use broker::ingest::Ingest;
-use broker::outbox::backoff;
+use broker::retry::backoff;
 use broker::{keys, Error, Result, Shutdown};
 use mail_parser::MessageParser;
 use redis::AsyncCommands;

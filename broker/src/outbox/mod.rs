@@ -39,7 +39,7 @@ mod settle;
 mod source;
 mod surface;
 
-pub use deliver::RetryPolicy;
+pub use crate::retry::RetryPolicy;
 
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose};
@@ -353,12 +353,6 @@ fn same_destination(a: &str, b: &str) -> bool {
 /// The stable identity of one stream entry, for senders that deduplicate.
 pub fn delivery_key(stream: &str, entry_id: &str) -> String {
     format!("{stream}/{entry_id}")
-}
-
-/// Exponential backoff from 200 ms, capped at 30 s.
-pub fn backoff(attempt: u32) -> Duration {
-    let ms = 200u64.saturating_mul(1u64 << attempt.min(8));
-    Duration::from_millis(ms.min(30_000))
 }
 
 #[cfg(test)]

@@ -82,7 +82,7 @@ impl<S: Sender> OutboxService<S> {
                         e if e.is_retriable() && failures < MAX_FAILURES => {
                             failures += 1;
                             tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
-                            if !self.shutdown.sleep(backoff(failures)).await {
+                            if !self.shutdown.sleep(crate::retry::backoff(failures)).await {
                                 break;
                             }
                         }

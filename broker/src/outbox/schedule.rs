@@ -23,8 +23,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::deliver::{Flight, Job, RetryPolicy};
+use super::deliver::{Flight, Job};
 use super::fair::Lanes;
+use crate::retry::RetryPolicy;
 
 /// Where a scheduled delivery is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
