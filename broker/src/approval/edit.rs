@@ -20,8 +20,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::record::{field, Record, State};
-use super::repo::Approvals;
+use super::record::{field, Record, State, Status};
+use super::repo::{Approvals, EditAnswer};
 use crate::audit;
 use crate::clock::Clock;
 use crate::config::Config;
@@ -211,17 +211,24 @@ pub async fn edit(
     if let Some(key) = super::IdKey::existing(store, record.source()).await? {
         pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
     }
-    let (answer, old_card) = Approvals::on(store)
+    let answer = Approvals::on(store)
         .edit(id, &record.message_sha256, now, &editor_counts_as, &pairs)
         .await?;
-    if answer != "ok" {
-        let why = match answer.as_str() {
-            "changed" => "it changed meanwhile (another edit); show it again".to_string(),
-            "sending" => "its send has started".to_string(),
-            other => format!("it is {other}"),
-        };
-        return refuse(format!("{id} was not edited: {why}"));
-    }
+    let old_card = match answer {
+        EditAnswer::Edited { superseded_card } => superseded_card,
+        refused => {
+            let why = match refused {
+                EditAnswer::Changed => "it changed meanwhile (another edit); show it again",
+                EditAnswer::Sending => "its send has started",
+                EditAnswer::Missing => "it is missing",
+                EditAnswer::Settled => "it is settled",
+                EditAnswer::Expired => "it is expired",
+                EditAnswer::Closed(Status::Approved) => "it is approved",
+                _ => "it is rejected",
+            };
+            return refuse(format!("{id} was not edited: {why}"));
+        }
+    };
 
     // Answers to the old card are late now; disarm it and tell its surface.
     let notify = keys::outbox(&record.notify);

@@ -134,7 +134,7 @@ if f[3] then return {'settled', ''} end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', ''} end
 if f[4] then return {'sending', ''} end
-if f[1] ~= 'pending' and f[1] ~= 'approved' then return {f[1], ''} end
+if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], ''} end
 if f[5] ~= ARGV[1] then return {'changed', ''} end
 if not f[6] then
   redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
@@ -362,6 +362,43 @@ impl Claimed {
             "missing" => Claimed::Missing,
             // An answer this version does not know is not a claim.
             _ => Claimed::NotOurs,
+        }
+    }
+}
+
+/// [`EDIT`]'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EditAnswer {
+    /// Edited; the card the edit superseded (its external id), if one was shown.
+    Edited {
+        superseded_card: String,
+    },
+    Missing,
+    Settled,
+    Expired,
+    /// Its send has started: too late to change what is sent.
+    Sending,
+    /// Another edit landed since the version the editor saw.
+    Changed,
+    /// Decided in a way no edit reopens (an unknown status reads as rejected).
+    Closed(Status),
+}
+
+impl EditAnswer {
+    fn parse(answer: &str, card: String) -> EditAnswer {
+        match answer {
+            "ok" => EditAnswer::Edited {
+                superseded_card: card,
+            },
+            "missing" => EditAnswer::Missing,
+            "settled" => EditAnswer::Settled,
+            "expired" => EditAnswer::Expired,
+            "sending" => EditAnswer::Sending,
+            "changed" => EditAnswer::Changed,
+            // A stored status, marked so a status forged to read `ok` stays one.
+            other => {
+                EditAnswer::Closed(Status::parse(other.strip_prefix("already:").unwrap_or("")))
+            }
         }
     }
 }
@@ -803,7 +840,7 @@ impl<'a> Approvals<'a> {
         now: f64,
         editor_counts_as: &str,
         fields: &[(&str, String)],
-    ) -> Result<(String, String)> {
+    ) -> Result<EditAnswer> {
         let key = keys::approval(id);
         let mut inv = EDIT_SCRIPT.key(&key);
         inv.arg(seen)
@@ -813,9 +850,11 @@ impl<'a> Approvals<'a> {
         for (k, v) in fields {
             inv.arg(*k).arg(v);
         }
-        inv.invoke_async(&mut self.store.conn)
+        let (answer, card): (String, String) = inv
+            .invoke_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))
+            .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))?;
+        Ok(EditAnswer::parse(&answer, card))
     }
 
     /// Forgets that a send started: it was deferred, not attempted.
@@ -1161,6 +1200,29 @@ mod tests {
                     "`{quoted}` in a script is not a record field"
                 );
             }
+        }
+    }
+
+    /// The edit script's answers are typed; a status forged to read `ok` is
+    /// a closed record, not an edit.
+    #[test]
+    fn edit_answers_are_typed_and_a_forged_status_edits_nothing() {
+        assert_eq!(
+            EditAnswer::parse("ok", "card".into()),
+            EditAnswer::Edited {
+                superseded_card: "card".into()
+            }
+        );
+        assert_eq!(
+            EditAnswer::parse("sending", String::new()),
+            EditAnswer::Sending
+        );
+        for forged in ["already:ok", "already:rejected", "ok-ish"] {
+            assert_eq!(
+                EditAnswer::parse(forged, String::new()),
+                EditAnswer::Closed(Status::Rejected),
+                "{forged}"
+            );
         }
     }
 
