@@ -291,36 +291,31 @@ pub enum Decided {
 }
 
 impl Decided {
-    /// Every answer the script gives, as it spells them.
-    pub const ANSWERS: &'static [&'static str] = &[
-        "decided",
-        "counted",
-        "counted-again",
-        "editor",
-        "same-proof",
-        "stale",
-        "superseded",
-        "missing",
-        "expired",
-        "settled",
+    /// Every answer the script gives, as it spells them, and what it means:
+    /// the one table the parse and the script test read.
+    pub const ANSWERS: &'static [(&'static str, Decided)] = &[
+        ("decided", Decided::Decided),
+        ("counted", Decided::Counted { again: false }),
+        ("counted-again", Decided::Counted { again: true }),
+        ("editor", Decided::Editor),
+        ("same-proof", Decided::SameProof),
+        ("stale", Decided::Stale),
+        ("superseded", Decided::Superseded),
+        ("missing", Decided::Missing),
+        ("expired", Decided::Expired),
+        ("settled", Decided::Settled),
     ];
 
     fn parse(answer: &str) -> Decided {
-        match answer {
-            "decided" => Decided::Decided,
-            "counted" => Decided::Counted { again: false },
-            "counted-again" => Decided::Counted { again: true },
-            "editor" => Decided::Editor,
-            "same-proof" => Decided::SameProof,
-            "stale" => Decided::Stale,
-            "superseded" => Decided::Superseded,
-            "missing" => Decided::Missing,
-            "expired" => Decided::Expired,
-            "settled" => Decided::Settled,
+        match Decided::ANSWERS
+            .iter()
+            .find(|(spelled, _)| *spelled == answer)
+        {
+            Some((_, decided)) => *decided,
             // The status as stored, marked so a status forged to read like an
             // answer (`decided`, `stale`) stays a status; anything else fails
             // closed.
-            other => Decided::Already(Status::parse(other.strip_prefix("already:").unwrap_or(""))),
+            None => Decided::Already(Status::parse(answer.strip_prefix("already:").unwrap_or(""))),
         }
     }
 }
@@ -1187,7 +1182,8 @@ mod tests {
                     "ok", "not-ours", "digest", "claimed", "sending", "changed", "pending",
                     "approved",
                 ];
-                let is_answer = Decided::ANSWERS.contains(&quoted) || others.contains(&quoted);
+                let is_answer =
+                    Decided::ANSWERS.iter().any(|(a, _)| *a == quoted) || others.contains(&quoted);
                 // A pattern piece such as `[^`, not a name.
                 let is_pattern = !quoted
                     .chars()
@@ -1230,11 +1226,9 @@ mod tests {
     /// the broker never writes reads as rejected (fails closed).
     #[test]
     fn decision_answers_are_typed_and_forged_statuses_fail_closed() {
-        for answer in Decided::ANSWERS {
-            assert!(
-                !matches!(Decided::parse(answer), Decided::Already(_)),
-                "{answer}"
-            );
+        for (answer, decided) in Decided::ANSWERS {
+            assert_eq!(Decided::parse(answer), *decided, "{answer}");
+            assert!(!matches!(decided, Decided::Already(_)), "{answer}");
         }
         assert_eq!(
             Decided::parse("already:approved"),
