@@ -219,44 +219,77 @@ impl std::fmt::Display for NoticeStatus {
     }
 }
 
-/// What a notice tells the agent about one of its entries.
-#[derive(Debug, Clone, Default)]
-pub struct Notice<'a> {
+/// What a notice tells the agent about one of its entries: built where the
+/// outcome is known, and written (with the entry it is about) by the outbox.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Notice {
     pub status: NoticeStatus,
-    pub stream: &'a str,
-    pub entry_id: &'a str,
-    pub approval_id: Option<&'a str>,
-    pub request_id: Option<&'a str>,
-    pub reason: &'a str,
-    pub approver: Option<&'a str>,
+    pub reason: String,
+    pub approval_id: Option<String>,
+    pub request_id: Option<String>,
+    pub approver: Option<String>,
     /// A declared action's exit code and the tail of its output.
-    pub exit_code: Option<&'a str>,
-    pub output: Option<&'a str>,
+    pub exit_code: Option<String>,
+    pub output: Option<String>,
     /// On `edited`: the digest of the agent's version and of the one sent.
-    pub original_sha256: Option<&'a str>,
-    pub sent_sha256: Option<&'a str>,
+    pub original_sha256: Option<String>,
+    pub sent_sha256: Option<String>,
 }
 
-impl Notice<'_> {
-    /// The inbox entry's fields (`kind = notice` tells them from inbound messages).
-    pub fn fields(&self) -> Vec<(&str, &[u8])> {
+impl Notice {
+    pub fn new(status: NoticeStatus, reason: impl Into<String>) -> Notice {
+        Notice {
+            status,
+            reason: reason.into(),
+            ..Notice::default()
+        }
+    }
+
+    /// A declared action's run, as it reported itself.
+    pub fn ran(report: crate::bridge::Report) -> Notice {
+        Notice {
+            exit_code: report.exit_code.map(|c| c.to_string()),
+            output: Some(report.output),
+            ..Notice::new(report.status, report.reason)
+        }
+    }
+
+    pub fn approval(mut self, id: &str) -> Notice {
+        self.approval_id = Some(id.to_string());
+        self
+    }
+
+    /// The agent's `request_id`, when it gave one.
+    pub fn request(mut self, id: Option<&str>) -> Notice {
+        self.request_id = id.map(str::to_string);
+        self
+    }
+
+    pub fn approver(mut self, who: &str) -> Notice {
+        self.approver = Some(who.to_string());
+        self
+    }
+
+    /// The inbox entry's fields (`kind = notice` tells them from inbound
+    /// messages), about entry `entry_id` of `stream`.
+    pub fn fields<'a>(&'a self, stream: &'a str, entry_id: &'a str) -> Vec<(&'a str, &'a [u8])> {
         let mut f: Vec<(&str, &[u8])> = vec![
             ("kind", b"notice"),
             ("status", self.status.as_str().as_bytes()),
-            ("stream", self.stream.as_bytes()),
-            ("entry_id", self.entry_id.as_bytes()),
+            ("stream", stream.as_bytes()),
+            ("entry_id", entry_id.as_bytes()),
             ("reason", self.reason.as_bytes()),
         ];
         for (name, value) in [
-            ("approval_id", self.approval_id),
-            ("request_id", self.request_id),
-            ("approver", self.approver),
-            ("exit_code", self.exit_code),
-            ("output", self.output),
-            ("original_sha256", self.original_sha256),
-            ("sent_sha256", self.sent_sha256),
+            ("approval_id", &self.approval_id),
+            ("request_id", &self.request_id),
+            ("approver", &self.approver),
+            ("exit_code", &self.exit_code),
+            ("output", &self.output),
+            ("original_sha256", &self.original_sha256),
+            ("sent_sha256", &self.sent_sha256),
         ] {
-            if let Some(v) = value.filter(|v| !v.is_empty()) {
+            if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
                 f.push((name, v.as_bytes()));
             }
         }

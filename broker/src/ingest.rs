@@ -28,8 +28,8 @@ pub struct Ingest {
     config: Arc<Config>,
     name: String,
     kind: String,
-    /// Redis, for bridges that keep their own state (cursors).
-    pub store: Store,
+    /// Redis: bridges reach it only through this type (cursor, inbox, answers).
+    store: Store,
     /// When answers are given.
     clock: Clock,
     liveness: Liveness,
@@ -71,6 +71,25 @@ impl Ingest {
     }
 
     /// This bridge's name.
+    /// Where this ingest stopped reading its platform, as the bridge wrote it
+    /// with [`Self::save_cursor`]; `None` on a first start.
+    pub async fn cursor(&mut self) -> Result<Option<String>> {
+        let key = keys::ingest_cursor(&self.name);
+        redis::AsyncCommands::get(&mut self.store.conn, &key)
+            .await
+            .map_err(|e| crate::Error::from_redis(&format!("GET {key}"), e))
+    }
+
+    /// Saves where this ingest stopped reading. Call it only once what was
+    /// read up to there is written, so a restart carries nothing twice and
+    /// skips nothing.
+    pub async fn save_cursor(&mut self, at: &str) -> Result<()> {
+        let key = keys::ingest_cursor(&self.name);
+        redis::AsyncCommands::set(&mut self.store.conn, &key, at)
+            .await
+            .map_err(|e| crate::Error::from_redis(&format!("SET {key}"), e))
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -176,7 +195,9 @@ impl Ingest {
     pub async fn heartbeat(&mut self) -> Result<()> {
         let name = self.name.clone();
         let ttl = self.liveness.every * 3;
-        self.store.heartbeat(&name, "ingest", ttl).await
+        self.store
+            .heartbeat(&name, "ingest", ttl, &self.clock)
+            .await
     }
 
     /// Tells the supervisor this ingest is alive (the watchdog) and refreshes
@@ -200,12 +221,15 @@ impl Ingest {
     /// own loop (Discord), or that has no platform to read. A failed beat is
     /// logged; the next one tries again.
     pub fn keep_alive(&self, shutdown: Shutdown) -> impl Future<Output = ()> + Send + 'static {
-        let (mut store, name) = (self.store.clone(), self.name.clone());
+        let (mut store, name, clock) = (self.store.clone(), self.name.clone(), self.clock);
         let mut liveness = Liveness::new(self.liveness.every);
         async move {
             loop {
                 liveness.watchdog.tick();
-                if let Err(e) = store.heartbeat(&name, "ingest", liveness.every * 3).await {
+                if let Err(e) = store
+                    .heartbeat(&name, "ingest", liveness.every * 3, &clock)
+                    .await
+                {
                     tracing::warn!(error = %e, "heartbeat failed");
                 }
                 liveness.last_beat = Some(tokio::time::Instant::now());

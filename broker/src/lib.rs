@@ -32,9 +32,11 @@
 //! - [`schema`]: the config schema as data (key names read from serde).
 //! - [`service`]: what every binary shares: arguments, tracing, exit codes.
 //! - [`systemd`]: readiness, watchdog and stopping notifications.
+//! - [`alloc`]: handing freed memory back after recovery.
 //! - [`shutdown`]: the shutdown signal passed into every loop.
 
 pub mod acl;
+pub mod alloc;
 pub mod approval;
 pub mod audit;
 pub mod bridge;

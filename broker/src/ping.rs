@@ -15,7 +15,8 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::config::{Config, PingConfig};
 use crate::error::Result;
@@ -74,7 +75,12 @@ impl PingService {
 
     async fn beat(&mut self) -> Result<()> {
         self.store
-            .heartbeat(&self.name, "ping", HEARTBEAT_EVERY * 3)
+            .heartbeat(
+                &self.name,
+                "ping",
+                HEARTBEAT_EVERY * 3,
+                &crate::Clock::system(),
+            )
             .await?;
         if let Some(probe) = &self.probe {
             let state = match tokio::time::timeout(PROBE_TIMEOUT, probe()).await {

@@ -340,11 +340,19 @@ impl Store {
             .collect())
     }
 
-    /// Marks a service alive in the bridge's heartbeat hash for `ttl`.
-    pub async fn heartbeat(&mut self, bridge: &str, service: &str, ttl: Duration) -> Result<()> {
+    /// Marks a service alive in the bridge's heartbeat hash for `ttl`, with
+    /// the time of `clock` (the service's own, so a paused test's beats move
+    /// with its time).
+    pub async fn heartbeat(
+        &mut self,
+        bridge: &str,
+        service: &str,
+        ttl: Duration,
+        clock: &crate::Clock,
+    ) -> Result<()> {
         let key = crate::keys::heartbeat(bridge);
         let _: () = redis::pipe()
-            .hset(&key, service, crate::now_secs())
+            .hset(&key, service, clock.now_secs())
             .ignore()
             .expire(&key, ttl.as_secs() as i64)
             .ignore()

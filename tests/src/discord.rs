@@ -76,7 +76,7 @@ pub struct Recorded {
     /// Per channel: how many of the next create-message calls there answer 429.
     pub rate_limit_channel: HashMap<u64, usize>,
     /// Per channel: every create-message call there answers 429 until then.
-    pub rate_limit_until: HashMap<u64, std::time::Instant>,
+    pub rate_limit_until: HashMap<u64, tokio::time::Instant>,
     /// How long each create-message call takes before it is answered.
     pub post_delay: std::time::Duration,
     /// Per channel: create-message calls answered 429.
@@ -85,7 +85,7 @@ pub struct Recorded {
     /// this many posts per channel in each window ([`FakeDiscord::enforce_buckets`]).
     pub bucket: Option<(usize, std::time::Duration)>,
     /// Per channel: the current window's start and the posts made in it.
-    windows: HashMap<u64, (std::time::Instant, usize)>,
+    windows: HashMap<u64, (tokio::time::Instant, usize)>,
     /// Per channel: posts refused because its bucket was empty (429 with the
     /// real headers, `Retry-After` included).
     pub bucket_429s: HashMap<u64, usize>,
@@ -220,7 +220,7 @@ impl FakeDiscord {
 
     /// Every create-message call to `channel` answers 429 for `how_long` from now.
     pub fn rate_limit_channel_for(&self, channel: u64, how_long: std::time::Duration) {
-        let until = std::time::Instant::now() + how_long;
+        let until = tokio::time::Instant::now() + how_long;
         self.with(|r| r.rate_limit_until.insert(channel, until));
     }
 
@@ -364,7 +364,7 @@ async fn create_message(
         || rec
             .rate_limit_until
             .get(&channel)
-            .is_some_and(|t| std::time::Instant::now() < *t);
+            .is_some_and(|t| tokio::time::Instant::now() < *t);
     if channel_limited {
         if let Some(n) = rec.rate_limit_channel.get_mut(&channel) {
             *n = n.saturating_sub(if *n == usize::MAX { 0 } else { 1 });
@@ -385,7 +385,7 @@ async fn create_message(
     // The bucket's headers, on every answer while buckets are enforced.
     let mut bucket_headers = Vec::new();
     if let Some((limit, window)) = rec.bucket {
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         let (start, used) = rec.windows.entry(channel).or_insert((now, 0));
         if now.duration_since(*start) >= window {
             (*start, *used) = (now, 0);

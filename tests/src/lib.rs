@@ -280,7 +280,101 @@ where
         if Instant::now() >= deadline {
             panic!("timed out after {timeout:?} waiting for: {what}");
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        real_sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits `d` of wall-clock time, whether or not tokio's clock is paused (a
+/// paused clock held by [`Frozen`] never fires a timer by itself).
+pub async fn real_sleep(d: Duration) {
+    let _ = tokio::task::spawn_blocking(move || std::thread::sleep(d)).await;
+}
+
+/// `fut`'s output, or `None` when `bound` of wall-clock time passes first.
+pub async fn within_real<T>(
+    bound: Duration,
+    fut: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    // Short real sleeps, not one of `bound`: a runtime ends only once its
+    // blocking tasks have, so a long one would hold up the end of every test.
+    let deadline = Instant::now() + bound;
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        tokio::select! {
+            out = &mut fut => return Some(out),
+            _ = real_sleep(Duration::from_millis(20)) => {
+                if Instant::now() >= deadline {
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Tokio's paused clock, held still: only [`Frozen::advance`] moves it.
+///
+/// A paused clock otherwise jumps to the next timer whenever the runtime has
+/// nothing to do, and a runtime waiting for a reply on a real socket (Redis,
+/// the local Discord) has nothing to do: a backoff or a response timeout would
+/// fire while the reply is still on the wire. Tokio does not jump while a
+/// blocking task runs, so one is held for as long as this value lives. The
+/// test then moves time in steps and waits for real I/O with [`wait_until`],
+/// whose bound is wall-clock time. Needs `#[tokio::test(start_paused = true)]`.
+pub struct Frozen {
+    release: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Frozen {
+    pub fn hold() -> Frozen {
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        tokio::task::spawn_blocking(move || {
+            let _ = held.recv();
+        });
+        Frozen {
+            release: Some(release),
+        }
+    }
+
+    /// Moves tokio's clock by `by`, in steps of at most 100 ms with a moment
+    /// of real time after each, so what a timer starts (a send, a read) is
+    /// under way before the next timer fires, as it would be in real time.
+    pub async fn advance(&self, by: Duration) {
+        let step = Duration::from_millis(100);
+        let mut left = by;
+        while !left.is_zero() {
+            let now = left.min(step);
+            tokio::time::advance(now).await;
+            left -= now;
+            real_sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+impl Frozen {
+    /// Advances time a second at a time until `check` holds, for at most
+    /// `most` of the service's time (then a moment of real time for a last
+    /// send to land); panics naming `what` otherwise.
+    pub async fn advance_until<T, F, Fut>(&self, what: &str, most: Duration, mut check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let step = Duration::from_secs(1);
+        let mut advanced = Duration::ZERO;
+        while advanced < most {
+            if let Some(v) = check().await {
+                return v;
+            }
+            self.advance(step).await;
+            advanced += step;
+        }
+        wait_until(what, Duration::from_secs(5), check).await
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        self.release.take();
     }
 }
 
@@ -294,7 +388,7 @@ impl Running {
     /// Stops the service gracefully and returns its result.
     pub async fn stop(self) -> broker::Result<()> {
         self.trigger.fire();
-        tokio::time::timeout(Duration::from_secs(10), self.task)
+        within_real(Duration::from_secs(10), self.task)
             .await
             .expect("service did not stop within 10 s")
             .expect("service task panicked")
@@ -375,6 +469,24 @@ impl Deployment {
         let (trigger, shutdown) = Shutdown::new();
         let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
         launch.timing = timing;
+        let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
+        Running { trigger, task }
+    }
+
+    /// [`Self::run_timed`] on tokio's clock: the service's [`broker::Clock`]
+    /// starts at the wall clock's time and then moves only with tokio's, so
+    /// under a [`Frozen`] clock its deadlines, backoffs and beats move only
+    /// when the test advances time.
+    pub fn run_paused<B: broker::bridge::Bridge>(
+        &self,
+        service: broker::config::Service,
+        name: &str,
+        timing: broker::timing::Timing,
+    ) -> Running {
+        let (trigger, shutdown) = Shutdown::new();
+        let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
+        launch.timing = timing;
+        launch.clock = broker::Clock::starting_at(broker::now_secs_f64());
         let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
         Running { trigger, task }
     }
@@ -595,15 +707,30 @@ pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize
 
 /// Commands Redis has run so far, from `INFO commandstats`.
 pub async fn commands_processed(store: &mut Store) -> u64 {
+    command_counts(store).await.values().sum()
+}
+
+/// Calls per command so far (`INFO commandstats`), for telling where a count
+/// of [`commands_processed`] went.
+pub async fn command_counts(store: &mut Store) -> std::collections::BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut store.conn)
         .await
         .expect("INFO commandstats");
     info.lines()
-        .filter_map(|l| l.split("calls=").nth(1))
-        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-        .sum()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect()
 }
 
 /// Number of entries pending in a group on a stream.

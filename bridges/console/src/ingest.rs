@@ -18,8 +18,7 @@ use std::time::Duration;
 
 use broker::approval::Verdict;
 use broker::ingest::Ingest;
-use broker::{keys, Error, Result, Shutdown};
-use redis::AsyncCommands;
+use broker::{Result, Shutdown};
 use serde::Deserialize;
 
 /// How often the input file is checked for new lines when it cannot be watched.
@@ -65,13 +64,10 @@ pub fn verdict_of(emoji: &str) -> Option<Verdict> {
 
 /// Follows the input file until shutdown.
 pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> Result<()> {
-    let cursor_key = keys::ingest_cursor(ingest.name());
     let mut offset: u64 = ingest
-        .store
-        .conn
-        .get::<_, Option<u64>>(&cursor_key)
-        .await
-        .map_err(|e| Error::from_redis(&format!("GET {cursor_key}"), e))?
+        .cursor()
+        .await?
+        .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     let watched = watch(&input);
     if watched.is_none() {
@@ -92,12 +88,7 @@ pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> R
         for (line, end) in lines {
             handle_line(&mut ingest, &line).await?;
             offset = end;
-            let _: () = ingest
-                .store
-                .conn
-                .set(&cursor_key, offset)
-                .await
-                .map_err(|e| Error::from_redis(&format!("SET {cursor_key}"), e))?;
+            ingest.save_cursor(&offset.to_string()).await?;
         }
         let changed = async {
             match changed.as_mut() {

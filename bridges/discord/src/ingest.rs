@@ -44,9 +44,11 @@ const RETRIES: u32 = 10;
 /// live reaches the inbox once.
 const CARRIED_KEPT: usize = 10_000;
 
-/// Runs a catch-up `step` until it succeeds, [`RETRIES`] times at most (with
-/// the broker's back-off); a step given up on is logged, naming `what`.
-async fn retried<F, Fut>(what: &str, mut step: F)
+/// Runs `step` until it succeeds, [`RETRIES`] times at most (with the
+/// broker's back-off, cut short by shutdown): the gateway will not send an
+/// event again, so a step that failed while Redis was away waits here. A step
+/// given up on is logged, naming `what`.
+async fn retried<F, Fut>(what: &str, shutdown: &Shutdown, mut step: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
@@ -57,11 +59,13 @@ where
         // A refusal (a channel the bot cannot read, a revoked token) is the
         // same on every attempt: asking again only counts toward Discord's ban.
         if attempt > RETRIES || !e.is_retriable() {
-            tracing::error!(error = %e, "{what} while no session was listening were not caught up");
+            tracing::error!(error = %e, "{what}: given up");
             return;
         }
-        tracing::warn!(error = %e, attempt, "catching up on {what} failed; trying again");
-        tokio::time::sleep(broker::retry::backoff(attempt)).await;
+        tracing::warn!(error = %e, attempt, "{what} failed; trying again");
+        if !shutdown.sleep(broker::retry::backoff(attempt)).await {
+            return;
+        }
     }
 }
 
@@ -144,10 +148,12 @@ pub struct Handler {
     channels: HashSet<u64>,
     bot: OnceLock<UserId>,
     carried: std::sync::Mutex<Carried>,
+    /// Ends the waits between retries.
+    shutdown: Shutdown,
 }
 
 impl Handler {
-    pub fn new(ingest: Ingest, settings: DiscordSettings) -> Handler {
+    pub fn new(ingest: Ingest, settings: DiscordSettings, shutdown: Shutdown) -> Handler {
         let channels = settings
             .channels
             .iter()
@@ -159,6 +165,7 @@ impl Handler {
             channels,
             bot: OnceLock::new(),
             carried: Default::default(),
+            shutdown,
         }
     }
 
@@ -247,11 +254,7 @@ impl Handler {
     /// never overtake each other).
     async fn save_positions(&self, ingest: &mut Ingest) -> Result<()> {
         let cursor = serde_json::to_string(&self.carried().last).unwrap_or_default();
-        let key = broker::keys::ingest_cursor(ingest.name());
-        let _: () = redis::AsyncCommands::set(&mut ingest.store.conn, &key, cursor)
-            .await
-            .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
-        Ok(())
+        ingest.save_cursor(&cursor).await
     }
 
     fn carried(&self) -> std::sync::MutexGuard<'_, Carried> {
@@ -265,10 +268,7 @@ impl Handler {
         // is carried between reading the positions and marking the channels.
         let stored = {
             let mut ingest = self.ingest.lock().await;
-            let key = broker::keys::ingest_cursor(ingest.name());
-            let stored: Option<String> = redis::AsyncCommands::get(&mut ingest.store.conn, &key)
-                .await
-                .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+            let stored = ingest.cursor().await?;
             let stored: std::collections::BTreeMap<u64, u64> = stored
                 .and_then(|s| serde_json::from_str(&s).ok())
                 .unwrap_or_default();
@@ -518,33 +518,25 @@ impl EventHandler for Handler {
         let _ = self.bot.set(ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
-        retried("the channels' messages", || self.catch_up_messages(&ctx)).await;
-        retried("the cards' answers", || self.catch_up(&ctx)).await;
+        let shutdown = &self.shutdown;
+        retried("catching up on the channels' messages", shutdown, || {
+            self.catch_up_messages(&ctx)
+        })
+        .await;
+        retried("catching up on the cards' answers", shutdown, || {
+            self.catch_up(&ctx)
+        })
+        .await;
     }
 
     async fn message(&self, _ctx: Context, msg: Message) {
-        let mut attempt = 0;
-        while let Err(e) = self.on_message(&msg, false).await {
-            attempt += 1;
-            if !e.is_retriable() || attempt > RETRIES {
-                tracing::error!(error = %e, message = %msg.id, "message not carried");
-                return;
-            }
-            // Redis is away: the gateway will not send this event again, so wait here.
-            tokio::time::sleep(broker::retry::backoff(attempt)).await;
-        }
+        let what = format!("carrying message {}", msg.id);
+        retried(&what, &self.shutdown, || self.on_message(&msg, false)).await;
     }
 
     async fn reaction_add(&self, ctx: Context, reaction: Reaction) {
-        let mut attempt = 0;
-        while let Err(e) = self.on_reaction(&ctx, &reaction).await {
-            attempt += 1;
-            if !e.is_retriable() || attempt > RETRIES {
-                tracing::error!(error = %e, message = %reaction.message_id, "reaction not handled");
-                return;
-            }
-            tokio::time::sleep(broker::retry::backoff(attempt)).await;
-        }
+        let what = format!("a reaction on message {}", reaction.message_id);
+        retried(&what, &self.shutdown, || self.on_reaction(&ctx, &reaction)).await;
     }
 }
 

@@ -71,7 +71,7 @@ impl Bridge for Discord {
         let http = http(&s, &self.token);
         let beats = ingest.keep_alive(shutdown.clone());
         let name = ingest.name().to_string();
-        let handler = ingest::Handler::new(ingest, s.clone());
+        let handler = ingest::Handler::new(ingest, s.clone(), shutdown.clone());
         let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
             .event_handler(handler)
             .await

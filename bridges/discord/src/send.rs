@@ -74,7 +74,7 @@ pub struct DiscordSender {
     /// Channels Discord refused (Unknown Channel, Missing Access, no DMs):
     /// when, and what it said. Not asked again for [`REFUSAL_KEPT`]: Discord
     /// bans an address that makes 10,000 invalid requests in 10 minutes.
-    refused: std::sync::Mutex<std::collections::HashMap<u64, (std::time::Instant, String)>>,
+    refused: std::sync::Mutex<std::collections::HashMap<u64, (tokio::time::Instant, String)>>,
 }
 
 /// How long a channel Discord refused is refused without asking again.
@@ -85,14 +85,14 @@ pub const REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(600
 /// for an empty bucket to refill instead of drawing a 429 (serenity's own
 /// limiter cannot do this with `api_base`: it then sends to discord.com).
 #[derive(Default)]
-pub struct Buckets(std::sync::Mutex<std::collections::HashMap<u64, (u64, std::time::Instant)>>);
+pub struct Buckets(std::sync::Mutex<std::collections::HashMap<u64, (u64, tokio::time::Instant)>>);
 
 impl Buckets {
     /// When an empty bucket of `channel` refills, if it is empty.
-    fn empty_until(&self, channel: u64) -> Option<std::time::Instant> {
+    fn empty_until(&self, channel: u64) -> Option<tokio::time::Instant> {
         let b = self.0.lock().unwrap_or_else(|p| p.into_inner());
         match b.get(&channel) {
-            Some((0, at)) if *at > std::time::Instant::now() => Some(*at),
+            Some((0, at)) if *at > tokio::time::Instant::now() => Some(*at),
             _ => None,
         }
     }
@@ -106,7 +106,7 @@ impl Buckets {
         ) else {
             return;
         };
-        let at = std::time::Instant::now()
+        let at = tokio::time::Instant::now()
             + std::time::Duration::from_secs_f64(after.clamp(0.0, 3600.0));
         let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
         b.insert(channel, (remaining.max(0.0) as u64, at));
@@ -155,7 +155,7 @@ impl DiscordSender {
             )));
         }
         if let Some(at) = self.buckets.empty_until(channel_id.get()) {
-            tokio::time::sleep_until(at.into()).await;
+            tokio::time::sleep_until(at).await;
         }
         let body = serde_json::to_vec(msg)
             .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;
@@ -176,7 +176,10 @@ impl DiscordSender {
                 let e = classify(e);
                 if refusal {
                     let mut refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
-                    refused.insert(channel_id.get(), (std::time::Instant::now(), e.to_string()));
+                    refused.insert(
+                        channel_id.get(),
+                        (tokio::time::Instant::now(), e.to_string()),
+                    );
                 }
                 return Err(e);
             }

@@ -23,9 +23,8 @@ use broker::config::read_secret;
 use broker::error::ConfigError;
 use broker::ingest::Ingest;
 use broker::retry::backoff;
-use broker::{keys, Error, Result, Shutdown};
+use broker::{Error, Result, Shutdown};
 use mail_parser::MessageParser;
-use redis::AsyncCommands;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::answer::{self, Answer};
@@ -225,14 +224,7 @@ impl EmailIngest {
     }
 
     async fn cursor(&mut self, validity: u32) -> Result<Option<u32>> {
-        let key = keys::ingest_cursor(&self.bridge);
-        let saved: Option<String> = self
-            .ingest
-            .store
-            .conn
-            .get(&key)
-            .await
-            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))?;
+        let saved = self.ingest.cursor().await?;
         Ok(saved.and_then(|s| {
             let (v, uid) = s.split_once(':')?;
             (v.parse::<u32>().ok()? == validity).then(|| uid.parse().ok())?
@@ -240,15 +232,7 @@ impl EmailIngest {
     }
 
     async fn save_cursor(&mut self, validity: u32, uid: u32) -> Result<()> {
-        let key = keys::ingest_cursor(&self.bridge);
-        let _: () = self
-            .ingest
-            .store
-            .conn
-            .set(&key, format!("{validity}:{uid}"))
-            .await
-            .map_err(|e| Error::from_redis(&format!("SET {key}"), e))?;
-        Ok(())
+        self.ingest.save_cursor(&format!("{validity}:{uid}")).await
     }
 
     /// Handles every mail above the cursor (or every unseen one without a cursor).

@@ -338,7 +338,7 @@ impl<S: Sender> OutboxService<S> {
                 self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Failed(n) => {
-                if n.as_notice().status == NoticeStatus::Uncertain {
+                if n.status == NoticeStatus::Uncertain {
                     let reason = n.reason.clone();
                     self.record_uncertain(f.source, &f.entry, &f.message, None, &reason)
                         .await?;
@@ -383,7 +383,7 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(SendError::Ran(report)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(FailedNotice::ran(report))
+                Delivery::Failed(Notice::ran(report))
             }
             // Credentials stop the service before this ([`Self::stop_if_refused`]).
             Err(SendError::Transient(why) | SendError::Credentials(why)) => {
@@ -393,7 +393,7 @@ impl<S: Sender> OutboxService<S> {
                         tracing::warn!(error = %why, retry_in = ?wait, "send failed; deferred");
                         Delivery::Deferred(now + wait)
                     }
-                    Err((attempts, over)) => Delivery::Failed(FailedNotice::new(
+                    Err((attempts, over)) => Delivery::Failed(Notice::new(
                         NoticeStatus::Failed,
                         format!(
                             "gave up after {attempts} attempts over {} s: {why}",
@@ -404,11 +404,11 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(SendError::Permanent(why)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(FailedNotice::new(NoticeStatus::Failed, why))
+                Delivery::Failed(Notice::new(NoticeStatus::Failed, why))
             }
             Err(SendError::Uncertain(why)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(FailedNotice::new(
+                Delivery::Failed(Notice::new(
                     NoticeStatus::Uncertain,
                     format!("delivery uncertain, not retried: {why}"),
                 ))
@@ -447,10 +447,9 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         src: SourceId,
         entry: &Entry,
-        n: impl AsNotice,
+        n: Notice,
     ) -> Result<()> {
-        let n = n.as_notice();
-        tracing::warn!(stream = %self.sources[src].key, entry = %entry.id, reason = n.reason, "entry refused");
+        tracing::warn!(stream = %self.sources[src].key, entry = %entry.id, reason = %n.reason, "entry refused");
         self.dead_letter_only(src, entry, &n).await?;
         self.notice(src, &entry.id, Some(entry), n).await?;
         self.ack(&self.sources[src].key.clone(), &entry.id).await
@@ -460,7 +459,7 @@ impl<S: Sender> OutboxService<S> {
         &mut self,
         src: SourceId,
         entry: &Entry,
-        n: &Notice<'_>,
+        n: &Notice,
     ) -> Result<()> {
         let source = &self.sources[src];
         let mut fields: Vec<(&str, &[u8])> = vec![
@@ -499,16 +498,16 @@ impl<S: Sender> OutboxService<S> {
         src: SourceId,
         entry_id: &str,
         entry: Option<&Entry>,
-        mut n: Notice<'_>,
+        mut n: Notice,
     ) -> Result<()> {
         let source = self.sources[src].clone();
-        n.stream = &source.key;
-        n.entry_id = entry_id;
         if n.request_id.is_none() {
-            n.request_id = entry.and_then(|e| e.text("request_id"));
+            n.request_id = entry.and_then(|e| e.text("request_id")).map(str::to_string);
         }
         let inbox = keys::inbox_for(source.agent.as_deref(), &self.name);
-        self.store.xadd(&inbox, &n.fields()).await?;
+        self.store
+            .xadd(&inbox, &n.fields(&source.key, entry_id))
+            .await?;
         Ok(())
     }
 
@@ -594,67 +593,7 @@ pub(super) enum Purpose {
 pub(super) enum Delivery {
     /// Delivered: its external id, and what the send reported.
     Sent(String, Option<Report>),
-    Failed(FailedNotice),
+    Failed(Notice),
     /// Not delivered (transient): retry at this time; the entry stays pending.
     Deferred(tokio::time::Instant),
-}
-
-/// An owned notice for a failed delivery.
-pub(super) struct FailedNotice {
-    status: NoticeStatus,
-    pub(super) reason: String,
-    approval_id: Option<String>,
-    exit_code: Option<String>,
-    output: Option<String>,
-}
-
-impl FailedNotice {
-    pub(super) fn new(status: NoticeStatus, reason: impl Into<String>) -> Self {
-        FailedNotice {
-            status,
-            reason: reason.into(),
-            approval_id: None,
-            exit_code: None,
-            output: None,
-        }
-    }
-
-    /// A declared action's run, as it reported itself.
-    pub(super) fn ran(report: Report) -> Self {
-        FailedNotice {
-            status: report.status,
-            reason: report.reason,
-            approval_id: None,
-            exit_code: report.exit_code.map(|c| c.to_string()),
-            output: Some(report.output),
-        }
-    }
-
-    pub(super) fn with_approval(mut self, id: &str) -> Self {
-        self.approval_id = Some(id.to_string());
-        self
-    }
-}
-
-pub(super) trait AsNotice {
-    fn as_notice(&self) -> Notice<'_>;
-}
-
-impl AsNotice for Notice<'_> {
-    fn as_notice(&self) -> Notice<'_> {
-        self.clone()
-    }
-}
-
-impl AsNotice for FailedNotice {
-    fn as_notice(&self) -> Notice<'_> {
-        Notice {
-            status: self.status,
-            reason: &self.reason,
-            approval_id: self.approval_id.as_deref(),
-            exit_code: self.exit_code.as_deref(),
-            output: self.output.as_deref(),
-            ..Notice::default()
-        }
-    }
 }

@@ -16,7 +16,7 @@
 //!   takes a new one itself).
 
 use std::collections::HashMap;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::approval::{repo::Claim, Record};
 use crate::store::Entry;

@@ -42,14 +42,15 @@ mod surface;
 pub use crate::retry::RetryPolicy;
 
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
-use deliver::{AsNotice, Delivery, FailedNotice, Flight, Job, Purpose};
+use deliver::{Delivery, Flight, Job, Purpose};
 use incoming::Class;
 use memory::Memory;
 use source::{Kind, Source, SourceId, Sources};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use redis::AsyncCommands;
 

@@ -47,13 +47,9 @@ impl<S: Sender> OutboxService<S> {
                 if record.is_settled() {
                     return self.finish(src, entry_id, &record, None).await;
                 }
-                let n = Notice {
-                    status: NoticeStatus::Failed,
-                    reason: "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent",
-                    approval_id: Some(&id),
-                    request_id: record.request_id.as_deref(),
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Failed, "the parked entry vanished from its stream (trimmed or deleted) before it could be sent; nothing was sent")
+                    .approval(&id)
+                    .request(record.request_id.as_deref());
                 self.notice(src, entry_id, None, n).await?;
                 return self.finish(src, entry_id, &record, Some("failed")).await;
             }
@@ -136,13 +132,9 @@ impl<S: Sender> OutboxService<S> {
             if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
-                let n = Notice {
-                    status: NoticeStatus::Failed,
-                    reason: &reason,
-                    approval_id: Some(&id),
-                    request_id: message.request_id.as_deref(),
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Failed, &reason)
+                    .approval(&id)
+                    .request(message.request_id.as_deref());
                 tracing::warn!(approval = %id, reason, "approval cannot be asked");
                 self.notice(src, &entry.id, Some(entry), n).await?;
                 self.audit_failed(&id, &reason, None).await?;
@@ -320,12 +312,8 @@ impl<S: Sender> OutboxService<S> {
             };
             match why {
                 Some(reason) => {
-                    let n = Notice {
-                        status: NoticeStatus::LimitReached,
-                        reason: &reason,
-                        request_id: p.message.request_id.as_deref(),
-                        ..Notice::default()
-                    };
+                    let n = Notice::new(NoticeStatus::LimitReached, reason)
+                        .request(p.message.request_id.as_deref());
                     self.dead_letter(p.source, &p.entry, n).await?;
                 }
                 None => {

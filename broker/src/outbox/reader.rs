@@ -36,6 +36,7 @@ impl<S: Sender> OutboxService<S> {
         self.take_lease().await?;
         let mut conn = self.store.blocking().await?;
         self.recover(&mut conn).await?;
+        crate::alloc::release_freed();
         let mut reads = Some(self.spawn_reader(conn));
         systemd::ready();
         tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.mem.parked.len(), "outbox service running");
@@ -162,7 +163,12 @@ impl<S: Sender> OutboxService<S> {
         {
             let field = self.heartbeat_field();
             self.store
-                .heartbeat(&self.name, &field, self.timing.heartbeat_every * 3)
+                .heartbeat(
+                    &self.name,
+                    &field,
+                    self.timing.heartbeat_every * 3,
+                    &self.clock,
+                )
                 .await?;
             st.last_beat = Some(Instant::now());
         }
@@ -395,11 +401,7 @@ impl<S: Sender> OutboxService<S> {
         let message = match message {
             Ok(m) => m,
             Err(reason) => {
-                let n = Notice {
-                    status: NoticeStatus::Invalid,
-                    reason: &reason,
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Invalid, reason);
                 return self.dead_letter(src, &entry, n).await;
             }
         };
@@ -443,13 +445,10 @@ impl<S: Sender> OutboxService<S> {
             "handed to a worker {deliveries} times without an outcome (max_deliveries = {}); set aside as poison, not sent",
             self.bridge.max_deliveries
         );
-        let n = Notice {
-            status: NoticeStatus::Failed,
-            reason: &reason,
-            approval_id: record.map(|r| r.id.as_str()),
-            request_id: record.and_then(|r| r.request_id.as_deref()),
-            ..Notice::default()
-        };
+        let mut n = Notice::new(NoticeStatus::Failed, reason);
+        if let Some(r) = record {
+            n = n.approval(&r.id).request(r.request_id.as_deref());
+        }
         let Some(record) = record else {
             return self.dead_letter(src, entry, n).await;
         };

@@ -29,13 +29,8 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
-            let n = Notice {
-                status: NoticeStatus::Failed,
-                reason: "the approval record disappeared; not sent",
-                approval_id: Some(&id),
-                ..Notice::default()
-            };
-            let reason = n.reason;
+            let reason = "the approval record disappeared; not sent";
+            let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
             self.notice(src, &parked.entry_id, None, n).await?;
             self.audit_failed(&id, reason, None).await?;
             self.ack(&self.sources[src].key.clone(), &parked.entry_id)
@@ -72,14 +67,12 @@ impl<S: Sender> OutboxService<S> {
                     State::Expired => NoticeStatus::Expired,
                     _ => NoticeStatus::Rejected,
                 };
-                let n = Notice {
-                    status,
-                    reason,
-                    approval_id: Some(&id),
-                    approver: (state == State::Rejected).then(|| record.approver()),
-                    request_id: record.request_id.as_deref(),
-                    ..Notice::default()
-                };
+                let mut n = Notice::new(status, reason)
+                    .approval(&id)
+                    .request(record.request_id.as_deref());
+                if state == State::Rejected {
+                    n = n.approver(record.approver());
+                }
                 self.notice(src, &parked.entry_id, None, n).await?;
                 if state == State::Expired {
                     let expired = self
@@ -103,13 +96,8 @@ impl<S: Sender> OutboxService<S> {
         let key = self.sources[src].key.clone();
         let id = record.id.clone();
         let Some(entry) = self.store.entry(&key, entry_id).await? else {
-            let n = Notice {
-                status: NoticeStatus::Failed,
-                reason: "the entry was deleted from its stream before delivery",
-                approval_id: Some(&id),
-                ..Notice::default()
-            };
-            let reason = n.reason;
+            let reason = "the entry was deleted from its stream before delivery";
+            let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
             self.notice(src, entry_id, None, n).await?;
             self.audit_failed(&id, reason, None).await?;
             return self.finish(src, entry_id, &record, Some("failed")).await;
@@ -125,12 +113,7 @@ impl<S: Sender> OutboxService<S> {
         if !sealed {
             let reason = "marked approved without this bridge's seal (not decided through the broker); not sent";
             tracing::error!(approval = %id, "{reason}");
-            let n = Notice {
-                status: NoticeStatus::Failed,
-                reason,
-                approval_id: Some(&id),
-                ..Notice::default()
-            };
+            let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
             self.notice(src, entry_id, Some(&entry), n).await?;
             self.audit_failed(&id, reason, None).await?;
             return self.finish(src, entry_id, &record, Some("failed")).await;
@@ -163,12 +146,7 @@ impl<S: Sender> OutboxService<S> {
         let message = match checked {
             Ok(m) => m,
             Err(reason) => {
-                let n = Notice {
-                    status: NoticeStatus::Failed,
-                    reason: &reason,
-                    approval_id: Some(&id),
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Failed, &reason).approval(&id);
                 self.dead_letter_only(src, &entry, &n).await?;
                 self.notice(src, entry_id, Some(&entry), n).await?;
                 self.audit_failed(&id, &reason, None).await?;
@@ -249,17 +227,10 @@ impl<S: Sender> OutboxService<S> {
                 self.audit(&[delivered]).await?;
                 // A declared action tells the agent how its run went.
                 if let Some(r) = report {
-                    let exit_code = r.exit_code.map(|c| c.to_string());
-                    let n = Notice {
-                        status: r.status,
-                        reason: &r.reason,
-                        approval_id: Some(&id),
-                        approver: Some(record.approver()),
-                        request_id: record.request_id.as_deref(),
-                        exit_code: exit_code.as_deref(),
-                        output: Some(&r.output),
-                        ..Notice::default()
-                    };
+                    let n = Notice::ran(r)
+                        .approval(&id)
+                        .approver(record.approver())
+                        .request(record.request_id.as_deref());
                     self.notice(src, &entry_id, Some(&f.entry), n).await?;
                 }
                 // Sent, but not as the agent wrote it: the agent must know.
@@ -270,35 +241,32 @@ impl<S: Sender> OutboxService<S> {
                         record.message_sha256
                     );
                     let n = Notice {
-                        status: NoticeStatus::Edited,
-                        reason: &reason,
-                        approval_id: Some(&id),
-                        approver: Some(record.approver()),
-                        request_id: record.request_id.as_deref(),
-                        original_sha256: Some(original),
-                        sent_sha256: Some(&record.message_sha256),
-                        ..Notice::default()
+                        original_sha256: Some(original.clone()),
+                        sent_sha256: Some(record.message_sha256.clone()),
+                        ..Notice::new(NoticeStatus::Edited, reason)
+                            .approval(&id)
+                            .approver(record.approver())
+                            .request(record.request_id.as_deref())
                     };
                     self.notice(src, &entry_id, Some(&f.entry), n).await?;
                 }
                 self.finish(src, &entry_id, &record, Some("approved"))
                     .await?;
             }
-            Delivery::Failed(failed) => {
-                let failed = failed.with_approval(&id);
-                let n = failed.as_notice();
+            Delivery::Failed(n) => {
+                let n = n.approval(&id);
                 self.dead_letter_only(src, &f.entry, &n).await?;
                 if n.status == NoticeStatus::Uncertain {
-                    self.record_uncertain(src, &f.entry, &f.message, Some(&id), n.reason)
+                    self.record_uncertain(src, &f.entry, &f.message, Some(&id), &n.reason)
                         .await?;
                 } else {
-                    self.audit_failed(&id, n.reason, Some(n.status.as_str()))
+                    self.audit_failed(&id, &n.reason, Some(n.status.as_str()))
                         .await?;
                 }
-                self.notice(src, &entry_id, Some(&f.entry), n.clone())
-                    .await?;
+                let status = n.status;
+                self.notice(src, &entry_id, Some(&f.entry), n).await?;
                 // `uncertain` is shown as such: the message may have gone out.
-                self.finish(src, &entry_id, &record, Some(n.status.as_str()))
+                self.finish(src, &entry_id, &record, Some(status.as_str()))
                     .await?;
             }
             Delivery::Deferred(due) => {

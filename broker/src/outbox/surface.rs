@@ -167,12 +167,7 @@ impl<S: Sender> OutboxService<S> {
         let (record, message) = match self.check_notification(entry, &id).await? {
             Ok(checked) => checked,
             Err(reason) => {
-                let n = Notice {
-                    status: NoticeStatus::Invalid,
-                    reason: &reason,
-                    approval_id: Some(&id),
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Invalid, reason).approval(&id);
                 return self.dead_letter(src, entry, n).await;
             }
         };
@@ -190,7 +185,7 @@ impl<S: Sender> OutboxService<S> {
                 &reason,
             )
             .await?;
-            let n = FailedNotice::new(NoticeStatus::Failed, reason).with_approval(&id);
+            let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
             return self.dead_letter(src, entry, n).await;
         }
         let stream = self.sources[src].key.clone();
@@ -269,8 +264,7 @@ impl<S: Sender> OutboxService<S> {
                     &n.reason,
                 )
                 .await?;
-                self.dead_letter(src, &f.entry, n.with_approval(&id))
-                    .await?;
+                self.dead_letter(src, &f.entry, n.approval(&id)).await?;
                 self.clear_in_flight(&[&key]).await?;
                 self.forget_taken_mark(&gate, &key).await?;
             }
@@ -445,11 +439,7 @@ impl<S: Sender> OutboxService<S> {
             (reason, _) => {
                 let reason = reason.unwrap_or_default();
                 tracing::warn!(approval = %id, reason, "forged outcome refused");
-                let n = Notice {
-                    status: NoticeStatus::Invalid,
-                    reason: &reason,
-                    ..Notice::default()
-                };
+                let n = Notice::new(NoticeStatus::Invalid, reason);
                 return self.dead_letter(src, entry, n).await;
             }
         };

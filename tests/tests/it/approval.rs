@@ -301,18 +301,28 @@ async fn rejection_reaches_the_agent_with_its_reason() {
 }
 
 /// `timeout = 1`: the approval expires into a notice; a late ✅ changes nothing
-/// but its map entry is dropped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// but its map entry is dropped. On paused time: no notice before the
+/// deadline, one as soon as it passes.
+#[tokio::test(start_paused = true)]
 async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
+    use broker::config::Service;
+    let time = harness::Frozen::hold();
     let d = Deployment::new(&approval_config(1));
-    let outbox = d.spawn("outbox", "mail");
-    let desk = d.spawn("outbox", "desk");
+    let timing = broker::timing::Timing::default();
+    let outbox = d.run_paused::<console::Console>(Service::Outbox, "mail", timing);
+    let desk = d.run_paused::<console::Console>(Service::Outbox, "desk", timing);
     agent_sends(&d, "too slow", "r9").await;
     let (id, external) = notification(&d, 0).await;
-    let notice = wait_until("an expiry notice", Duration::from_secs(10), || async {
-        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
-    })
-    .await;
+    time.advance(Duration::from_millis(500)).await;
+    assert!(
+        inbox_notices(&d, "ann:mail:inbox").await.is_empty(),
+        "expired half-way to its deadline"
+    );
+    let notice = time
+        .advance_until("an expiry notice", Duration::from_secs(3), || async {
+            inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+        })
+        .await;
     assert_eq!(notice["status"], "expired");
     assert_eq!(notice["approval_id"], id);
     assert!(notice["reason"].contains("1 seconds"));
@@ -352,15 +362,18 @@ async fn expiry_gives_a_notice_and_late_answers_are_ignored() {
 
 /// A late ✅ on a record that is past its deadline but not yet settled is ignored:
 /// the deadline is read before the status.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn answers_after_the_deadline_do_not_count() {
-    // 3 s: long enough that a loaded machine still finds the record unsettled
-    // when the requesting service is stopped; the answer's own clock then
-    // stands past the deadline, so nothing waits for it.
+    use broker::config::Service;
+    // On paused time, so the record is still unsettled when the requesting
+    // service is stopped however loaded the machine; the answer's own clock
+    // then stands past the deadline.
+    let time = harness::Frozen::hold();
     let d = Deployment::new(&approval_config(3));
-    let desk = d.spawn("outbox", "desk");
+    let timing = broker::timing::Timing::default();
+    let desk = d.run_paused::<console::Console>(Service::Outbox, "desk", timing);
     // No requesting service runs after parking, so nothing settles the record.
-    let outbox = d.spawn("outbox", "mail");
+    let outbox = d.run_paused::<console::Console>(Service::Outbox, "mail", timing);
     agent_sends(&d, "late", "r").await;
     let (id, external) = notification(&d, 0).await;
     outbox.crash();
@@ -389,11 +402,12 @@ async fn answers_after_the_deadline_do_not_count() {
         .await
         .contains_key(&external));
     // The restarted service settles it as expired, never as approved.
-    let outbox = d.spawn("outbox", "mail");
-    let notice = wait_until("an expiry notice", SOON, || async {
-        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
-    })
-    .await;
+    let outbox = d.run_paused::<console::Console>(Service::Outbox, "mail", timing);
+    let notice = time
+        .advance_until("an expiry notice", Duration::from_secs(5), || async {
+            inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+        })
+        .await;
     assert_eq!(notice["status"], "expired");
     outbox.stop().await.unwrap();
     desk.stop().await.unwrap();
@@ -670,14 +684,30 @@ async fn the_outbox_survives_a_redis_restart() {
     );
 }
 
-/// Waiting costs the same whatever is parked: with 300 parked entries, an idle
-/// outbox sends Redis a handful of commands over six seconds (one blocking read
-/// per wake-up, a heartbeat), not one per parked entry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// Waiting costs the same whatever is parked: over five sweep periods of an
+/// idle outbox (on paused time: two and a half minutes of the services'
+/// time), 300 parked entries cost Redis at most one sweep slice (64 record
+/// reads) more than 150 do: each sweep re-reads one slice, round robin, and
+/// the rest is beats, lease renewals and takeover checks. A command per
+/// parked entry and period would be 750 more.
+#[tokio::test(start_paused = true)]
 async fn idle_cost_does_not_grow_with_parked_entries() {
+    let time = harness::Frozen::hold();
+    let few = idle_commands(&time, 150).await;
+    let many = idle_commands(&time, 300).await;
+    assert!(
+        many <= few + 64,
+        "idle commands over five sweep periods: {few} with 150 parked, {many} with 300"
+    );
+}
+
+/// Commands an idle requester and its surface send Redis over five sweep
+/// periods, with `parked` approvals waiting (all shown).
+async fn idle_commands(time: &harness::Frozen, parked: usize) -> u64 {
+    use broker::config::Service;
     let d = Deployment::new(&approval_config(0));
     let mut store = d.store().await;
-    for i in 0..300 {
+    for i in 0..parked {
         store
             .xadd(
                 "ann:mail:outbox",
@@ -689,31 +719,25 @@ async fn idle_cost_does_not_grow_with_parked_entries() {
             .await
             .unwrap();
     }
-    let outbox = d.spawn("outbox", "mail");
-    wait_until("300 parked and notified", SOON, || {
-        let mut store = store.clone();
-        async move {
-            let ids = approval::list_ids(&mut store).await.unwrap();
-            let mut notified = 0;
-            for id in &ids {
-                notified += hash(&mut store, &keys::approval(id))
-                    .await
-                    .contains_key("notified") as usize;
-            }
-            (notified == 300).then_some(())
-        }
+    let timing = broker::timing::Timing::default();
+    let services = [
+        d.run_paused::<console::Console>(Service::Outbox, "mail", timing),
+        d.run_paused::<console::Console>(Service::Outbox, "desk", timing),
+    ];
+    wait_until("every approval notified", SOON, || async {
+        (d.delivered("desk.out").len() == parked).then_some(())
     })
     .await;
-    // Count over more than one wake-up (the longest block is 5 s).
+    // The batched marks and the first sweep go by before counting.
+    time.advance(timing.sweep_every + Duration::from_secs(5))
+        .await;
     let before = commands_processed(&mut store).await;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    time.advance(timing.sweep_every * 5).await;
     let during = commands_processed(&mut store).await - before;
-    outbox.stop().await.unwrap();
-    // Our own INFO call counts once; the outbox blocks at most 5 s per read.
-    assert!(
-        during <= 12,
-        "{during} commands while idle with 300 parked entries"
-    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    during
 }
 
 /// With deliveries side by side (`max_in_flight = 8`, each send taking 50 ms),

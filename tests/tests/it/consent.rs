@@ -460,20 +460,18 @@ async fn a_vanished_parked_entry_is_settled_as_failed_at_start_up() {
     assert!(d.delivered("mail.out").is_empty());
 }
 
-/// The same while the outbox runs: the periodic sweep (every 30 s, every
-/// 300 ms here) finds the parked entry gone from its stream and settles it as
-/// failed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// The same while the outbox runs: the periodic sweep (every 30 s, on
+/// paused time) finds the parked entry gone from its stream and settles it as
+/// failed; not before the sweep is due.
+#[tokio::test(start_paused = true)]
 async fn a_vanished_parked_entry_is_settled_as_failed_by_the_sweep() {
+    let time = harness::Frozen::hold();
     let d = Deployment::new(&approval_config(3600));
-    let often = broker::timing::Timing {
-        sweep_every: std::time::Duration::from_millis(300),
-        ..Default::default()
-    };
+    let timing = broker::timing::Timing::default();
     let outbox = broker::config::Service::Outbox;
     let services = [
-        d.spawn("outbox", "desk"),
-        d.run_timed::<console::Console>(outbox, "mail", often),
+        d.run_paused::<console::Console>(outbox, "desk", timing),
+        d.run_paused::<console::Console>(outbox, "mail", timing),
     ];
     agent_sends(&d, "first", "r-first").await;
     let (id, _) = notification(&d, 0).await;
@@ -483,10 +481,18 @@ async fn a_vanished_parked_entry_is_settled_as_failed_by_the_sweep() {
         .query_async(&mut store.conn)
         .await
         .unwrap();
-    let notice = wait_until("a failure notice from the sweep", SOON, || async {
-        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
-    })
-    .await;
+    time.advance(timing.sweep_every / 2).await;
+    assert!(
+        inbox_notices(&d, "ann:mail:inbox").await.is_empty(),
+        "settled before the sweep was due"
+    );
+    let notice = time
+        .advance_until(
+            "a failure notice from the sweep",
+            timing.sweep_every,
+            || async { inbox_notices(&d, "ann:mail:inbox").await.into_iter().next() },
+        )
+        .await;
     assert_eq!(notice["status"], "failed");
     assert_eq!(notice["approval_id"], id);
     gone(&store, &id).await;

@@ -1071,17 +1071,27 @@ async fn a_delivery_that_never_stops_failing_is_dead_lettered() {
     assert_eq!(fake.with(|r| r.rate_limited), 3);
 }
 
-/// A destination answering 429 for a whole minute holds up nothing else: all
-/// the while, an approval on another destination goes from the approver's
-/// reaction to its delivery in under a second, and the outbox keeps beating.
-/// The stalled entry, approved before the 429s began, is delivered once they
-/// stop (the wait grows to the backoff's 30 s cap).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// A destination answering 429 for a whole minute holds up nothing else, on
+/// paused time (the outbox runs in the test on tokio's clock, held still
+/// between the test's steps). All the while, an approval on another
+/// destination goes from the approver's reaction to its delivery with that
+/// clock standing still: no timer of any length stands between them. The
+/// stalled destination is tried again only on its growing backoff (a handful
+/// of attempts in the minute, not one per round), the outbox keeps beating,
+/// and the stalled entry, approved before the 429s began, is delivered once
+/// they stop (the wait grows to the backoff's 30 s cap). The minute and a
+/// half of the service's time take a few seconds of the test's.
+#[tokio::test(start_paused = true)]
 async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
     const QUIET: u64 = 444_444_444_444_444_444;
+    let time = harness::Frozen::hold();
     let fake = FakeDiscord::start(&[TALK, OPS, QUIET]).await;
     let d = deployment(&fake, GATED, "");
-    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _outbox = d.run_paused::<discord::Discord>(
+        broker::config::Service::Outbox,
+        "dc",
+        broker::timing::Timing::default(),
+    );
     let _ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let store = d.store().await;
@@ -1100,12 +1110,19 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
                 .unwrap();
         }
     };
+    let attempts = || fake.with(|r| r.rate_limited_on.get(&QUIET).copied().unwrap_or(0));
     send(QUIET, "stalled".into()).await;
     let first = card(&fake, 0).await;
     answerable(&d, first.id).await;
     fake.rate_limit_channel_for(QUIET, Duration::from_secs(60));
-    let window = std::time::Instant::now();
+    let began = tokio::time::Instant::now();
     fake.user_reaction(OPS, first.id, APPROVER, "✅");
+    wait_until(
+        "the first attempt on the stalled destination",
+        PLATFORM_SOON,
+        || async { (attempts() > 0).then_some(()) },
+    )
+    .await;
     let beat = || {
         let mut store = store.clone();
         async move {
@@ -1116,52 +1133,47 @@ async fn a_destination_rate_limited_for_a_minute_delays_nothing_else() {
     };
     let first_beat = beat().await;
     let mut rounds = 0;
-    while window.elapsed() < Duration::from_secs(55) {
-        // One round per failed attempt on the stalled destination, so rounds
-        // spread over the whole minute as its backoff grows.
-        let limited = fake.with(|r| r.rate_limited_on.get(&QUIET).copied().unwrap_or(0));
+    while began.elapsed() < Duration::from_secs(58) {
         rounds += 1;
         let content = format!("round {rounds}");
         send(TALK, content.clone()).await;
         let card = card(&fake, rounds).await;
         answerable(&d, card.id).await;
-        let reacted = std::time::Instant::now();
         fake.user_reaction(OPS, card.id, APPROVER, "✅");
+        // tokio's clock does not move here: were any wait needed on the way
+        // (a backoff, a queue behind the stalled destination), this would
+        // time out.
         wait_until("the approved delivery", PLATFORM_SOON, || async {
             fake.with(|r| contents(r, TALK).contains(&content).then_some(()))
         })
         .await;
-        let took = reacted.elapsed();
-        assert!(
-            took < Duration::from_secs(1),
-            "round {rounds}: reaction to delivery took {took:?} while another destination was rate limited"
-        );
-        wait_until(
-            "another attempt on the stalled destination",
-            PLATFORM_SOON,
-            || async {
-                fake.with(|r| {
-                    (r.rate_limited_on.get(&QUIET).copied().unwrap_or(0) > limited
-                        || window.elapsed() >= Duration::from_secs(55))
-                    .then_some(())
-                })
-            },
-        )
-        .await;
+        time.advance(Duration::from_secs(2)).await;
     }
-    assert!(rounds >= 5, "only {rounds} rounds in the minute");
+    assert!(rounds >= 25, "only {rounds} rounds in the minute");
     assert!(contents_of(&fake, QUIET).is_empty(), "still rate limited");
+    // From 200 ms doubling: attempts at about 0, 0.4, 1.2, 2.8, 6, 12.4,
+    // 25.2 and 50.8 s. One attempt per round would be 29 or more.
+    let in_the_minute = attempts();
+    assert!(
+        (6..=10).contains(&in_the_minute),
+        "{in_the_minute} attempts on the stalled destination in the minute"
+    );
     let later_beat = beat().await;
     assert!(
         later_beat >= first_beat + 40,
         "heartbeats went on: {first_beat} then {later_beat}"
     );
-    wait_until(
+    time.advance_until(
         "the stalled delivery after the 429s",
         Duration::from_secs(45),
         || async { (contents_of(&fake, QUIET) == ["stalled"]).then_some(()) },
     )
     .await;
+    assert_eq!(
+        attempts(),
+        in_the_minute,
+        "no attempt after the minute failed"
+    );
     assert!(stream(&mut store.clone(), "dc:dead").await.is_empty());
 }
 
