@@ -70,7 +70,6 @@ impl Ingest {
         &self.config
     }
 
-    /// This bridge's name.
     /// Where this ingest stopped reading its platform, as the bridge wrote it
     /// with [`Self::save_cursor`]; `None` on a first start.
     pub async fn cursor(&mut self) -> Result<Option<String>> {
@@ -90,6 +89,7 @@ impl Ingest {
             .map_err(|e| crate::Error::from_redis(&format!("SET {key}"), e))
     }
 
+    /// This bridge's name.
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -351,17 +351,14 @@ async fn main() {
     // Restart: a new process, timed to READY=1 (recovered, blocked in its
     // read); a decision made at once on the newest parked entry (the last one
     // recovery reaches), timed to its delivery; then a new entry's notification.
-    let newest: Vec<String> = redis::cmd("ZRANGE")
-        .arg("mail:pending")
-        .arg(-1)
-        .arg(-1)
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    let newest = newest_parked(&mut store).await;
     mail.stop();
     let notify = d.path("notify.sock");
     let _ = std::fs::remove_file(&notify);
     let socket = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
     let start = Instant::now();
     let ready = std::thread::spawn(move || {
         let mut buf = [0u8; 512];
@@ -382,7 +379,7 @@ async fn main() {
             .spawn()
             .unwrap(),
     );
-    decide(&d, &newest[0]).await;
+    decide(&d, &newest).await;
     let served = start.elapsed();
     let ready = ready.join().unwrap();
     let before = entries_read(&mut store, "desk:outbox", "desk-outbox").await;
@@ -439,6 +436,53 @@ async fn idle_cpu() {
         "CPU of each idle service over {secs} s: {} (target < 1 % each)",
         shares.join(", ")
     );
+}
+
+/// The parked approval of the newest entry on mail's outbox: the pending
+/// index is scored in whole seconds, so the last second's are compared by
+/// their entry ids.
+async fn newest_parked(store: &mut Store) -> String {
+    let last: Vec<String> = redis::cmd("ZRANGE")
+        .arg("mail:pending")
+        .arg("+inf")
+        .arg("-inf")
+        .arg("BYSCORE")
+        .arg("REV")
+        .arg("LIMIT")
+        .arg(0)
+        .arg(1)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let second: f64 = redis::cmd("ZSCORE")
+        .arg("mail:pending")
+        .arg(&last[0])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let candidates: Vec<String> = redis::cmd("ZRANGE")
+        .arg("mail:pending")
+        .arg(second)
+        .arg(second)
+        .arg("BYSCORE")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let mut newest = (String::new(), (0u64, 0u64));
+    for id in candidates {
+        let entry: String = redis::cmd("HGET")
+            .arg(broker::keys::approval(&id))
+            .arg("entry_id")
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+        let (ms, seq) = entry.split_once('-').unwrap();
+        let at = (ms.parse().unwrap(), seq.parse().unwrap());
+        if at > newest.1 {
+            newest = (id, at);
+        }
+    }
+    newest.0
 }
 
 /// User and system CPU time of a process so far, in clock ticks.

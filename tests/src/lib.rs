@@ -486,7 +486,9 @@ impl Deployment {
         let (trigger, shutdown) = Shutdown::new();
         let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
         launch.timing = timing;
-        launch.clock = broker::Clock::starting_at(broker::now_secs_f64());
+        // A whole second, as deadlines are written in whole seconds: a
+        // deadline `timeout` away is then exactly that much tokio time away.
+        launch.clock = broker::Clock::starting_at(broker::now_secs() as f64);
         let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
         Running { trigger, task }
     }

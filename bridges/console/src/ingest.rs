@@ -64,11 +64,17 @@ pub fn verdict_of(emoji: &str) -> Option<Verdict> {
 
 /// Follows the input file until shutdown.
 pub async fn follow(mut ingest: Ingest, input: PathBuf, shutdown: Shutdown) -> Result<()> {
-    let mut offset: u64 = ingest
-        .cursor()
-        .await?
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let mut offset: u64 = match ingest.cursor().await? {
+        None => 0,
+        // Never read from the start again because of a bad cursor: that
+        // would carry every line twice.
+        Some(c) => c.parse().map_err(|_| {
+            broker::Error::internal(format!(
+                "the saved input offset {c:?} is not a number; delete {} to read the file from the start",
+                broker::keys::ingest_cursor(ingest.name())
+            ))
+        })?,
+    };
     let watched = watch(&input);
     if watched.is_none() {
         tracing::warn!(input = %input.display(), "the input file cannot be watched; polling it every 100 ms");
