@@ -466,9 +466,20 @@ impl Deployment {
         name: &str,
         timing: broker::timing::Timing,
     ) -> Running {
+        self.launch::<B>(service, name, timing, broker::Clock::system())
+    }
+
+    fn launch<B: broker::bridge::Bridge>(
+        &self,
+        service: broker::config::Service,
+        name: &str,
+        timing: broker::timing::Timing,
+        clock: broker::Clock,
+    ) -> Running {
         let (trigger, shutdown) = Shutdown::new();
         let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
         launch.timing = timing;
+        launch.clock = clock;
         let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
         Running { trigger, task }
     }
@@ -483,14 +494,10 @@ impl Deployment {
         name: &str,
         timing: broker::timing::Timing,
     ) -> Running {
-        let (trigger, shutdown) = Shutdown::new();
-        let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
-        launch.timing = timing;
         // A whole second, as deadlines are written in whole seconds: a
         // deadline `timeout` away is then exactly that much tokio time away.
-        launch.clock = broker::Clock::starting_at(broker::now_secs() as f64);
-        let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
-        Running { trigger, task }
+        let clock = broker::Clock::starting_at(broker::now_secs() as f64);
+        self.launch::<B>(service, name, timing, clock)
     }
 
     /// Runs a console service (`outbox`, `ingest` or `ping`) of bridge `name` as a task.
