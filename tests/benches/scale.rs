@@ -54,18 +54,22 @@ async fn fill(store: &mut Store, n: usize) {
 
 /// Waits until `n` entries are parked and each notification was shown.
 async fn parked(store: &mut Store, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let count: usize = redis::cmd("ZCARD")
             .arg("mail:pending")
             .query_async(&mut store.conn)
             .await
             .unwrap();
-        if count >= n
-            && entries_read(store, "desk:outbox", "desk-outbox").await >= n
-            && pending(store, "desk:outbox", "desk-outbox").await == 0
-        {
+        let read = entries_read(store, "desk:outbox", "desk-outbox").await;
+        let waiting = pending(store, "desk:outbox", "desk-outbox").await;
+        if count >= n && read >= n && waiting == 0 {
             return;
         }
+        assert!(
+            Instant::now() < deadline,
+            "{n} not parked and shown within 300 s: {count} parked, desk read {read}, {waiting} pending there"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -636,6 +636,11 @@ impl<'a> Approvals<'a> {
 
     /// The content bytes each of `agents`' pending approvals on `bridge` hold in all.
     pub async fn parked_bytes(&mut self, bridge: &str, agents: &[&str]) -> Result<Vec<u64>> {
+        // redis-rs refuses an empty pipeline ("empty command"): a batch from
+        // the flat stream alone names no agent.
+        if agents.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
         for a in agents {
             pipe.hvals(keys::agent_pending_bytes(bridge, a));

@@ -201,6 +201,36 @@ async fn approved_by_an_approver_is_delivered_once() {
     );
 }
 
+/// An entry on the flat outbox (no agent) is parked, asked and delivered like
+/// an agent's: a batch from the flat stream alone names no agent, which once
+/// sent Redis an empty pipeline and stopped the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flat_stream_entry_is_parked_and_approved() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = approval_services(&d);
+    let mut store = d.store().await;
+    store
+        .xadd(
+            &keys::outbox("mail"),
+            &[
+                ("channel_id", b"bob@example.org"),
+                ("content", b"from the flat stream"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (_, external) = notification(&d, 0).await;
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("delivery on mail.out", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "from the flat stream");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// ✅ from someone not on the approvers list changes nothing; the real approver
 /// can still decide afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
