@@ -60,27 +60,23 @@ impl<S: Sender> OutboxService<S> {
             self.mem.sched.queue_behind(&channel, PLAIN_LANE, key, job);
             return Ok(());
         }
-        // This is now the destination's current delivery.
+        // This is now the destination's current delivery; it starts once
+        // marked, with the rest of the batch.
         self.mem.sched.hold(&channel);
-        let prior = self.mark_in_flight(&stream, &entry.id, &key).await?;
-        if prior == inflight::Prior::NotMine {
-            // Taken over while this worker was away: the taker delivers it.
-            tracing::warn!(entry = %entry.id, "not sent: the entry was taken over by another worker");
-            let channel = message.channel_id.clone();
-            return self.start_next(&channel).await;
-        }
-        let (gate, retry) = self.gate_for(prior, retry && S::DEDUPLICATES);
         let flight = Flight {
             source: src,
             entry: entry.clone(),
             message: message.clone(),
-            retry,
+            retry: retry && S::DEDUPLICATES,
             key,
             purpose: Purpose::Plain,
-            gate,
+            gate: Gate::Mine(self.worker.clone()),
             fenced: false,
         };
-        self.take_off(flight);
+        self.mem.to_mark.push(Unmarked {
+            flight,
+            card: false,
+        });
         Ok(())
     }
 
@@ -260,6 +256,9 @@ impl<S: Sender> OutboxService<S> {
 
     async fn drain_all(&mut self) -> Result<()> {
         loop {
+            // What finished sends released is marked and started too: a
+            // drain ends with nothing queued, held or under way.
+            self.flush_marks().await?;
             self.launch_ready();
             let Some(joined) = self.mem.flights.join_next().await else {
                 self.flush_shown().await?;

@@ -31,6 +31,9 @@
 //!   it marks, so a worker that stalled anywhere between reading an entry and
 //!   its platform call (a pause, a deferred retry) sends nothing once taken
 //!   over, even if the taker has finished and cleared its mark.
+//! - The marks of a batch's sends are taken together ([`Unmarked`], one
+//!   pipelined round trip), each by the same script as alone; no send of the
+//!   batch starts before its own mark is answered.
 //! - The two scripts name two keys (the in-flight hash and the entry's stream):
 //!   on Redis Cluster they need one slot, which the key layout does not give
 //!   yet.
@@ -107,6 +110,17 @@ static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(GATE));
 static CLEAR_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CLEAR));
+
+/// A send waiting for its in-flight mark, taken with the rest of its batch
+/// ([`OutboxService::flush_marks`]): one round trip a batch instead of one a
+/// send, during which the loop did nothing else.
+pub(super) struct Unmarked {
+    /// Its `gate` is set once marked; its `retry` is what the gate starts from.
+    pub(super) flight: Flight,
+    /// An approval card, whose taken-over mark means show it again; otherwise
+    /// a plain delivery, left to the worker that took it over.
+    pub(super) card: bool,
+}
 
 /// What marking a delivery found before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,19 +211,110 @@ impl<S: Sender> OutboxService<S> {
         entry_id: &str,
         delivery_key: &str,
     ) -> Result<Prior> {
+        let mut priors = self.mark_many(&[(stream, entry_id, delivery_key)]).await?;
+        priors
+            .pop()
+            .ok_or_else(|| Error::internal("marking a delivery answered nothing"))
+    }
+
+    /// Marks deliveries `(stream, entry id, delivery key)` in one round trip.
+    async fn mark_many(&mut self, marks: &[(&str, &str, &str)]) -> Result<Vec<Prior>> {
+        if marks.is_empty() {
+            return Ok(Vec::new());
+        }
         let key = keys::in_flight(&self.name);
-        let previous: String = MARK_SCRIPT
-            .key(&key)
-            .key(stream)
-            .arg(delivery_key)
-            .arg(&self.worker)
-            .arg(&self.group)
-            .arg(&self.consumer)
-            .arg(entry_id)
-            .invoke_async(&mut self.store.conn)
+        let invocations: Vec<_> = marks
+            .iter()
+            .map(|(stream, entry_id, delivery_key)| {
+                let mut inv = MARK_SCRIPT.key(&key);
+                inv.key(*stream)
+                    .arg(*delivery_key)
+                    .arg(&self.worker)
+                    .arg(&self.group)
+                    .arg(&self.consumer)
+                    .arg(*entry_id);
+                inv
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.load_script(&MARK_SCRIPT).ignore();
+        for inv in &invocations {
+            pipe.invoke_script(inv);
+        }
+        let previous: Vec<String> = pipe
+            .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
-        Ok(Prior::parse(&previous, &self.worker))
+        Ok(previous
+            .iter()
+            .map(|p| Prior::parse(p, &self.worker))
+            .collect())
+    }
+
+    /// Takes the marks of the sends queued since the last call, together,
+    /// and starts each as its mark allows (see [`Unmarked`]).
+    pub(super) async fn flush_marks(&mut self) -> Result<()> {
+        // Releasing a destination can queue the next send to it: go on
+        // until none is left.
+        while !self.mem.to_mark.is_empty() {
+            let queued = std::mem::take(&mut self.mem.to_mark);
+            let streams: Vec<String> = queued
+                .iter()
+                .map(|u| self.sources[u.flight.source].key.clone())
+                .collect();
+            let marks: Vec<(&str, &str, &str)> = queued
+                .iter()
+                .zip(&streams)
+                .map(|(u, stream)| {
+                    let f = &u.flight;
+                    (stream.as_str(), f.entry.id.as_str(), f.key.as_str())
+                })
+                .collect();
+            let priors = match self.mark_many(&marks).await {
+                Ok(p) => p,
+                Err(e) => {
+                    // Kept (their destinations are held for them): the error's
+                    // drain marks them again, or forgets them with the holds.
+                    drop(marks);
+                    self.mem.to_mark = queued;
+                    return Err(e);
+                }
+            };
+            for (u, prior) in queued.into_iter().zip(priors) {
+                self.start_marked(u, prior).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn start_marked(&mut self, u: Unmarked, prior: Prior) -> Result<()> {
+        let mut flight = u.flight;
+        if prior == Prior::NotMine {
+            if let Purpose::Notification { record, .. } = &flight.purpose {
+                tracing::warn!(approval = %record.id, "card not shown: the notification was taken over by another worker");
+                self.mem.sched.end(&flight.key);
+                return Ok(());
+            }
+            tracing::warn!(entry = %flight.entry.id, "not sent: the entry was taken over by another worker");
+            // The taker delivers it; what waited behind it here goes on.
+            let channel = flight.message.channel_id.clone();
+            return self.start_next(&channel).await;
+        }
+        (flight.gate, flight.retry) = match prior {
+            // Another worker may have shown it and may still: a card cannot be
+            // proven absent, and an unasked approval helps nobody, so it is
+            // shown again (a retry, deduplicated where the sender can). Two
+            // cards of one approval answer the same approval.
+            Prior::Taken(by) if u.card => (Gate::Repeat(by), true),
+            prior => self.gate_for(prior, flight.retry),
+        };
+        if u.card {
+            // Shown beside the loop; scheduled until its outcome is recorded.
+            self.dispatch(flight);
+        } else {
+            self.take_off(flight);
+        }
+        Ok(())
     }
 
     /// Drops the marks left behind for entries no longer pending (see

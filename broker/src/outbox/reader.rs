@@ -212,6 +212,8 @@ impl<S: Sender> OutboxService<S> {
             self.retain().await?;
             st.last_retain = Instant::now();
         }
+        // Last, so nothing queued this turn waits through the next one's block.
+        self.flush_marks().await?;
         Ok(Turn::Go)
     }
 

@@ -11,7 +11,7 @@
 //!   settled with that outcome and names this bridge, and the card's text is
 //!   built from the record. Then the record is deleted.
 
-use super::inflight::{Gate, Prior};
+use super::inflight::Gate;
 use super::*;
 use crate::approval::repo::{ClaimRequest, Claimed};
 
@@ -191,23 +191,10 @@ impl<S: Sender> OutboxService<S> {
         let stream = self.sources[src].key.clone();
         let key = delivery_key(&stream, &entry.id);
         // Fenced like every send: a worker that stalled before its platform
-        // call shows nothing once another took the entry over.
-        let prior = self.mark_in_flight(&stream, &entry.id, &key).await?;
-        let (gate, retry) = match prior {
-            Prior::NotMine => {
-                tracing::warn!(approval = %id, "card not shown: the notification was taken over by another worker");
-                return Ok(());
-            }
-            // Another worker may have shown it and may still: a card cannot be
-            // proven absent, and an unasked approval helps nobody, so it is
-            // shown again (a retry, deduplicated where the sender can). Two
-            // cards of one approval answer the same approval.
-            Prior::Taken(by) => (Gate::Repeat(by), true),
-            prior => self.gate_for(prior, retry),
-        };
-        // Shown beside the loop; scheduled until its outcome is recorded.
-        self.dispatch(Flight {
-            gate,
+        // call shows nothing once another took the entry over. Marked with
+        // the rest of the batch.
+        let flight = Flight {
+            gate: Gate::Mine(self.worker.clone()),
             fenced: false,
             source: src,
             entry: entry.clone(),
@@ -218,7 +205,10 @@ impl<S: Sender> OutboxService<S> {
                 record: Box::new(record),
                 deliveries,
             },
-        });
+        };
+        // Scheduled from now, so it is not asked twice while its mark is taken.
+        self.mem.sched.begin(flight.key.clone());
+        self.mem.to_mark.push(Unmarked { flight, card: true });
         Ok(())
     }
 
