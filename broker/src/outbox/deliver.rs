@@ -47,22 +47,13 @@ impl<S: Sender> OutboxService<S> {
         if !resumed && self.mem.sched.is_scheduled(&key) {
             return Ok(()); // read again while it waits for its retry
         }
-        let channel = message.channel_id.clone();
-        if !resumed && self.mem.sched.is_busy(&channel) {
-            // Behind an earlier delivery to the same destination, in flight or
-            // waiting for a retry: order per destination is kept.
-            let job = Job::Plain {
-                source: src,
-                entry: entry.clone(),
-                message: message.clone(),
-                retry,
-            };
-            self.mem.sched.queue_behind(&channel, PLAIN_LANE, key, job);
-            return Ok(());
+        if resumed {
+            // Released to it, or its retry time came: it is its destination's
+            // current delivery already.
+            self.mem.sched.hold(&message.channel_id);
         }
-        // This is now the destination's current delivery; it starts once
-        // marked, with the rest of the batch.
-        self.mem.sched.hold(&channel);
+        // Marked with the rest of the batch; then it starts, or waits behind
+        // its destination's current delivery, marked already.
         let flight = Flight {
             source: src,
             entry: entry.clone(),
@@ -75,7 +66,7 @@ impl<S: Sender> OutboxService<S> {
         };
         self.mem.to_mark.push(Unmarked {
             flight,
-            card: false,
+            marking: Marking::Plain { current: resumed },
         });
         Ok(())
     }
@@ -311,7 +302,8 @@ impl<S: Sender> OutboxService<S> {
             return self.start_next(&f.message.channel_id).await;
         }
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
-            Purpose::Plain => {}
+            // Scheduled while it waited behind its destination, marked.
+            Purpose::Plain => self.mem.sched.end(&f.key),
             Purpose::Approved { record } => {
                 return self.complete_approved(f, *record, result).await
             }

@@ -117,9 +117,18 @@ static CLEAR_SCRIPT: std::sync::LazyLock<redis::Script> =
 pub(super) struct Unmarked {
     /// Its `gate` is set once marked; its `retry` is what the gate starts from.
     pub(super) flight: Flight,
-    /// An approval card, whose taken-over mark means show it again; otherwise
-    /// a plain delivery, left to the worker that took it over.
-    pub(super) card: bool,
+    pub(super) marking: Marking,
+}
+
+/// What a send waiting for its mark is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Marking {
+    /// An approval card: a taken-over mark means show it again.
+    Card,
+    /// A plain delivery, left to the worker that took it over. `current`:
+    /// its destination is held for it already; otherwise it starts only if
+    /// the destination is free, and waits behind it (marked) if not.
+    Plain { current: bool },
 }
 
 /// What marking a delivery found before it.
@@ -223,6 +232,22 @@ impl<S: Sender> OutboxService<S> {
             return Ok(Vec::new());
         }
         let key = keys::in_flight(&self.name);
+        if let [(stream, entry_id, delivery_key)] = marks {
+            // Alone: EVALSHA, loading the script only when Redis lacks it
+            // (a pipeline would send the whole script every time).
+            let previous: String = MARK_SCRIPT
+                .key(&key)
+                .key(*stream)
+                .arg(*delivery_key)
+                .arg(&self.worker)
+                .arg(&self.group)
+                .arg(&self.consumer)
+                .arg(*entry_id)
+                .invoke_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
+            return Ok(vec![Prior::parse(&previous, &self.worker)]);
+        }
         let invocations: Vec<_> = marks
             .iter()
             .map(|(stream, entry_id, delivery_key)| {
@@ -289,6 +314,7 @@ impl<S: Sender> OutboxService<S> {
 
     async fn start_marked(&mut self, u: Unmarked, prior: Prior) -> Result<()> {
         let mut flight = u.flight;
+        let channel = flight.message.channel_id.clone();
         if prior == Prior::NotMine {
             if let Purpose::Notification { record, .. } = &flight.purpose {
                 tracing::warn!(approval = %record.id, "card not shown: the notification was taken over by another worker");
@@ -297,22 +323,35 @@ impl<S: Sender> OutboxService<S> {
             }
             tracing::warn!(entry = %flight.entry.id, "not sent: the entry was taken over by another worker");
             // The taker delivers it; what waited behind it here goes on.
-            let channel = flight.message.channel_id.clone();
-            return self.start_next(&channel).await;
+            return match u.marking {
+                Marking::Plain { current: true } => self.start_next(&channel).await,
+                _ => Ok(()),
+            };
         }
         (flight.gate, flight.retry) = match prior {
             // Another worker may have shown it and may still: a card cannot be
             // proven absent, and an unasked approval helps nobody, so it is
             // shown again (a retry, deduplicated where the sender can). Two
             // cards of one approval answer the same approval.
-            Prior::Taken(by) if u.card => (Gate::Repeat(by), true),
+            Prior::Taken(by) if u.marking == Marking::Card => (Gate::Repeat(by), true),
             prior => self.gate_for(prior, flight.retry),
         };
-        if u.card {
+        match u.marking {
             // Shown beside the loop; scheduled until its outcome is recorded.
-            self.dispatch(flight);
-        } else {
-            self.take_off(flight);
+            Marking::Card => self.dispatch(flight),
+            Marking::Plain { current: true } => self.take_off(flight),
+            Marking::Plain { current: false } if self.mem.sched.is_busy(&channel) => {
+                // Behind an earlier delivery to the same destination, in
+                // flight or waiting for a retry: order per destination is
+                // kept, and it starts without another round trip.
+                let (key, lane) = (flight.key.clone(), flight.lane());
+                let job = Job::Flight(Box::new(flight));
+                self.mem.sched.queue_behind(&channel, &lane, key, job);
+            }
+            Marking::Plain { current: false } => {
+                self.mem.sched.hold(&channel);
+                self.take_off(flight);
+            }
         }
         Ok(())
     }

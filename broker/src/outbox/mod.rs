@@ -44,7 +44,7 @@ pub use crate::retry::RetryPolicy;
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 use deliver::{Delivery, Flight, Job, Purpose};
 use incoming::Class;
-use inflight::Unmarked;
+use inflight::{Marking, Unmarked};
 use memory::Memory;
 use source::{Kind, Source, SourceId, Sources};
 

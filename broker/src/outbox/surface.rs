@@ -208,7 +208,10 @@ impl<S: Sender> OutboxService<S> {
         };
         // Scheduled from now, so it is not asked twice while its mark is taken.
         self.mem.sched.begin(flight.key.clone());
-        self.mem.to_mark.push(Unmarked { flight, card: true });
+        self.mem.to_mark.push(Unmarked {
+            flight,
+            marking: Marking::Card,
+        });
         Ok(())
     }
 
