@@ -295,6 +295,20 @@ impl<S: Sender> OutboxService<S> {
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
         if f.fenced {
+            // A plain send marked with its batch may wait long behind its
+            // destination; if its mark went meanwhile (Redis restarted from an
+            // older snapshot) while the entry is still this worker's, it is
+            // marked again and sent, never forgotten while pending.
+            if matches!(f.purpose, Purpose::Plain) && self.still_mine(&f).await? {
+                tracing::warn!(entry = %f.entry.id, "the send gate found no mark on an entry still this worker's; marking it again");
+                f.gate = Gate::Mine(self.worker.clone());
+                self.mem.sched.end(&f.key);
+                self.mem.to_mark.push(Unmarked {
+                    flight: f,
+                    marking: Marking::Plain { current: true },
+                });
+                return Ok(());
+            }
             // Another worker holds this delivery now; this one forgets it (and
             // fences itself once it sees its lease lapsed).
             tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
@@ -427,10 +441,31 @@ impl<S: Sender> OutboxService<S> {
                     deliveries,
                 } => self.handle_notification(source, &entry, deliveries).await?,
                 // Queued behind a destination, never deferred.
-                Job::Flight(f) => self.dispatch(*f),
+                Job::Flight(_) => {
+                    return Err(Error::internal(
+                        "a queued send was found among the deferred ones",
+                    ))
+                }
             }
         }
         Ok(())
+    }
+
+    /// Whether `f`'s entry is still in this worker's pending list.
+    async fn still_mine(&mut self, f: &Flight) -> Result<bool> {
+        let stream = &self.sources[f.source].key;
+        let id = &f.entry.id;
+        let pending: Vec<redis::Value> = redis::cmd("XPENDING")
+            .arg(stream)
+            .arg(&self.group)
+            .arg(id)
+            .arg(id)
+            .arg(1)
+            .arg(&self.consumer)
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XPENDING {stream}"), e))?;
+        Ok(!pending.is_empty())
     }
 
     /// Copies the entry to the dead letter, tells the agent, acks.

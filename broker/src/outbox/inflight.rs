@@ -298,7 +298,7 @@ impl<S: Sender> OutboxService<S> {
             let priors = match self.mark_many(&marks).await {
                 Ok(p) => p,
                 Err(e) => {
-                    // Kept (their destinations are held for them): the error's
+                    // Kept (a resumed one holds its destination): the error's
                     // drain marks them again, or forgets them with the holds.
                     drop(marks);
                     self.mem.to_mark = queued;
@@ -315,6 +315,7 @@ impl<S: Sender> OutboxService<S> {
     async fn start_marked(&mut self, u: Unmarked, prior: Prior) -> Result<()> {
         let mut flight = u.flight;
         let channel = flight.message.channel_id.clone();
+        let u_retry = flight.retry;
         if prior == Prior::NotMine {
             if let Purpose::Notification { record, .. } = &flight.purpose {
                 tracing::warn!(approval = %record.id, "card not shown: the notification was taken over by another worker");
@@ -343,9 +344,19 @@ impl<S: Sender> OutboxService<S> {
             Marking::Plain { current: false } if self.mem.sched.is_busy(&channel) => {
                 // Behind an earlier delivery to the same destination, in
                 // flight or waiting for a retry: order per destination is
-                // kept, and it starts without another round trip.
+                // kept. Its own mark waits with it, so it starts without
+                // another round trip; one another worker may still complete
+                // waits unmarked and is asked again when its turn comes.
                 let (key, lane) = (flight.key.clone(), flight.lane());
-                let job = Job::Flight(Box::new(flight));
+                let job = match flight.gate {
+                    Gate::Mine(_) => Job::Flight(Box::new(flight)),
+                    _ => Job::Plain {
+                        source: flight.source,
+                        entry: flight.entry,
+                        message: flight.message,
+                        retry: u_retry,
+                    },
+                };
                 self.mem.sched.queue_behind(&channel, &lane, key, job);
             }
             Marking::Plain { current: false } => {
@@ -373,6 +384,11 @@ impl<S: Sender> OutboxService<S> {
                 continue;
             };
             if !self.sources.iter().any(|s| s.key == stream) {
+                continue;
+            }
+            // Waiting behind its destination, marked: pending, so kept; not
+            // asked about one round trip at a time.
+            if self.mem.sched.is_scheduled(&mark) {
                 continue;
             }
             let n: i64 = TRIM_SCRIPT

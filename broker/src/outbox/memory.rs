@@ -36,7 +36,8 @@ pub(super) struct Memory {
     /// Sends under way side by side (at most `max_in_flight`).
     pub flights: tokio::task::JoinSet<FlightResult>,
     /// Sends of the batch waiting for their in-flight marks, taken together
-    /// after it ([`super::inflight::Unmarked`]); their destinations are held.
+    /// after it ([`super::inflight::Unmarked`]); a resumed one's destination
+    /// is held for it already.
     pub to_mark: Vec<super::inflight::Unmarked>,
     /// Fresh entries of the batch being read, parked together after it.
     pub to_park: Vec<NewPark>,
@@ -68,8 +69,8 @@ impl Memory {
     }
 
     /// Forgets the batch being read (a recovery starts afresh from Redis).
-    /// Sends waiting for their marks are kept: their destinations are held
-    /// for them, and a drain or the next step starts them.
+    /// Sends waiting for their marks are kept (a resumed one holds its
+    /// destination): a drain or the next step starts them.
     pub fn forget_batch(&mut self) {
         self.to_park.clear();
         self.claims.clear();

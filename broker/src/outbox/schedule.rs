@@ -7,9 +7,10 @@
 //! Invariants:
 //! - A delivery key is scheduled at most once ([`Scheduler::is_scheduled`]):
 //!   deferred, queued behind its destination, or (approved entries and
-//!   cards) under way. Whoever reads it again while it is scheduled leaves it
-//!   alone. A plain send under way is not scheduled: every path that reads a
-//!   worker's entries again waits for its sends first.
+//!   cards, and plain sends that waited behind their destination) under way.
+//!   Whoever reads it again while it is scheduled leaves it alone. A plain
+//!   send started at once is not scheduled: every path that reads a worker's
+//!   entries again waits for its sends first.
 //! - One current delivery per destination while later ones queue behind it
 //!   ([`Scheduler::hold`], [`Scheduler::release`]); queued cards take turns
 //!   by requesting agent ([`Lanes`]).
