@@ -101,11 +101,43 @@ impl Ingest {
         agent: Option<&str>,
         fields: &[(&str, &[u8])],
     ) -> Result<String> {
+        let (stream, all) = self.inbound_entry(agent, fields);
+        self.store.xadd(&stream, &all).await
+    }
+
+    /// [`Self::inbound`] and [`Self::save_cursor`]`(cursor)` in one
+    /// transaction: a crash or a lost connection leaves both written or
+    /// neither, so a restart neither carries the message twice nor skips it.
+    pub async fn inbound_at(
+        &mut self,
+        agent: Option<&str>,
+        fields: &[(&str, &[u8])],
+        cursor: &str,
+    ) -> Result<String> {
+        let (stream, all) = self.inbound_entry(agent, fields);
+        let key = keys::ingest_cursor(&self.name);
+        let (id,): (String,) = redis::pipe()
+            .atomic()
+            .xadd(&stream, "*", &all)
+            .set(&key, cursor)
+            .ignore()
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| crate::Error::from_redis(&format!("XADD {stream} with SET {key}"), e))?;
+        Ok(id)
+    }
+
+    /// The inbox an inbound message goes to, and its fields (`kind = message` first).
+    fn inbound_entry<'f>(
+        &self,
+        agent: Option<&str>,
+        fields: &[(&'f str, &'f [u8])],
+    ) -> (String, Vec<(&'f str, &'f [u8])>) {
         let agent = agent.filter(|a| self.config.agents.contains_key(*a));
         let stream = keys::inbox_for(agent, &self.name);
         let mut all: Vec<(&str, &[u8])> = vec![("kind", b"message")];
         all.extend(fields.iter().filter(|(k, _)| *k != "kind"));
-        self.store.xadd(&stream, &all).await
+        (stream, all)
     }
 
     /// Whether this bridge carries some bridge's approval notifications. Only then

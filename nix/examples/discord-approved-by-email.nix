@@ -11,6 +11,7 @@
   };
   bridges.email = {
     type = "email";
+    destinations = [ "ops@example.org" ];          # cards go to notify_channel, so it must be here
     secrets = { "smtp.password_file" = "/run/keys/smtp"; "imap.password_file" = "/run/keys/imap"; };
     settings = {
       from = "agents@example.org";

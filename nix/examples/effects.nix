@@ -18,7 +18,7 @@
   bridges.discord = {
     type = "discord";
     secrets.token_file = "/run/keys/discord-token";
-    destinations = [ "123456789012345678" ];
+    destinations = [ "123456789012345678" "234567890123456789" ];  # the cards' channel too
     settings = { channels = [ "234567890123456789" ]; };
   };
 }

@@ -101,6 +101,9 @@ struct Shared {
     /// Dropping every gateway connection on demand.
     kill: broadcast::Sender<()>,
     base: String,
+    /// During an outage ([`FakeDiscord::go_down`]): every request on a
+    /// connection still open answers 502, as Discord's edge does.
+    down: std::sync::atomic::AtomicBool,
 }
 
 /// A running fake Discord.
@@ -108,6 +111,7 @@ pub struct FakeDiscord {
     shared: Arc<Shared>,
     pub port: u16,
     task: tokio::task::JoinHandle<()>,
+    app: Router,
 }
 
 /// A snowflake for the current time (Discord's epoch is 2015-01-01).
@@ -163,6 +167,7 @@ impl FakeDiscord {
             events,
             kill,
             base: format!("127.0.0.1:{port}"),
+            down: std::sync::atomic::AtomicBool::new(false),
         });
         let app = Router::new()
             .route("/api/v10/gateway", get(gateway_url))
@@ -186,11 +191,49 @@ impl FakeDiscord {
             )
             .route("/gateway", get(gateway))
             .fallback(any(unexpected))
+            .layer(axum::middleware::from_fn_with_state(shared.clone(), edge))
             .with_state(shared.clone());
-        let task = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        FakeDiscord { shared, port, task }
+        let task = serve(listener, app.clone());
+        FakeDiscord {
+            shared,
+            port,
+            task,
+            app,
+        }
+    }
+
+    /// An outage: the port stops accepting, every gateway session is dropped,
+    /// and requests on connections still open answer 502. What people do
+    /// meanwhile is still recorded (Discord keeps working for them).
+    pub async fn go_down(&mut self) {
+        self.shared
+            .down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.abort();
+        let _ = (&mut self.task).await;
+        let _ = self.shared.kill.send(());
+    }
+
+    /// The end of an outage: the same port accepts again.
+    pub async fn come_up(&mut self) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let listener = loop {
+            match tokio::net::TcpListener::bind(("127.0.0.1", self.port)).await {
+                Ok(l) => break l,
+                Err(e) => {
+                    assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "the local Discord cannot listen on its port {} again: {e}",
+                        self.port
+                    );
+                    crate::real_sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        };
+        self.task = serve(listener, self.app.clone());
+        self.shared
+            .down
+            .store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// `api_base` for the bridge.
@@ -319,6 +362,24 @@ impl Drop for FakeDiscord {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+fn serve(listener: tokio::net::TcpListener, app: Router) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    })
+}
+
+/// Discord's edge: a 502 for every request while the fake is down.
+async fn edge(
+    State(s): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if s.down.load(std::sync::atomic::Ordering::SeqCst) {
+        return error(StatusCode::BAD_GATEWAY, 0, "502: Bad Gateway");
+    }
+    next.run(request).await
 }
 
 fn authorized(headers: &HeaderMap) -> bool {

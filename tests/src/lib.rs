@@ -476,8 +476,19 @@ impl Deployment {
         timing: broker::timing::Timing,
         clock: broker::Clock,
     ) -> Running {
+        self.launch_under::<B>(self.config.clone(), service, name, timing, clock)
+    }
+
+    fn launch_under<B: broker::bridge::Bridge>(
+        &self,
+        config: Arc<Config>,
+        service: broker::config::Service,
+        name: &str,
+        timing: broker::timing::Timing,
+        clock: broker::Clock,
+    ) -> Running {
         let (trigger, shutdown) = Shutdown::new();
-        let mut launch = broker::bridge::Launch::new(self.config.clone(), name, None, shutdown);
+        let mut launch = broker::bridge::Launch::new(config, name, None, shutdown);
         launch.timing = timing;
         launch.clock = clock;
         let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
@@ -510,6 +521,24 @@ impl Deployment {
             other => panic!("no service {other}"),
         };
         self.run::<console::Console>(service, name)
+    }
+
+    /// A console service run under `config` instead of the deployment's (a
+    /// service that loaded a changed config, unvalidated: what a config
+    /// change leaves behind while other services still run the old one).
+    pub fn spawn_under(
+        &self,
+        config: Config,
+        service: broker::config::Service,
+        name: &str,
+    ) -> Running {
+        self.launch_under::<console::Console>(
+            Arc::new(config),
+            service,
+            name,
+            broker::timing::Timing::default(),
+            broker::Clock::system(),
+        )
     }
 
     /// Lines delivered to a console output file.
@@ -607,10 +636,12 @@ impl Deployment {
 
     /// [`Self::process`] with extra arguments (e.g. `--worker a`).
     pub fn process_with(&self, binary_name: &str, bridge: &str, args: &[&str]) -> Process {
-        let log = std::fs::File::create(
-            self.path(&format!("{binary_name}-{bridge}{}.log", args.join(""))),
-        )
-        .unwrap();
+        // Appended to: a restarted service's log follows its predecessor's.
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("{binary_name}-{bridge}{}.log", args.join(""))))
+            .unwrap();
         Process(
             Command::new(binary(binary_name))
                 .args(args)

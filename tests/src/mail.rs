@@ -447,15 +447,14 @@ maximal_backoff_time = 2s
 
     /// Stops Dovecot and waits until it is gone.
     pub fn stop_dovecot(&self) {
-        let pidfile = self.d().join("dovecot/run/master.pid");
-        if let Ok(pid) = std::fs::read_to_string(&pidfile) {
-            let pid = pid.trim().to_string();
-            Command::new("kill").arg(&pid).status().unwrap();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
+        stop_master(&self.d().join("dovecot/run/master.pid"));
+    }
+
+    /// Stops Postfix (what it queued stays in its spool) and starts it again
+    /// on the same ports.
+    pub fn restart_postfix(&self) {
+        stop_master(&self.d().join("postfix-spool/pid/master.pid"));
+        self.start_postfix();
     }
 
     /// Starts Dovecot again on the same ports.
@@ -523,6 +522,18 @@ maximal_backoff_time = 2s
 
     /// Sends a raw message through Postfix, optionally authenticated as `auth_user`.
     pub fn send_raw(&self, from: &str, to: &str, raw: &str, auth_user: Option<&str>) {
+        self.try_send_raw(from, to, raw, auth_user)
+            .expect("SMTP send from the test");
+    }
+
+    /// [`Self::send_raw`], with Postfix's refusal (or its absence) as an error.
+    pub fn try_send_raw(
+        &self,
+        from: &str,
+        to: &str,
+        raw: &str,
+        auth_user: Option<&str>,
+    ) -> Result<(), String> {
         use lettre::Transport;
         let mut builder =
             lettre::SmtpTransport::builder_dangerous("127.0.0.1").port(self.smtp_port);
@@ -539,7 +550,21 @@ maximal_backoff_time = 2s
         builder
             .build()
             .send_raw(&envelope, raw.as_bytes())
-            .expect("SMTP send from the test");
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Stops the daemon whose master process id is in `pidfile` (SIGTERM) and
+/// waits until it is gone, so its ports are free again.
+fn stop_master(pidfile: &Path) {
+    if let Ok(pid) = std::fs::read_to_string(pidfile) {
+        let pid = pid.trim().to_string();
+        Command::new("kill").arg(&pid).status().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -17,10 +17,13 @@
 //!   skipped; any other repeat is refused by the asking outbox as already
 //!   decided, so catching up twice decides nothing twice.
 //! - Messages in listened channels are caught up the same way, from the last
-//!   one carried per channel (kept in `{bridge}:ingest:cursor`); none is
-//!   carried twice by one process (the ids carried are remembered, checked
-//!   and recorded under the ingest's lock). The first start carries nothing
-//!   from before it.
+//!   one carried per channel (kept in `{bridge}:ingest:cursor`, written in
+//!   one transaction with each inbox entry, so a crash between them carries
+//!   nothing twice); none is carried twice by one process (the ids carried
+//!   are remembered, checked and recorded under the ingest's lock). Only a
+//!   live message heard while its channel is still being caught up can come
+//!   twice, if the process dies before that catch-up ends. The first start
+//!   carries nothing from before it.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -112,12 +115,28 @@ impl Carried {
             let old = self.order.pop_front().unwrap_or_default();
             self.ids.remove(&old);
         }
-        let at = if caught_up || !self.catching.contains(&channel) {
+        let at = if self.moves_position(channel, caught_up) {
             self.last.entry(channel).or_default()
         } else {
             self.live.entry(channel).or_default()
         };
         *at = (*at).max(id);
+    }
+
+    /// Whether carrying a message of `channel` moves its saved position (a
+    /// live one while the channel is caught up waits).
+    fn moves_position(&self, channel: u64, caught_up: bool) -> bool {
+        caught_up || !self.catching.contains(&channel)
+    }
+
+    /// The positions to save once message `id` of `channel` is carried.
+    fn positions_after(&self, channel: u64, id: u64, caught_up: bool) -> String {
+        let mut last = self.last.clone();
+        if self.moves_position(channel, caught_up) {
+            let at = last.entry(channel).or_default();
+            *at = (*at).max(id);
+        }
+        serde_json::to_string(&last).unwrap_or_default()
     }
 
     /// `channel` is caught up (or given up on): live positions count again.
@@ -245,9 +264,12 @@ impl Handler {
         if self.carried().ids.contains(&id) {
             return Ok(());
         }
-        ingest.inbound(None, &fields).await?;
+        // The entry and the position past it in one transaction: a restart
+        // between them would carry the message again.
+        let positions = self.carried().positions_after(channel, id, caught_up);
+        ingest.inbound_at(None, &fields, &positions).await?;
         self.carried().note(channel, id, caught_up);
-        self.save_positions(&mut ingest).await
+        Ok(())
     }
 
     /// Saves the position per channel (under the ingest's lock, so saves

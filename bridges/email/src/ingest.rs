@@ -4,7 +4,10 @@
 //!
 //! Invariants:
 //! - Position is `UIDVALIDITY:last-UID` in Redis (`{bridge}:ingest:cursor`),
-//!   advanced after each handled mail, which is then flagged `\Seen` (or moved).
+//!   written in one transaction with the inbox entry of the mail it passes
+//!   (after an answer is handed on, for answers); the mail is flagged `\Seen`
+//!   (or moved) after that, so a crash or a server restart between the steps
+//!   carries nothing twice.
 //!   A restart reads only UIDs above it; a changed UIDVALIDITY falls back to the
 //!   unseen mail, so nothing handled is read twice and nothing unread is skipped.
 //! - A mail whose `In-Reply-To` / `References` names one of our approval
@@ -231,10 +234,6 @@ impl EmailIngest {
         }))
     }
 
-    async fn save_cursor(&mut self, validity: u32, uid: u32) -> Result<()> {
-        self.ingest.save_cursor(&format!("{validity}:{uid}")).await
-    }
-
     /// Handles every mail above the cursor (or every unseen one without a cursor).
     async fn fetch_new(&mut self, session: &mut ImapSession, validity: u32) -> Result<()> {
         let last = self.cursor(validity).await?;
@@ -263,11 +262,16 @@ impl EmailIngest {
                     .map_err(|e| imap_err("UID FETCH", e))?;
                 fetches.iter().find_map(|f| f.body().map(<[u8]>::to_vec))
             };
+            let position = format!("{validity}:{uid}");
             if let Some(raw) = raw {
-                self.handle(&raw).await?;
+                self.handle(&raw, &position).await?;
             }
+            // An inbound message moved the position with its inbox entry; an
+            // answer (whose repeat decides nothing) or an unreadable mail moves it now.
+            self.ingest.save_cursor(&position).await?;
+            // Flagged after: a flag lost to a restart of the server leaves a
+            // mail unseen, never carried twice.
             self.mark_handled(session, uid).await?;
-            self.save_cursor(validity, uid).await?;
         }
         Ok(())
     }
@@ -292,8 +296,9 @@ impl EmailIngest {
         }
     }
 
-    /// One mail: an answer to a notification, or an inbound message.
-    pub async fn handle(&mut self, raw: &[u8]) -> Result<()> {
+    /// One mail: an answer to a notification, or an inbound message (written
+    /// with `position`, the cursor after it, in one transaction).
+    pub async fn handle(&mut self, raw: &[u8], position: &str) -> Result<()> {
         let Some(mail) = MessageParser::default().parse(raw) else {
             tracing::warn!("unparseable mail skipped");
             return Ok(());
@@ -363,7 +368,7 @@ impl EmailIngest {
             ("date", date.as_bytes()),
             ("content", body.as_bytes()),
         ];
-        let id = self.ingest.inbound(None, &fields).await?;
+        let id = self.ingest.inbound_at(None, &fields, position).await?;
         tracing::info!(from, entry = %id, "mail delivered to the inbox");
         Ok(())
     }

@@ -16,6 +16,7 @@ pub mod config;
 pub mod dkim;
 pub mod ingest;
 pub mod send;
+pub mod smtp;
 pub mod tls;
 pub mod verdict;
 

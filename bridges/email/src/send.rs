@@ -7,11 +7,12 @@
 //!
 //! SMTP cannot deduplicate, so a delivery is never sent twice blindly: a send
 //! the outbox marks as a retry (an earlier attempt may have been accepted) is
-//! reported `uncertain` with its Message-ID instead, and an error after the
-//! server may have accepted the message (a lost connection, a timeout) is
-//! uncertain too. Only a refused connection or a 4xx reply is retried, since
-//! then the server has certainly not taken the message. Approval emails are the
-//! exception: a duplicate one is harmless (same Message-ID, same nonce).
+//! reported `uncertain` with its Message-ID instead, and a connection lost or
+//! timed out after the message was written whole is uncertain too. Any failure
+//! before that (connecting, TLS, the envelope, a 4xx reply) is retried, since
+//! then the server has certainly not taken the message ([`crate::smtp`]).
+//! Approval emails are the exception: a duplicate one is harmless (same
+//! Message-ID, same nonce).
 
 use std::time::Duration;
 
@@ -20,17 +21,15 @@ use broker::bridge::{Outgoing, SendError, Sender, Sent};
 use broker::config::read_secret;
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::transport::smtp::authentication::Credentials;
-use lettre::transport::smtp::client::{Tls as SmtpTls, TlsParameters};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+use lettre::transport::smtp::client::TlsParameters;
+use lettre::Message;
 
 use crate::config::{EmailSettings, SmtpSettings, Tls};
+use crate::smtp::{Failure, Server, Smtp, SmtpError};
 use crate::verdict;
 
-/// Builds the SMTP transport described by `smtp`.
-pub fn transport(
-    smtp: &SmtpSettings,
-    bridge: &str,
-) -> broker::Result<AsyncSmtpTransport<Tokio1Executor>> {
+/// Builds the SMTP client described by `smtp`.
+pub fn transport(smtp: &SmtpSettings, bridge: &str) -> broker::Result<Smtp> {
     let tls = |host: &str| {
         let mut params = TlsParameters::builder(host.to_string());
         if let Some(path) = &smtp.ca_file {
@@ -57,26 +56,32 @@ pub fn transport(
             ))
         })
     };
-    let mut builder = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(smtp.host.clone())
-        .port(smtp.port)
-        .timeout(Some(Duration::from_secs(30)));
-    builder = match smtp.tls {
-        Tls::Starttls => builder.tls(SmtpTls::Required(tls(&smtp.host)?)),
-        Tls::Implicit => builder.tls(SmtpTls::Wrapper(tls(&smtp.host)?)),
-        Tls::None => builder.tls(SmtpTls::None),
+    let params = match smtp.tls {
+        Tls::Starttls | Tls::Implicit => Some(tls(&smtp.host)?),
+        Tls::None => None,
     };
-    if let (Some(user), Some(file)) = (&smtp.username, &smtp.password_file) {
-        let password = read_secret(&format!("bridges.{bridge}.smtp.password_file"), file)?;
-        builder = builder.credentials(Credentials::new(user.clone(), password));
-    }
-    Ok(builder.build())
+    let credentials = match (&smtp.username, &smtp.password_file) {
+        (Some(user), Some(file)) => {
+            let password = read_secret(&format!("bridges.{bridge}.smtp.password_file"), file)?;
+            Some(Credentials::new(user.clone(), password))
+        }
+        _ => None,
+    };
+    Ok(Smtp::new(Server {
+        host: smtp.host.clone(),
+        port: smtp.port,
+        mode: smtp.tls,
+        tls: params,
+        credentials,
+        timeout: Duration::from_secs(30),
+    }))
 }
 
 /// Sends the bridge's mail.
 pub struct EmailSender {
     settings: EmailSettings,
     from: Mailbox,
-    smtp: AsyncSmtpTransport<Tokio1Executor>,
+    smtp: Smtp,
 }
 
 impl EmailSender {
@@ -98,16 +103,15 @@ impl EmailSender {
         })
     }
 
-    /// EHLO and NOOP with the configured credentials (the ping's liveness check).
+    /// EHLO (and STARTTLS and the login, as configured) on a fresh connection:
+    /// the ping's liveness check.
     pub async fn check(&self) -> Result<(), String> {
-        match self.smtp.test_connection().await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("SMTP server did not answer NOOP".into()),
-            Err(e) => Err(format!(
+        self.smtp.check().await.map_err(|e| {
+            format!(
                 "SMTP {}:{}: {e}",
                 self.settings.smtp.host, self.settings.smtp.port
-            )),
-        }
+            )
+        })
     }
 
     /// Sends one text/plain message; returns its Message-ID (without brackets).
@@ -151,8 +155,8 @@ impl EmailSender {
         let email = builder
             .body(body)
             .map_err(|e| SendError::Permanent(format!("cannot build the message: {e}")))?;
-        match self.smtp.send(email).await {
-            Ok(_) => Ok(message_id),
+        match self.smtp.send(email.envelope(), &email.formatted()).await {
+            Ok(()) => Ok(message_id),
             Err(e) => Err(classify(
                 &e,
                 &format!(
@@ -167,14 +171,23 @@ impl EmailSender {
 
 /// Classifies an SMTP failure (`server` names the host in every message): a
 /// 5xx reply will never work; lettre's client errors (no STARTTLS offered, no
-/// usable AUTH mechanism, 8-bit or UTF-8 the server lacks) all come before
-/// `MAIL FROM`, so the message was certainly not handed over and retrying the
-/// same server cannot help; a 4xx reply, or a failure while connecting
-/// (resolving, connecting, the TLS handshake: lettre's connection and TLS
-/// errors), means the server did not take the message; anything else (a lost
-/// connection or a timeout mid-transaction, a garbled reply) may have come after
+/// usable AUTH mechanism) and an extension the message needs but the server
+/// lacks come before `MAIL FROM`, so the message was certainly not handed over
+/// and retrying the same server cannot help; any other failure before the
+/// message was written whole (connecting, TLS, a 4xx reply, a connection lost
+/// mid-envelope) is retried, as nothing was handed over; only a failure after
+/// it that is not a reply (a lost connection, a timeout) may have come after
 /// the server accepted it.
-fn classify(e: &lettre::transport::smtp::Error, server: &str, message_id: &str) -> SendError {
+fn classify(failure: &Failure, server: &str, message_id: &str) -> SendError {
+    let e = match &failure.error {
+        SmtpError::Lacks(_) => {
+            return SendError::Permanent(format!(
+                "{server}: {} (nothing was handed over)",
+                failure.error
+            ))
+        }
+        SmtpError::Smtp(e) => e,
+    };
     // 535: the login was refused; 530: the server wants one we did not give.
     let login = e.status().map(|c| c.to_string());
     if matches!(login.as_deref(), Some("535" | "530")) {
@@ -186,27 +199,12 @@ fn classify(e: &lettre::transport::smtp::Error, server: &str, message_id: &str) 
     if e.is_client() {
         return SendError::Permanent(format!("{server}: {e} (nothing was handed over)"));
     }
-    let connecting = e.is_tls() || e.to_string().starts_with("Connection error");
-    if e.is_transient() || connecting || refused_connection(e) {
-        return SendError::Transient(format!("{server}: {e}"));
+    if !failure.handed_over {
+        return SendError::Transient(format!("{server}: {e} (nothing was handed over)"));
     }
     SendError::Uncertain(format!(
         "{server}: {e}; the server may have accepted Message-ID <{message_id}>"
     ))
-}
-
-fn refused_connection(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
-            );
-        }
-        cause = c.source();
-    }
-    false
 }
 
 /// `Auto-Submitted` (RFC 3834): `auto-generated` or `auto-replied`.
@@ -340,15 +338,25 @@ impl EmailSender {
                     record.channel_id
                 );
                 let id = verdict::approval_message_id(nonce, domain);
-                self.send_text(
-                    &m.channel_id,
-                    &subject,
-                    approval_body(record, content),
-                    id,
-                    &[],
-                    Some("auto-generated"),
-                )
-                .await
+                let sent = self
+                    .send_text(
+                        &m.channel_id,
+                        &subject,
+                        approval_body(record, content),
+                        id,
+                        &[],
+                        Some("auto-generated"),
+                    )
+                    .await;
+                // An approval email lost in the server's hands is sent again:
+                // a second copy (same Message-ID, same answer address) is
+                // harmless, an unshown one would reject the message unasked.
+                match sent {
+                    Err(SendError::Uncertain(why)) => Err(SendError::Transient(format!(
+                        "{why}; the approval email is sent again"
+                    ))),
+                    other => other,
+                }
             }
             None => {
                 let subject = m

@@ -162,6 +162,7 @@ type = "console"
 approval = { required = true, notify = "shows", notify_channel = "ops", approvers = ["cli:op"] }
 [bridges.shows]
 type = "console"
+destinations = ["ops"]
 [bridges.plain]
 type = "console"
 "#,

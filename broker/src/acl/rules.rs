@@ -182,9 +182,11 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 let requesters: Vec<&str> = config.requesters_of(name).collect();
                 sels.push(audit_selector(&requesters));
             }
+            // MULTI/EXEC: a message and the position after it are written
+            // together (`Ingest::inbound_at`).
             sels.push(selector(
                 &[format!("~{}", keys::ingest_cursor(name))],
-                "+get +set",
+                "+get +set +multi +exec",
             ));
         }
         Service::Ping => {

@@ -220,6 +220,16 @@ mod tests {
             "[bridges.c]\ntype = \"console\"\napproval = { required = true, notify_channel = \"x\" }\n"
         )
         .contains("bridges.c.approval.approvers"));
+        // Cards to a channel the showing bridge may not post to: every
+        // approval would be rejected unshown.
+        let unshowable = err(
+            "[bridges.c]\ntype = \"console\"\ndestinations = [\"y\"]\napproval = { required = true, notify_channel = \"x\", approvers = [\"cli:a\"] }\n",
+        );
+        assert!(
+            unshowable.contains("bridges.c.approval.notify_channel")
+                && unshowable.contains("destinations"),
+            "{unshowable}"
+        );
         assert!(
             err("[bridges.c]\ntype = \"console\"\napproval = { approvers = [\"ann\"] }\n")
                 .contains("bridges.c.approval.approvers[0]")
@@ -232,7 +242,7 @@ mod tests {
     #[test]
     fn a_quorum_counts_distinct_proven_people() {
         let bridge = |approval: &str| {
-            format!("[bridges.c]\ntype = \"console\"\napproval = {{ required = true, notify_channel = \"o\", {approval} }}\n")
+            format!("[bridges.c]\ntype = \"console\"\ndestinations = [\"o\"]\napproval = {{ required = true, notify_channel = \"o\", {approval} }}\n")
         };
         let twice = err(&bridge(r#"approvers = ["email:A@x.org", "email:a@x.org"]"#));
         assert!(

@@ -196,6 +196,21 @@ impl Config {
                 ));
             }
         }
+        // The notify bridge refuses a card to a channel off its own
+        // allow-list (and rejects the approval unshown): every entry
+        // would be rejected, so say it now.
+        let shown_on = &self.bridges[notify];
+        if !approval.notify_channel.is_empty()
+            && !shown_on.allows_destination(&approval.notify_channel)
+        {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.notify_channel"),
+                format!(
+                    "`{}` is not on the `destinations` of bridge `{notify}`, which shows the cards: every approval would be rejected unshown",
+                    approval.notify_channel
+                ),
+            ));
+        }
         // Distinct people: an identity listed twice (emails compare without case) is one.
         let distinct: std::collections::BTreeSet<String> =
             approval.approvers.iter().map(|a| canonical(a)).collect();

@@ -205,16 +205,32 @@ approval = { required = true, notify_channel = "ops", timeout = 0, approvers = [
 }
 
 /// The notification's destination is the record's `notify_channel`, and it must
-/// pass the notify bridge's `destinations` too: outside it, nothing is shown, and
-/// the approval is rejected at once with the reason, not left to expire.
+/// pass the notify bridge's `destinations` too. A config where it does not is
+/// refused at start-up; one changed under running services (the notify
+/// bridge's `destinations` narrowed while the asking outbox still runs the old
+/// one) shows nothing, and the approval is rejected at once with the reason,
+/// not left to expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_outside_the_notify_destinations_is_refused() {
-    let d = Deployment::new(
-        &Setup::approval(3600)
-            .desk_destinations(&["elsewhere"])
-            .toml(),
+    let narrowed = Setup::approval(3600)
+        .desk_destinations(&["elsewhere"])
+        .toml();
+    let refused = broker::config::Config::parse(&narrowed)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("bridges.mail.approval.notify_channel") && refused.contains("desk"),
+        "{refused}"
     );
-    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let d = Deployment::new(&approval_config(3600));
+    let mut changed = (*d.config).clone();
+    if let Some(desk) = changed.bridges.get_mut("desk") {
+        desk.destinations = vec!["elsewhere".into()];
+    }
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn_under(changed, broker::config::Service::Outbox, "desk"),
+    ];
     agent_sends(&d, "hello", "r").await;
     let mut store = d.store().await;
     let letters = dead(&mut store, "desk", 1).await;

@@ -515,7 +515,7 @@ destinations = ["ops"]
 #[test]
 fn a_rebuild_of_the_working_tree_is_a_config_error() {
     let config: broker::Config = broker::Config::parse(
-        "[redis]\nurl = \"redis://127.0.0.1:1\"\n[bridges.host]\ntype = \"rebuild\"\nflake = \"/etc/nixos\"\ncheckout = \"/var/lib/cowboy/host\"\ncommand = [\"nixos-rebuild\", \"switch\", \"--flake\", \"/etc/nixos#host\"]\napproval = { notify_channel = \"ops\", approvers = [\"cli:op\"] }\n",
+        "[redis]\nurl = \"redis://127.0.0.1:1\"\n[bridges.host]\ntype = \"rebuild\"\ndestinations = [\"ops\"]\nflake = \"/etc/nixos\"\ncheckout = \"/var/lib/cowboy/host\"\ncommand = [\"nixos-rebuild\", \"switch\", \"--flake\", \"/etc/nixos#host\"]\napproval = { notify_channel = \"ops\", approvers = [\"cli:op\"] }\n",
     )
     .unwrap();
     let settings: effects::rebuild::RebuildSettings =

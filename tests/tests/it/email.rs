@@ -1327,3 +1327,143 @@ async fn without_idle_the_ingest_polls() {
         "IDLE was not offered: {log}"
     );
 }
+
+/// An SMTP server on loopback that cuts connections where it is told: the
+/// first connection is closed at `RCPT TO` (before anything is handed over),
+/// and a connection whose message contains `cut after` is closed once the
+/// message was read whole, unanswered. What it accepted is kept.
+struct CuttingSmtp {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CuttingSmtp {
+    async fn start() -> CuttingSmtp {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = accepted.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = 0;
+            while let Ok((stream, _)) = listener.accept().await {
+                connections += 1;
+                let first = connections == 1;
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    let _ = write.write_all(b"220 cutting ESMTP\r\n").await;
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let upper = line.to_ascii_uppercase();
+                        let reply: &[u8] = if upper.starts_with("EHLO") {
+                            b"250-cutting\r\n250 8BITMIME\r\n"
+                        } else if upper.starts_with("RCPT") && first {
+                            return; // cut before the hand-over
+                        } else if upper.starts_with("DATA") {
+                            let _ = write.write_all(b"354 go ahead\r\n").await;
+                            let mut body = String::new();
+                            while let Ok(Some(l)) = lines.next_line().await {
+                                if l == "." {
+                                    break;
+                                }
+                                body.push_str(&l);
+                                body.push('\n');
+                            }
+                            if body.contains("cut after") {
+                                return; // read whole, closed unanswered
+                            }
+                            kept.lock().unwrap().push(body);
+                            b"250 queued\r\n"
+                        } else if upper.starts_with("QUIT") {
+                            let _ = write.write_all(b"221 bye\r\n").await;
+                            return;
+                        } else {
+                            b"250 ok\r\n"
+                        };
+                        if write.write_all(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        CuttingSmtp {
+            port,
+            accepted,
+            task,
+        }
+    }
+}
+
+impl Drop for CuttingSmtp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A connection lost before the message was handed over (here at `RCPT TO`,
+/// as when the server restarts) is retried and delivered once, never reported
+/// `uncertain`; one lost after the whole message was written, with no reply,
+/// is `uncertain` and not sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_before_the_hand_over_is_retried_not_uncertain() {
+    let smtp = CuttingSmtp::start().await;
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "email"
+destinations = ["*@bridge.test"]
+from = "bridge@bridge.test"
+smtp = {{ host = "127.0.0.1", port = {port}, tls = "none" }}
+imap = {{ host = "127.0.0.1", port = 9, tls = "none", username = "bridge", password_file = "{{dir}}/imap" }}
+"#,
+        port = smtp.port
+    ));
+    std::fs::write(d.path("imap"), "unused\n").unwrap();
+    let _outbox = d.process("cowboy-email-outbox", "mail");
+    let mut store = d.store().await;
+    let first = store
+        .xadd(
+            "ann:mail:outbox",
+            &[("channel_id", b"bob@bridge.test"), ("content", b"first")],
+        )
+        .await
+        .unwrap();
+    wait_until(
+        "the first delivery on a second connection",
+        MAIL,
+        || async { (!smtp.accepted.lock().unwrap().is_empty()).then_some(()) },
+    )
+    .await;
+    let cut = store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@bridge.test"),
+                ("content", b"cut after the last line"),
+            ],
+        )
+        .await
+        .unwrap();
+    let notice = wait_until("the uncertain notice", MAIL, || async {
+        inbox(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(
+        (notice["status"].as_str(), notice["entry_id"].as_str()),
+        ("uncertain", cut.as_str()),
+        "{notice:?}"
+    );
+    let accepted = smtp.accepted.lock().unwrap().clone();
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    assert!(accepted[0].contains("first"));
+    assert_eq!(
+        inbox(&d, "ann:mail:inbox").await.len(),
+        1,
+        "the first entry ({first}) is not reported uncertain"
+    );
+}

@@ -15,6 +15,7 @@ mod ledger;
 mod ping;
 mod retention;
 mod servers;
+mod soak;
 mod supervisor;
 mod web;
 mod workers;
