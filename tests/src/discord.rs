@@ -52,6 +52,15 @@ pub struct Recorded {
     /// (message id, emoji, user id) people added: what `GET …/reactions/{emoji}`
     /// lists (with the bot's), less what was removed.
     pub user_reactions: Vec<(u64, String, u64)>,
+    /// Super (burst) reactions people added: listed with `type=1` only.
+    pub burst_reactions: Vec<(u64, String, u64)>,
+    /// Every create-message call to any channel: when it came (a global
+    /// limit holds them all).
+    pub post_times: Vec<tokio::time::Instant>,
+    /// The next create-message call draws a global 429 with this `retry_after`.
+    pub global_next: Option<std::time::Duration>,
+    /// Global 429s answered: (when, how long).
+    pub global_429s: Vec<(tokio::time::Instant, std::time::Duration)>,
     /// Messages people wrote, with their author: what `GET …/messages` lists
     /// (with the bot's).
     pub said: Vec<(Posted, Value)>,
@@ -347,6 +356,33 @@ impl FakeDiscord {
         );
     }
 
+    /// Someone adds a super (burst) reaction: the gateway says `burst`, and
+    /// the REST list has it under `type=1` only.
+    pub fn user_burst_reaction(&self, channel: u64, message: u64, user_id: u64, emoji: &str) {
+        self.with(|r| {
+            r.burst_reactions
+                .push((message, emoji.to_string(), user_id))
+        });
+        self.dispatch(
+            "MESSAGE_REACTION_ADD",
+            json!({
+                "user_id": user_id.to_string(),
+                "channel_id": channel.to_string(),
+                "message_id": message.to_string(),
+                "guild_id": "700000000000000001",
+                "emoji": {"id": null, "name": emoji},
+                "burst": true,
+                "type": 1,
+            }),
+        );
+    }
+
+    /// The next create-message call, to whatever channel, draws a global 429
+    /// (`X-RateLimit-Global`) that holds every route for `retry_after`.
+    pub fn rate_limit_globally(&self, retry_after: std::time::Duration) {
+        self.with(|r| r.global_next = Some(retry_after));
+    }
+
     /// Drops every gateway connection (the client must reconnect and resume).
     pub fn drop_gateway(&self) {
         let _ = self.shared.kill.send(());
@@ -362,6 +398,26 @@ impl Drop for FakeDiscord {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// A 429 as discord.com answers it: `retry_after` in the body and in the
+/// `Retry-After` header, the global flag in both, and the bucket's headers.
+fn limited(retry_after: f64, global: bool, bucket: &[(&'static str, String)]) -> Response {
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        Json(json!({"message": "You are being rate limited.", "retry_after": retry_after, "global": global, "code": 0})),
+    )
+        .into_response();
+    let h = response.headers_mut();
+    h.insert("retry-after", format!("{retry_after:.3}").parse().unwrap());
+    if global {
+        h.insert("x-ratelimit-global", "true".parse().unwrap());
+        h.insert("x-ratelimit-scope", "global".parse().unwrap());
+    }
+    for (k, v) in bucket {
+        h.insert(*k, v.parse().unwrap());
+    }
+    response
 }
 
 fn serve(listener: tokio::net::TcpListener, app: Router) -> tokio::task::JoinHandle<()> {
@@ -421,6 +477,12 @@ async fn create_message(
         tokio::time::sleep(delay).await;
     }
     let mut rec = s.rec.lock().unwrap();
+    rec.post_times.push(tokio::time::Instant::now());
+    if let Some(wait) = rec.global_next.take() {
+        rec.global_429s.push((tokio::time::Instant::now(), wait));
+        rec.rate_limited += 1;
+        return limited(wait.as_secs_f64(), true, &[]);
+    }
     let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0)
         || rec
             .rate_limit_until
@@ -432,12 +494,12 @@ async fn create_message(
         }
         rec.rate_limited += 1;
         *rec.rate_limited_on.entry(channel).or_default() += 1;
-        return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
+        return limited(0.2, false, &[]);
     }
     if rec.rate_limit_next > 0 {
         rec.rate_limit_next -= 1;
         rec.rate_limited += 1;
-        return (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": 0.2, "global": false, "code": 0}))).into_response();
+        return limited(0.2, false, &[]);
     }
     if !rec.channels.contains(&channel) {
         rec.invalid += 1;
@@ -474,13 +536,8 @@ async fn create_message(
         if full {
             *rec.bucket_429s.entry(channel).or_default() += 1;
             rec.rate_limited += 1;
-            let mut response = (StatusCode::TOO_MANY_REQUESTS, Json(json!({"message": "You are being rate limited.", "retry_after": reset_after, "global": false, "code": 0}))).into_response();
-            bucket_headers.push(("retry-after", format!("{reset_after:.3}")));
             bucket_headers.push(("x-ratelimit-scope", "user".into()));
-            for (k, v) in bucket_headers {
-                response.headers_mut().insert(k, v.parse().unwrap());
-            }
-            return response;
+            return limited(reset_after, false, &bucket_headers);
         }
     }
     let content = body["content"].as_str().unwrap_or("").to_string();
@@ -625,12 +682,15 @@ async fn reaction_users(
         return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
     }
     let (limit, after) = page(&q, 25);
+    let burst = q.get("type").map(String::as_str) == Some("1");
     let mut rec = s.rec.lock().unwrap();
     rec.reads += 1;
-    let mut ids: Vec<u64> = rec
-        .reactions
-        .iter()
-        .chain(&rec.user_reactions)
+    let listed: Vec<&(u64, String, u64)> = match burst {
+        true => rec.burst_reactions.iter().collect(),
+        false => rec.reactions.iter().chain(&rec.user_reactions).collect(),
+    };
+    let mut ids: Vec<u64> = listed
+        .into_iter()
         .filter(|(m, e, u)| *m == message && *e == emoji && *u > after)
         .map(|(_, _, u)| *u)
         .collect();

@@ -32,14 +32,16 @@ use broker::approval::{Outcome, Verdict};
 use broker::ingest::Ingest;
 use broker::{Error, Result, Shutdown};
 use serenity::all::{
-    ChannelId, Context, EventHandler, GatewayIntents, GetMessages, Message, MessageId, Reaction,
-    ReactionType, Ready, UserId,
+    ChannelId, Context, EventHandler, GatewayIntents, Message, MessageId, Reaction, ReactionType,
+    Ready, User, UserId,
 };
 use serenity::async_trait;
+use serenity::http::{LightMethod, Route};
 use tokio::sync::Mutex;
 
 use crate::config::DiscordSettings;
 use crate::render;
+use crate::rest::{Kind, Rest};
 
 /// Attempts at an event while Redis is unavailable (about two minutes in all).
 const RETRIES: u32 = 10;
@@ -167,12 +169,20 @@ pub struct Handler {
     channels: HashSet<u64>,
     bot: OnceLock<UserId>,
     carried: std::sync::Mutex<Carried>,
+    /// The catch-up's reads and the removal of strangers' reactions, under
+    /// Discord's rate limits.
+    rest: Rest,
     /// Ends the waits between retries.
     shutdown: Shutdown,
 }
 
 impl Handler {
-    pub fn new(ingest: Ingest, settings: DiscordSettings, shutdown: Shutdown) -> Handler {
+    pub fn new(
+        ingest: Ingest,
+        settings: DiscordSettings,
+        rest: Rest,
+        shutdown: Shutdown,
+    ) -> Handler {
         let channels = settings
             .channels
             .iter()
@@ -184,7 +194,88 @@ impl Handler {
             channels,
             bot: OnceLock::new(),
             carried: Default::default(),
+            rest,
             shutdown,
+        }
+    }
+
+    /// Up to 100 messages of `channel` after `after` (any order).
+    async fn messages_after(&self, channel: ChannelId, after: MessageId) -> Result<Vec<Message>> {
+        self.rest
+            .send_json(
+                Kind::ReadMessages,
+                channel.get(),
+                Route::ChannelMessages {
+                    channel_id: channel,
+                },
+                LightMethod::Get,
+                None,
+                Some(vec![("limit", "100".into()), ("after", after.to_string())]),
+            )
+            .await
+            .map_err(|err| discord_error(format!("Discord messages in {channel}"), err))
+    }
+
+    /// Up to 100 users who reacted `emoji` on `card` after `after`; `burst`
+    /// for super reactions (Discord lists the two kinds apart).
+    async fn reactors(
+        &self,
+        channel: ChannelId,
+        card: MessageId,
+        emoji: &str,
+        burst: bool,
+        after: Option<UserId>,
+    ) -> Result<Vec<User>> {
+        let reaction = ReactionType::Unicode(emoji.to_string()).as_data();
+        let mut params = vec![
+            ("limit", "100".to_string()),
+            ("type", u8::from(burst).to_string()),
+        ];
+        if let Some(after) = after {
+            params.push(("after", after.to_string()));
+        }
+        self.rest
+            .send_json(
+                Kind::ReadReactions,
+                channel.get(),
+                Route::ChannelMessageReactionEmoji {
+                    channel_id: channel,
+                    message_id: card,
+                    reaction: &reaction,
+                },
+                LightMethod::Get,
+                None,
+                Some(params),
+            )
+            .await
+            .map_err(|err| discord_error(format!("Discord reactions on {card}"), err))
+    }
+
+    /// Removes `user`'s `emoji` on `card` (a stranger's answer), where the bot may.
+    async fn remove_reaction(
+        &self,
+        channel: ChannelId,
+        card: MessageId,
+        user: UserId,
+        emoji: &str,
+    ) {
+        let reaction = ReactionType::Unicode(emoji.to_string()).as_data();
+        let removed = self
+            .rest
+            .send_empty(
+                Kind::Unreact,
+                channel.get(),
+                Route::ChannelMessageReaction {
+                    channel_id: channel,
+                    message_id: card,
+                    user_id: user,
+                    reaction: &reaction,
+                },
+                LightMethod::Delete,
+            )
+            .await;
+        if let Err(e) = removed {
+            tracing::debug!(error = %e, "could not remove a stranger's reaction");
         }
     }
 
@@ -285,7 +376,7 @@ impl Handler {
 
     /// Carries what was written in the listened channels since the last
     /// message carried there (nothing on a first start: no cursor yet).
-    async fn catch_up_messages(&self, ctx: &Context) -> Result<()> {
+    async fn catch_up_messages(&self) -> Result<()> {
         // Read, merged and marked under the ingest's lock, so no live message
         // is carried between reading the positions and marking the channels.
         let stored = {
@@ -325,7 +416,7 @@ impl Handler {
             };
             // Each channel on its own: one that cannot be read (no access
             // any more) holds up no other.
-            match self.catch_up_channel(ctx, channel, after).await {
+            match self.catch_up_channel(channel, after).await {
                 Ok(n) => carried += n,
                 Err(e) => {
                     tracing::warn!(channel, error = %e, "messages written meanwhile in this channel were not caught up")
@@ -345,18 +436,10 @@ impl Handler {
     }
 
     /// Carries `channel`'s messages after `after`, oldest first; returns how many.
-    async fn catch_up_channel(
-        &self,
-        ctx: &Context,
-        channel: u64,
-        mut after: MessageId,
-    ) -> Result<usize> {
+    async fn catch_up_channel(&self, channel: u64, mut after: MessageId) -> Result<usize> {
         let mut carried = 0;
         loop {
-            let mut page = ChannelId::new(channel)
-                .messages(&ctx.http, GetMessages::new().after(after).limit(100))
-                .await
-                .map_err(|err| discord_error(format!("Discord messages in {channel}"), err))?;
+            let mut page = self.messages_after(ChannelId::new(channel), after).await?;
             page.sort_by_key(|m| m.id);
             for m in &page {
                 self.on_message(m, true).await?;
@@ -373,7 +456,7 @@ impl Handler {
     /// listening: each card's approve and reject reactions and the replies to
     /// it, read over REST. An approver already counted on the record is not
     /// answered for again.
-    async fn catch_up(&self, ctx: &Context) -> Result<()> {
+    async fn catch_up(&self) -> Result<()> {
         let cards = {
             let mut ingest = self.ingest.lock().await;
             if !ingest.is_approval_surface() {
@@ -419,21 +502,11 @@ impl Handler {
             // Everything said on the card first, then answered rejections
             // first: one ❌ rejects, whatever order the API lists them in.
             let mut said: Vec<(Verdict, UserId, String, Option<String>)> = Vec::new();
-            for (e, verdict) in emoji {
+            // Normal and super (burst) reactions are listed apart.
+            for ((e, verdict), burst) in emoji.flat_map(|ev| [(ev, false), (ev, true)]) {
                 let mut after: Option<UserId> = None;
                 loop {
-                    let users = channel
-                        .reaction_users(
-                            &ctx.http,
-                            card,
-                            ReactionType::Unicode(e.clone()),
-                            Some(100),
-                            after,
-                        )
-                        .await
-                        .map_err(|err| {
-                            discord_error(format!("Discord reactions on {card}"), err)
-                        })?;
+                    let users = self.reactors(channel, card, e, burst, after).await?;
                     for u in &users {
                         if !self.is_bot(u.id) {
                             said.push((verdict, u.id, String::new(), Some(e.clone())));
@@ -447,11 +520,7 @@ impl Handler {
             }
             let mut after = card;
             loop {
-                let page = channel
-                    .messages(&ctx.http, GetMessages::new().after(after).limit(100))
-                    .await
-                    .map_err(|err| discord_error(format!("Discord messages after {card}"), err))?;
-                let mut page: Vec<Message> = page;
+                let mut page = self.messages_after(channel, after).await?;
                 page.sort_by_key(|m| m.id);
                 for m in &page {
                     let to_card =
@@ -480,13 +549,7 @@ impl Handler {
                 let outcome = self.answer(card.get(), verdict, user, &reason).await?;
                 if let (Outcome::NotAllowed, Some(e)) = (outcome, emoji) {
                     // As when it is seen live: the card stays clean.
-                    let reaction = ReactionType::Unicode(e);
-                    if let Err(err) = channel
-                        .delete_reaction(&ctx.http, card, Some(user), reaction)
-                        .await
-                    {
-                        tracing::debug!(error = %err, "could not remove a stranger's reaction");
-                    }
+                    self.remove_reaction(channel, card, user, &e).await;
                 }
             }
         }
@@ -500,7 +563,7 @@ impl Handler {
         Ok(())
     }
 
-    async fn on_reaction(&self, ctx: &Context, reaction: &Reaction) -> Result<()> {
+    async fn on_reaction(&self, reaction: &Reaction) -> Result<()> {
         let Some(user) = reaction.user_id else {
             return Ok(());
         };
@@ -526,9 +589,8 @@ impl Handler {
             == Outcome::NotAllowed
         {
             // Keep the card clean for the real approvers; fine if we lack the permission.
-            if let Err(e) = reaction.delete(&ctx.http).await {
-                tracing::debug!(error = %e, "could not remove a stranger's reaction");
-            }
+            self.remove_reaction(reaction.channel_id, reaction.message_id, user, emoji)
+                .await;
         }
         Ok(())
     }
@@ -536,17 +598,17 @@ impl Handler {
 
 #[async_trait]
 impl EventHandler for Handler {
-    async fn ready(&self, ctx: Context, ready: Ready) {
+    async fn ready(&self, _ctx: Context, ready: Ready) {
         let _ = self.bot.set(ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
         let shutdown = &self.shutdown;
         retried("catching up on the channels' messages", shutdown, || {
-            self.catch_up_messages(&ctx)
+            self.catch_up_messages()
         })
         .await;
         retried("catching up on the cards' answers", shutdown, || {
-            self.catch_up(&ctx)
+            self.catch_up()
         })
         .await;
     }
@@ -556,9 +618,9 @@ impl EventHandler for Handler {
         retried(&what, &self.shutdown, || self.on_message(&msg, false)).await;
     }
 
-    async fn reaction_add(&self, ctx: Context, reaction: Reaction) {
+    async fn reaction_add(&self, _ctx: Context, reaction: Reaction) {
         let what = format!("a reaction on message {}", reaction.message_id);
-        retried(&what, &self.shutdown, || self.on_reaction(&ctx, &reaction)).await;
+        retried(&what, &self.shutdown, || self.on_reaction(&reaction)).await;
     }
 }
 

@@ -6,12 +6,14 @@
 //!
 //! - [`config`]: the bridge's own keys (`token_file`, `channels`, emoji, endpoints).
 //! - [`render`]: pure logic: splitting, nonces, the card, verdicts.
+//! - [`rest`]: every REST call, under Discord's rate limits.
 //! - [`send`]: the [`broker::Sender`] over Discord's REST API.
 //! - [`ingest`]: the gateway event handler.
 
 pub mod config;
 pub mod ingest;
 pub mod render;
+pub mod rest;
 pub mod send;
 
 use std::sync::Arc;
@@ -38,12 +40,27 @@ pub fn settings(config: &Config, name: &str) -> Result<DiscordSettings> {
     Ok(s)
 }
 
-/// The REST client: discord.com, or `api_base` with the client-side rate limiter
-/// off (serenity 0.12.5's limiter would otherwise still call discord.com).
-pub fn http(s: &DiscordSettings, token: &str) -> Http {
-    let mut builder = HttpBuilder::new(token);
+/// The REST client: discord.com, or `api_base`. serenity's limiter is off
+/// (0.12.5's would still call discord.com with `api_base`); [`rest::Rest`]
+/// keeps the limits on every path instead.
+pub fn rest(s: &DiscordSettings, token: &str) -> rest::Rest {
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .build()
+        .unwrap_or_default();
+    let mut builder = HttpBuilder::new(token)
+        .client(client.clone())
+        .ratelimiter_disabled(true);
     if let Some(base) = &s.api_base {
-        builder = builder.proxy(base.clone()).ratelimiter_disabled(true);
+        builder = builder.proxy(base.clone());
+    }
+    rest::Rest::new(Arc::new(builder.build()), client)
+}
+
+fn http(s: &DiscordSettings, token: &str) -> Http {
+    let mut builder = HttpBuilder::new(token).ratelimiter_disabled(true);
+    if let Some(base) = &s.api_base {
+        builder = builder.proxy(base.clone());
     }
     builder.build()
 }
@@ -60,7 +77,7 @@ impl Bridge for Discord {
 
     fn sender(&self, _name: &str) -> Result<DiscordSender> {
         Ok(DiscordSender::new(
-            Arc::new(http(&self.settings, &self.token)),
+            Arc::new(rest(&self.settings, &self.token)),
             self.settings.mentions.clone(),
         ))
     }
@@ -71,7 +88,8 @@ impl Bridge for Discord {
         let http = http(&s, &self.token);
         let beats = ingest.keep_alive(shutdown.clone());
         let name = ingest.name().to_string();
-        let handler = ingest::Handler::new(ingest, s.clone(), shutdown.clone());
+        let rest = rest(&s, &self.token);
+        let handler = ingest::Handler::new(ingest, s.clone(), rest, shutdown.clone());
         let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
             .event_handler(handler)
             .await
@@ -85,7 +103,7 @@ impl Bridge for Discord {
     /// `users/@me`.
     fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
         let sender = Arc::new(DiscordSender::new(
-            Arc::new(http(&self.settings, &self.token)),
+            Arc::new(rest(&self.settings, &self.token)),
             Vec::new(),
         ));
         Ok(Some(Box::new(move || {

@@ -10,12 +10,13 @@ use std::sync::Arc;
 
 use broker::bridge::{CardUpdate, Outgoing, SendError, Sender, Sent};
 use serenity::builder::{CreateAllowedMentions, CreateMessage, EditMessage};
-use serenity::http::{Http, HttpError, LightMethod, Request, Route};
+use serenity::http::{Http, HttpError, LightMethod, Route};
 use serenity::model::channel::Message;
 use serenity::model::channel::{MessageReference, Nonce, ReactionType};
 use serenity::model::id::{ChannelId, MessageId};
 
 use crate::render;
+use crate::rest::{Kind, Rest};
 
 /// Classifies a serenity error for the retry policy.
 pub fn classify(e: serenity::Error) -> SendError {
@@ -66,11 +67,10 @@ fn message_id(id: &str) -> Result<MessageId, SendError> {
 
 /// Sends through Discord's REST API.
 pub struct DiscordSender {
-    pub http: Arc<Http>,
+    /// Every call, under Discord's rate limits.
+    pub rest: Arc<Rest>,
     /// The `mentions` setting: what agent messages may ping.
     pub mentions: Vec<String>,
-    /// What Discord last said of each channel's create-message bucket.
-    pub buckets: Buckets,
     /// Channels Discord refused (Unknown Channel, Missing Access, no DMs):
     /// when, and what it said. Not asked again for [`REFUSAL_KEPT`]: Discord
     /// bans an address that makes 10,000 invalid requests in 10 minutes.
@@ -79,39 +79,6 @@ pub struct DiscordSender {
 
 /// How long a channel Discord refused is refused without asking again.
 pub const REFUSAL_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// Discord's create-message buckets as its `X-RateLimit-*` headers describe
-/// them, per channel: posts left, and when the bucket refills. A post waits
-/// for an empty bucket to refill instead of drawing a 429 (serenity's own
-/// limiter cannot do this with `api_base`: it then sends to discord.com).
-#[derive(Default)]
-pub struct Buckets(std::sync::Mutex<std::collections::HashMap<u64, (u64, tokio::time::Instant)>>);
-
-impl Buckets {
-    /// When an empty bucket of `channel` refills, if it is empty.
-    fn empty_until(&self, channel: u64) -> Option<tokio::time::Instant> {
-        let b = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match b.get(&channel) {
-            Some((0, at)) if *at > tokio::time::Instant::now() => Some(*at),
-            _ => None,
-        }
-    }
-
-    /// Notes what a response's headers (`number` reads one) say of
-    /// `channel`'s bucket.
-    fn note(&self, channel: u64, number: impl Fn(&str) -> Option<f64>) {
-        let (Some(remaining), Some(after)) = (
-            number("x-ratelimit-remaining"),
-            number("x-ratelimit-reset-after"),
-        ) else {
-            return;
-        };
-        let at = tokio::time::Instant::now()
-            + std::time::Duration::from_secs_f64(after.clamp(0.0, 3600.0));
-        let mut b = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        b.insert(channel, (remaining.max(0.0) as u64, at));
-    }
-}
 
 /// Pings that a message may make: none on cards; on deliveries, the kinds the
 /// bridge's `mentions` setting names.
@@ -124,17 +91,19 @@ fn allowed(kinds: &[String]) -> CreateAllowedMentions {
 }
 
 impl DiscordSender {
-    pub fn new(http: Arc<Http>, mentions: Vec<String>) -> DiscordSender {
+    pub fn new(rest: Arc<Rest>, mentions: Vec<String>) -> DiscordSender {
         DiscordSender {
-            http,
+            rest,
             mentions,
-            buckets: Buckets::default(),
             refused: Default::default(),
         }
     }
 
-    /// Creates one message, after its channel's bucket refills if it is
-    /// empty, and notes what the answer says of the bucket.
+    fn http(&self) -> &Http {
+        &self.rest.http
+    }
+
+    /// Creates one message, once its channel's bucket allows (see [`Rest`]).
     async fn create(
         &self,
         channel_id: ChannelId,
@@ -154,14 +123,16 @@ impl DiscordSender {
                 REFUSAL_KEPT.as_secs()
             )));
         }
-        if let Some(at) = self.buckets.empty_until(channel_id.get()) {
-            tokio::time::sleep_until(at).await;
-        }
         let body = serde_json::to_vec(msg)
             .map_err(|e| SendError::Permanent(format!("cannot encode the message: {e}")))?;
         let request =
-            Request::new(Route::ChannelMessages { channel_id }, LightMethod::Post).body(Some(body));
-        let response = match self.http.request(request).await {
+            serenity::http::Request::new(Route::ChannelMessages { channel_id }, LightMethod::Post)
+                .body(Some(body));
+        let response = match self
+            .rest
+            .call(Kind::Post, channel_id.get(), request, LightMethod::Post)
+            .await
+        {
             Ok(r) => r,
             Err(e) => {
                 // Only refusals of the channel itself (Unknown Channel,
@@ -184,10 +155,6 @@ impl DiscordSender {
                 return Err(e);
             }
         };
-        let headers = response.headers();
-        self.buckets.note(channel_id.get(), |name| {
-            headers.get(name)?.to_str().ok()?.parse().ok()
-        });
         // Created: a body lost now is found again by its nonce on the retry.
         let bytes = response.bytes().await.map_err(|e| {
             SendError::Transient(format!("Discord: reading the created message: {e}"))
@@ -223,7 +190,7 @@ impl DiscordSender {
 
     /// `GET users/@me` with the token: the ping's liveness check.
     pub async fn check(&self) -> Result<(), String> {
-        self.http
+        self.http()
             .get_current_user()
             .await
             .map(|_| ())
@@ -248,13 +215,24 @@ impl Sender for DiscordSender {
         let channel_id = channel(outcome.channel_id)?;
         let id = message_id(outcome.external_id)?;
         let text = render::closed_card(outcome.record, outcome.outcome);
-        channel_id
-            .edit_message(
-                &*self.http,
-                id,
-                EditMessage::new()
-                    .content(text)
-                    .allowed_mentions(allowed(&[])),
+        let body = serde_json::to_vec(
+            &EditMessage::new()
+                .content(text)
+                .allowed_mentions(allowed(&[])),
+        )
+        .map_err(|e| SendError::Permanent(format!("cannot encode the edit: {e}")))?;
+        let _: Message = self
+            .rest
+            .send_json(
+                Kind::Edit,
+                channel_id.get(),
+                Route::ChannelMessage {
+                    channel_id,
+                    message_id: id,
+                },
+                LightMethod::Patch,
+                Some(body),
+                None,
             )
             .await
             .map_err(classify)?;
@@ -275,11 +253,17 @@ impl DiscordSender {
                 let head = self.post(channel_id, &card, &key, None, &[]).await?;
                 // One click decides: the bot's own reactions (never counted as answers).
                 for emoji in ["✅", "❌"] {
-                    channel_id
-                        .create_reaction(
-                            &*self.http,
-                            head,
-                            ReactionType::Unicode(emoji.to_string()),
+                    let reaction = ReactionType::Unicode(emoji.to_string()).as_data();
+                    self.rest
+                        .send_empty(
+                            Kind::React,
+                            channel_id.get(),
+                            Route::ChannelMessageReactionMe {
+                                channel_id,
+                                message_id: head,
+                                reaction: &reaction,
+                            },
+                            LightMethod::Put,
                         )
                         .await
                         .map_err(classify)?;

@@ -356,7 +356,7 @@ async fn a_retried_send_creates_one_message() {
     let d = deployment(&fake, "", "");
     let s = discord::settings(&d.config, "dc").unwrap();
     let sender = discord::send::DiscordSender::new(
-        std::sync::Arc::new(discord::http(&s, TOKEN)),
+        std::sync::Arc::new(discord::rest(&s, TOKEN)),
         vec!["users".into()],
     );
     let message = broker::entry::Message {
@@ -1289,5 +1289,89 @@ async fn a_decision_while_the_card_is_posted_still_closes_it() {
     let card = card(&fake, 0).await;
     let edited = closed(&fake, card.id).await;
     assert!(edited.contains("Rejected"), "{edited}");
+    no_records_left(&store).await;
+}
+
+/// A global 429 (`X-RateLimit-Global`, all routes) holds every channel, not
+/// only the one that drew it: after it, nothing reaches Discord until its
+/// `retry_after` has passed, then everything is delivered, with no second 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_global_rate_limit_holds_every_channel() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let hold = Duration::from_secs(1);
+    fake.rate_limit_globally(hold);
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let mut store = d.store().await;
+    for (i, channel) in [TALK, OPS, TALK, OPS, TALK, OPS].iter().enumerate() {
+        store
+            .xadd(
+                "dc:outbox",
+                &[
+                    ("channel_id", channel.to_string().as_bytes()),
+                    ("content", format!("m{i}").as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    wait_until("all six delivered", PLATFORM_SOON, || async {
+        fake.with(|r| (r.posted.len() == 6).then_some(()))
+    })
+    .await;
+    let (global, times, limited) =
+        fake.with(|r| (r.global_429s.clone(), r.post_times.clone(), r.rate_limited));
+    assert_eq!(global.len(), 1);
+    assert_eq!(limited, 1, "no 429 after the global one");
+    let (at, _) = global[0];
+    // Sends already on their way when it was answered may arrive just after.
+    let during = times
+        .iter()
+        .filter(|t| **t > at + Duration::from_millis(100) && **t < at + hold)
+        .count();
+    assert_eq!(during, 0, "nothing was asked while the global limit held");
+}
+
+/// A super (burst) reaction counts as an answer, live and when caught up:
+/// Discord lists the two kinds apart (`type=1`), so the catch-up asks for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn super_reactions_approve_live_and_when_caught_up() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    for content in ["live", "away"] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let (first, second) = (card(&fake, 0).await, card(&fake, 1).await);
+    answerable(&d, first.id).await;
+    answerable(&d, second.id).await;
+    fake.user_burst_reaction(OPS, first.id, APPROVER, "✅");
+    wait_until(
+        "the live super reaction delivered",
+        PLATFORM_SOON,
+        || async { fake.with(|r| (contents(r, TALK) == ["live"]).then_some(())) },
+    )
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    fake.user_burst_reaction(OPS, second.id, APPROVER, "✅");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    wait_until(
+        "the caught-up super reaction delivered",
+        PLATFORM_SOON,
+        || async { fake.with(|r| (contents(r, TALK) == ["live", "away"]).then_some(())) },
+    )
+    .await;
     no_records_left(&store).await;
 }

@@ -580,17 +580,26 @@ async fn chaos_soak_on_discord_and_email() {
             t.failed,
             t.unconfirmed,
             t.inbound_duplicates,
-            keep_logs(&s.d, seed)
+            keep_logs(&s, seed)
         );
     }
 }
 
 /// Copies the services' logs out of the deployment (which is removed when
 /// the test ends) for a failed run; returns where.
-fn keep_logs(d: &Deployment, seed: u64) -> String {
+fn keep_logs(s: &Soak, seed: u64) -> String {
     let to = std::env::temp_dir().join(format!("cowboy-soak-{seed}"));
     let _ = std::fs::create_dir_all(&to);
-    if let Ok(dir) = std::fs::read_dir(d.path("")) {
+    let _ = std::fs::write(to.join("postfix.log"), s.stack.postfix_log());
+    let queue = std::process::Command::new("postqueue")
+        .arg("-c")
+        .arg(s.stack.dir.path().join("postfix"))
+        .arg("-p")
+        .output();
+    if let Ok(q) = queue {
+        let _ = std::fs::write(to.join("postfix-queue.txt"), q.stdout);
+    }
+    if let Ok(dir) = std::fs::read_dir(s.d.path("")) {
         for e in dir.flatten() {
             if e.file_name().to_string_lossy().ends_with(".log") {
                 let _ = std::fs::copy(e.path(), to.join(e.file_name()));
