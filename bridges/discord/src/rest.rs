@@ -44,8 +44,9 @@ pub enum Kind {
 
 #[derive(Default)]
 struct Limits {
-    /// A kind's bucket as Discord named it, once an answer did.
-    named: HashMap<Kind, String>,
+    /// A kind's bucket in a channel as Discord named it, once an answer did
+    /// (kept per channel: names are not promised to be the same across them).
+    named: HashMap<(Kind, u64), String>,
     /// Per bucket and channel: requests left, and when it refills.
     buckets: HashMap<(String, u64), (u64, Instant)>,
     /// Every route waits until then (a global 429).
@@ -58,7 +59,7 @@ impl Limits {
     fn bucket(&self, kind: Kind, channel: u64) -> (String, u64) {
         let name = self
             .named
-            .get(&kind)
+            .get(&(kind, channel))
             .cloned()
             .unwrap_or_else(|| format!("{kind:?}"));
         (name, channel)
@@ -83,7 +84,7 @@ impl Limits {
 
     fn note(&mut self, kind: Kind, channel: u64, header: impl Fn(&str) -> Option<String>) {
         if let Some(name) = header("x-ratelimit-bucket") {
-            self.named.insert(kind, name);
+            self.named.insert((kind, channel), name);
         }
         let number = |h: &str| header(h).and_then(|v| v.parse::<f64>().ok());
         if let (Some(left), Some(after)) = (

@@ -28,6 +28,27 @@ pub(crate) async fn agent_sends(d: &Deployment, content: &str, request_id: &str)
 
 /// Waits for the n-th notification on desk's output and returns (approval id, external id).
 pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
+    let (id, external) = notification_written(d, n).await;
+    // Answerable once the card is recorded as shown (just after it is
+    // written): a human never answers within those milliseconds, a test would.
+    let store = d.store().await;
+    wait_until("the card recorded as shown", SOON, || {
+        let mut store = store.clone();
+        let external = external.clone();
+        async move {
+            harness::hash(&mut store, &keys::approval_map("desk"))
+                .await
+                .contains_key(&external)
+                .then_some(())
+        }
+    })
+    .await;
+    (id, external)
+}
+
+/// The n-th notification as written on desk.out (approval id, external id),
+/// whether or not it was recorded as shown (a card an edit superseded never is).
+pub(crate) async fn notification_written(d: &Deployment, n: usize) -> (String, String) {
     let line = wait_until("an approval notification on desk.out", SOON, || async {
         d.delivered("desk.out").get(n).cloned()
     })

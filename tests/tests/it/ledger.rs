@@ -8,7 +8,7 @@ use harness::{hash, wait_until, Deployment};
 
 use crate::approval::{
     agent_sends, approval_services, approve_directly, first_sent, inbox_notices, notification,
-    react,
+    notification_written, react,
 };
 use crate::{approval_config, SOON};
 
@@ -1140,8 +1140,8 @@ async fn a_card_still_being_sent_when_an_edit_lands_is_never_answerable() {
         "op",
     ]);
     assert!(out.status.success(), "{out:?}");
-    let (_, old_card) = notification(&d, 0).await;
-    let (_, new_card) = notification(&d, 1).await;
+    let (_, old_card) = notification_written(&d, 0).await;
+    let (_, new_card) = notification_written(&d, 1).await;
     assert!(d.delivered("desk.out")[0].content.contains("PAY EVE"));
     let mut store = d.store().await;
     let map = hash(&mut store, &keys::approval_map("desk")).await;
