@@ -1,6 +1,6 @@
 //! A local Discord that speaks the real protocol, for the real serenity client.
 //!
-//! REST (`/api/v10`): the gateway URL, `users/@me`, create message (with nonce
+//! REST (`/api/v10`): the gateway URL, `users/@me`, a channel's type, create message (with nonce
 //! de-duplication under `enforce_nonce`), edit message, add and delete reaction,
 //! list a channel's messages and a reaction's users (what people did is kept
 //! whether or not a session heard it), and a 429 with `retry_after` on demand. Gateway websocket: HELLO, IDENTIFY →
@@ -80,6 +80,8 @@ pub struct Recorded {
     pub unexpected: Vec<String>,
     /// Channels that exist; others answer 404 Unknown Channel.
     pub channels: HashSet<u64>,
+    /// Of them, the DM channels (`GET /channels/{id}` says type 1).
+    pub dm_channels: HashSet<u64>,
     /// How many of the next create-message calls answer 429.
     pub rate_limit_next: usize,
     /// Per channel: how many of the next create-message calls there answer 429.
@@ -182,6 +184,7 @@ impl FakeDiscord {
             .route("/api/v10/gateway", get(gateway_url))
             .route("/api/v10/gateway/bot", get(gateway_url))
             .route("/api/v10/users/@me", get(me))
+            .route("/api/v10/channels/{channel}", get(get_channel))
             .route(
                 "/api/v10/channels/{channel}/messages",
                 post(create_message).get(list_messages),
@@ -306,6 +309,7 @@ impl FakeDiscord {
 
     /// Someone writes to the bot in a direct message (no guild). Returns the message id.
     pub fn user_dm(&self, channel: u64, author: u64, name: &str, content: &str) -> u64 {
+        self.with(|r| r.dm_channels.insert(channel));
         let (id, d) = self.say(channel, author, name, content, None);
         self.dispatch("MESSAGE_CREATE", d);
         id
@@ -731,6 +735,23 @@ async fn list_messages(
     all.truncate(limit);
     all.reverse();
     Json(Value::Array(all.into_iter().map(|(_, m)| m).collect())).into_response()
+}
+
+/// `GET /channels/{c}`: its id and type (1 for a DM, 0 for a guild text channel).
+async fn get_channel(
+    State(s): State<Arc<Shared>>,
+    Path(channel): Path<u64>,
+    headers: HeaderMap,
+) -> Response {
+    if !authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, 0, "401: Unauthorized");
+    }
+    let rec = s.rec.lock().unwrap();
+    if !rec.channels.contains(&channel) {
+        return error(StatusCode::NOT_FOUND, 10003, "Unknown Channel");
+    }
+    let kind = u8::from(rec.dm_channels.contains(&channel));
+    Json(json!({"id": channel.to_string(), "type": kind})).into_response()
 }
 
 async fn unexpected(State(s): State<Arc<Shared>>, req: axum::extract::Request) -> Response {

@@ -23,7 +23,9 @@
 //!   are remembered, checked and recorded under the ingest's lock). Only a
 //!   live message heard while its channel is still being caught up can come
 //!   twice, if the process dies before that catch-up ends. The first start
-//!   carries nothing from before it.
+//!   carries nothing from before it. DM channels (with `dms`) are caught up
+//!   once the bot has carried a message from them: their positions are saved
+//!   with the rest, and Discord confirms each is a DM before it is read.
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
@@ -377,6 +379,10 @@ impl Handler {
     /// Carries what was written in the listened channels since the last
     /// message carried there (nothing on a first start: no cursor yet).
     async fn catch_up_messages(&self) -> Result<()> {
+        // DM channels the bot has carried from before (their positions are
+        // saved with the rest; Discord lists a bot's DM channels nowhere).
+        let dms = self.known_dm_channels().await?;
+        let listened: Vec<u64> = self.channels.iter().copied().chain(dms).collect();
         // Read, merged and marked under the ingest's lock, so no live message
         // is carried between reading the positions and marking the channels.
         let stored = {
@@ -395,7 +401,7 @@ impl Handler {
                 // added to the config) starts from now: what comes after is
                 // caught up next time.
                 let now = snowflake_now();
-                for channel in &self.channels {
+                for channel in &listened {
                     match stored.contains_key(channel) {
                         true => {
                             c.catching.insert(*channel);
@@ -410,7 +416,7 @@ impl Handler {
             stored
         };
         let mut carried = 0;
-        for channel in self.channels.iter().copied() {
+        for channel in listened {
             let Some(after) = stored.get(&channel).copied().map(MessageId::new) else {
                 continue;
             };
@@ -433,6 +439,43 @@ impl Handler {
             );
         }
         Ok(())
+    }
+
+    /// With `dms` on: the channels with a saved position that are not
+    /// configured and that Discord says are DMs (type 1). A configured
+    /// channel since removed is not one, so it is not read again.
+    async fn known_dm_channels(&self) -> Result<Vec<u64>> {
+        if !self.settings.dms {
+            return Ok(Vec::new());
+        }
+        let stored = self.ingest.lock().await.cursor().await?;
+        let stored: std::collections::BTreeMap<u64, u64> = stored
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default();
+        let mut dms = Vec::new();
+        for channel in stored.keys().filter(|c| !self.channels.contains(c)) {
+            let seen: serenity::Result<serde_json::Value> = self
+                .rest
+                .send_json(
+                    Kind::ReadChannel,
+                    *channel,
+                    Route::Channel {
+                        channel_id: ChannelId::new(*channel),
+                    },
+                    LightMethod::Get,
+                    None,
+                    None,
+                )
+                .await;
+            match seen {
+                Ok(c) if c["type"].as_u64() == Some(1) => dms.push(*channel),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(channel, error = %e, "a DM channel could not be looked up; its messages written meanwhile are not caught up")
+                }
+            }
+        }
+        Ok(dms)
     }
 
     /// Carries `channel`'s messages after `after`, oldest first; returns how many.

@@ -40,6 +40,7 @@ pub enum Kind {
     Unreact,
     ReadMessages,
     ReadReactions,
+    ReadChannel,
 }
 
 #[derive(Default)]

@@ -289,7 +289,8 @@ async fn rate_limit_buckets_are_obeyed_before_they_bite() {
 
 /// With `dms = true` a direct message to the bot reaches the inbox (with its
 /// DM channel, which is not listed in `channels`), and the agent's answer to
-/// that channel is delivered there; with `dms` off, a DM is not carried.
+/// that channel is delivered there; DMs written while the ingest was away are
+/// caught up once; with `dms` off, a DM is not carried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_messages_in_and_out() {
     const DM: u64 = 777_777_777_777_777_777;
@@ -330,7 +331,37 @@ async fn direct_messages_in_and_out() {
         fake.with(|r| (contents(r, DM) == ["yes, here"]).then_some(()))
     })
     .await;
+    // DMs written while the ingest is away are caught up in a DM channel it
+    // has carried from before, in order, once each.
     assert_eq!(ingest.stop(), Some(0));
+    fake.user_dm(DM, APPROVER, "boss", "while you were away");
+    fake.user_dm(DM, APPROVER, "boss", "and again");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    let dms = wait_until("the DMs caught up", PLATFORM_SOON, || async {
+        let e = inbox(&d, "dc:inbox").await;
+        (e.len() >= 3).then_some(e)
+    })
+    .await;
+    let texts: Vec<&str> = dms.iter().map(|e| e["content"].as_str()).collect();
+    assert_eq!(
+        texts,
+        ["are you there?", "while you were away", "and again"]
+    );
+    assert_eq!(ingest.stop(), Some(0));
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    fake.user_dm(DM, APPROVER, "boss", "live again");
+    let all = wait_until(
+        "the live DM after a second restart",
+        PLATFORM_SOON,
+        || async {
+            let e = inbox(&d, "dc:inbox").await;
+            (e.len() >= 4).then_some(e)
+        },
+    )
+    .await;
+    assert_eq!(all.len(), 4, "nothing carried twice");
+    drop(_ingest);
     assert_eq!(outbox.stop(), Some(0));
 
     let fake = FakeDiscord::start(&[TALK, DM]).await;
