@@ -737,27 +737,26 @@ async fn the_outbox_survives_a_redis_restart() {
 
 /// Waiting costs the same whatever is parked: over five sweep periods of an
 /// idle outbox (on paused time: two and a half minutes of the services'
-/// time), 300 parked entries cost Redis at most two sweep slices (64 record
-/// reads each) more than 150 do: each sweep re-reads one slice, round robin, and
+/// time), 256 parked entries cost Redis at most one sweep slice (64 record
+/// reads) more than 128 do: each sweep re-reads one slice, round robin, and
 /// the rest is beats, lease renewals and takeover checks. A command per
-/// parked entry and period would be 750 more.
+/// parked entry and period would be 640 more. Both counts are whole slices
+/// (a count like 150 leaves a short slice of 22 in the round robin, so its
+/// five sweeps could read 42 records fewer than the larger count's).
 #[tokio::test(start_paused = true)]
 async fn idle_cost_does_not_grow_with_parked_entries() {
     let time = harness::Frozen::hold();
-    let few = idle_commands(&time, 150).await;
-    let many = idle_commands(&time, 300).await;
+    let few = idle_commands(&time, 128).await;
+    let many = idle_commands(&time, 256).await;
     // Per sweep period, both services together: one slice of record reads,
     // and about 30 commands of beats, lease renewals and takeover checks.
     assert!(
         few <= 5 * (64 + 40),
-        "{few} commands over five sweep periods with 150 parked"
+        "{few} commands over five sweep periods with 128 parked"
     );
-    // With 150 parked, one of the round robin's slices is short (150 = 2 × 64
-    // + 22), so five sweeps may read up to 42 records fewer than with 300:
-    // two slices of slack, against 750 for a command per entry and period.
     assert!(
-        many <= few + 2 * 64,
-        "idle commands over five sweep periods: {few} with 150 parked, {many} with 300"
+        many <= few + 64,
+        "idle commands over five sweep periods: {few} with 128 parked, {many} with 256"
     );
 }
 
