@@ -346,18 +346,7 @@ impl FakeDiscord {
     /// Someone reacts to a message.
     pub fn user_reaction(&self, channel: u64, message: u64, user_id: u64, emoji: &str) {
         self.with(|r| r.user_reactions.push((message, emoji.to_string(), user_id)));
-        self.dispatch(
-            "MESSAGE_REACTION_ADD",
-            json!({
-                "user_id": user_id.to_string(),
-                "channel_id": channel.to_string(),
-                "message_id": message.to_string(),
-                "guild_id": "700000000000000001",
-                "emoji": {"id": null, "name": emoji},
-                "burst": false,
-                "type": 0,
-            }),
-        );
+        self.reaction_event(channel, message, user_id, emoji, false);
     }
 
     /// Someone adds a super (burst) reaction: the gateway says `burst`, and
@@ -367,6 +356,10 @@ impl FakeDiscord {
             r.burst_reactions
                 .push((message, emoji.to_string(), user_id))
         });
+        self.reaction_event(channel, message, user_id, emoji, true);
+    }
+
+    fn reaction_event(&self, channel: u64, message: u64, user_id: u64, emoji: &str, burst: bool) {
         self.dispatch(
             "MESSAGE_REACTION_ADD",
             json!({
@@ -375,8 +368,8 @@ impl FakeDiscord {
                 "message_id": message.to_string(),
                 "guild_id": "700000000000000001",
                 "emoji": {"id": null, "name": emoji},
-                "burst": true,
-                "type": 1,
+                "burst": burst,
+                "type": u8::from(burst),
             }),
         );
     }
