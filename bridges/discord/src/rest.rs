@@ -187,24 +187,14 @@ impl Rest {
         }
         let error = ErrorResponse::from_response(response, method.reqwest_method()).await;
         if status == 429 {
-            self.rate_limited(kind, channel, &error, &header);
+            self.rate_limited(kind, channel, &header);
         }
         Err(serenity::Error::Http(HttpError::UnsuccessfulRequest(error)))
     }
 
-    /// A 429: its bucket, or every route when it is global, waits out
-    /// `retry_after` (the body's, else the `Retry-After` header's).
-    fn rate_limited(
-        &self,
-        kind: Kind,
-        channel: u64,
-        error: &ErrorResponse,
-        header: &impl Fn(&str) -> Option<String>,
-    ) {
-        let body: Option<serde_json::Value> = serde_json::to_value(&error.error.errors)
-            .ok()
-            .filter(|v| !v.is_null());
-        let _ = body;
+    /// A 429: its bucket, or every route when it is global, waits out its
+    /// `Retry-After` (discord.com sends it on every 429; a second without it).
+    fn rate_limited(&self, kind: Kind, channel: u64, header: &impl Fn(&str) -> Option<String>) {
         let retry_after = header("retry-after")
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or(1.0)
