@@ -102,7 +102,7 @@ let
 
   # dir = null renders the secrets' source paths (for root-run tools).
   renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
-    redis = { url = cfg.redis.url; caFile = cfg.redis.caFile; allowPlaintext = cfg.redis.allowPlaintext; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
+    redis = { inherit (cfg.redis) url caFile allowPlaintext sentinels masterName sentinelUsername sentinelPasswordFile waitReplicas waitTimeoutMs; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
@@ -183,6 +183,7 @@ let
       StateDirectoryMode = if b.type == "rebuild" && svc == "outbox" then "0700" else "0750";
       LoadCredential =
         optional (b.redisPasswordFiles ? ${svc}) "redis-password:${b.redisPasswordFiles.${svc}}"
+        ++ optional (cfg.redis.sentinelPasswordFile != null) "redis-sentinel-password:${cfg.redis.sentinelPasswordFile}"
         ++ mapAttrsToList (k: path: "${k}:${path}") (bridgeInput name b).secrets;
     };
   };
@@ -207,6 +208,7 @@ let
         optional (arg == "serve" && cfg.web.redisPasswordFile != null) "web-redis-password:${cfg.web.redisPasswordFile}"
         ++ optional (arg == "exporter" && cfg.web.exporterRedisPasswordFile != null) "web-exporter-password:${cfg.web.exporterRedisPasswordFile}"
         ++ optional (cfg.web.sessionKeyFile != null) "web-session-key:${cfg.web.sessionKeyFile}"
+        ++ optional (cfg.redis.sentinelPasswordFile != null) "redis-sentinel-password:${cfg.redis.sentinelPasswordFile}"
         ++ mapAttrsToList (n: u: "web-user-${n}:${u.passwordFile}") cfg.web.users;
     };
   };
@@ -224,6 +226,12 @@ in
       url = mkOption { type = types.str; default = "redis://127.0.0.1:${toString cfg.redis.port}"; defaultText = literalExpression ''"redis://127.0.0.1:''${toString port}"''; description = "Redis to use (an external one when createLocally is false)."; };
       caFile = mkOption { type = types.nullOr types.path; default = null; description = "PEM certificates of the CA that signed the Redis server's certificate, trusted for a rediss:// url instead of the system's roots."; };
       allowPlaintext = mkOption { type = types.bool; default = false; description = "Allow redis:// (no TLS) to a host that is not loopback (passwords and messages then cross the network in clear)."; };
+      sentinels = mkOption { type = types.listOf types.str; default = [ ]; example = [ "rediss://10.0.0.1:26379" "rediss://10.0.0.2:26379" "rediss://10.0.0.3:26379" ]; description = "Sentinels that say where the master is (instead of url; set createLocally = false). The master is reached with their scheme."; };
+      masterName = mkOption { type = types.nullOr types.str; default = null; description = "The name the Sentinels monitor the master under."; };
+      sentinelUsername = mkOption { type = types.nullOr types.str; default = null; description = "ACL user on the Sentinels, where they have one."; };
+      sentinelPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of that user (every unit receives it with LoadCredential)."; };
+      waitReplicas = mkOption { type = types.ints.unsigned; default = 0; description = "Replicas that must hold an approval record, a decision and a send's gate mark before the step that relies on it (WAIT); 0: none. Keep at least one more replica than this, or the gate stops while one is down."; };
+      waitTimeoutMs = mkOption { type = types.ints.between 1 5000; default = 1000; description = "How long such a WAIT may take before the step fails and is retried."; };
       acl = mkOption { type = types.bool; default = true; description = "Render ACL users with `cowboy acl` and turn the default user off."; };
       operator = mkOption { type = types.str; default = "cowboy-admin"; description = "Redis user of the operator CLI."; };
       operatorPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of the operator user."; };
@@ -308,6 +316,7 @@ in
         { assertion = !cfg.redis.acl || builtins.all (a: a.passwordFile != null) (builtins.attrValues cfg.agents); message = "every services.cowboy.agents.<name>.passwordFile is needed when redis.acl is on."; }
         { assertion = !(cfg.redis.acl && cfg.web.enable) || cfg.web.redisPasswordFile != null; message = "services.cowboy.web.redisPasswordFile is needed when redis.acl is on (the page has its own Redis user)."; }
         { assertion = !(cfg.redis.acl && cfg.web.exporter.enable) || cfg.web.exporterRedisPasswordFile != null; message = "services.cowboy.web.exporterRedisPasswordFile is needed when redis.acl is on (the exporter has its own read-only Redis user)."; }
+        { assertion = cfg.redis.sentinels == [ ] || (!cfg.redis.createLocally && cfg.redis.masterName != null); message = "services.cowboy.redis.sentinels needs masterName and createLocally = false (the Sentinels' master is not the local Redis)."; }
       ];
 
     users.users.cowboy = { isSystemUser = true; group = "cowboy"; };

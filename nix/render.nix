@@ -103,11 +103,18 @@ let
     + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in
 table "redis" {
-  url = redis.url or "redis://127.0.0.1:6379";
+  # Behind Sentinels the master's address is theirs to say: no url.
+  url = if (redis.sentinels or [ ]) != [ ] then null else redis.url or "redis://127.0.0.1:6379";
   username = redis.username or null;
   password_file = redis.passwordFile or null;
   ca_file = redis.caFile or null;
   allow_plaintext = redis.allowPlaintext or null;
+  sentinels = if (redis.sentinels or [ ]) == [ ] then null else redis.sentinels;
+  master_name = redis.masterName or null;
+  sentinel_username = redis.sentinelUsername or null;
+  sentinel_password_file = webFile "redis-sentinel-password" (redis.sentinelPasswordFile or null);
+  wait_replicas = redis.waitReplicas or null;
+  wait_timeout_ms = redis.waitTimeoutMs or null;
 }
 + (if audit ? retentionDays then table "audit" { retention_days = audit.retentionDays; } else "")
 + (if web == null then "" else webTables)

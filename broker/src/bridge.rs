@@ -235,6 +235,13 @@ impl Launch {
     }
 }
 
+/// How many times in a row an ingest that lost Redis is started again before
+/// its service exits (about two minutes of back-off).
+const INGEST_RESTARTS: u32 = 10;
+
+/// How long an ingest must have run for its next failure to count as a first.
+const INGEST_STEADY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Runs one service of a bridge of type `B` until shutdown.
 pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
     let Launch {
@@ -291,10 +298,36 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
             }
         }
         Service::Ingest => {
-            let ingest = Ingest::new(config, &name, store)?
-                .with_clock(clock)
-                .with_timing(timing);
-            bridge.ingest(ingest, shutdown).await
+            // Losing Redis (a restart, a failover) ends an ingest's loop with a
+            // retriable error: it starts again here, as systemd would start
+            // the process, on the master the store now follows. What it had
+            // not saved its cursor past is read again, as after a restart.
+            let mut bridge = Some(bridge);
+            let mut failures = 0u32;
+            loop {
+                let this = match bridge.take() {
+                    Some(b) => b,
+                    None => B::load(&config, &name)?,
+                };
+                let ingest = Ingest::new(config.clone(), &name, store.clone())?
+                    .with_clock(clock)
+                    .with_timing(timing);
+                let started = tokio::time::Instant::now();
+                match this.ingest(ingest, shutdown.clone()).await {
+                    Err(e) if e.is_retriable() && failures < INGEST_RESTARTS => {
+                        // A run that lasted was not part of a row of failures.
+                        if started.elapsed() > INGEST_STEADY {
+                            failures = 0;
+                        }
+                        failures += 1;
+                        tracing::warn!(bridge = %name, error = %e, failures, "the ingest lost Redis; starting it again");
+                        if !shutdown.sleep(crate::retry::backoff(failures)).await {
+                            return Ok(());
+                        }
+                    }
+                    other => return other,
+                }
+            }
         }
         Service::Ping => {
             let mut ping = PingService::new(config, &name, store, shutdown)?;

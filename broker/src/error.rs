@@ -98,7 +98,14 @@ impl Error {
                     || e.is_timeout()
                     || matches!(
                         e.code(),
-                        Some("LOADING" | "TRYAGAIN" | "BUSY" | "MASTERDOWN")
+                        Some(
+                            "LOADING"
+                                | "TRYAGAIN"
+                                | "BUSY"
+                                | "MASTERDOWN"
+                                | "READONLY"
+                                | "NOREPLICAS"
+                        )
                     )
             }
             Error::Io(_) => true,

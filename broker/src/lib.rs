@@ -60,6 +60,7 @@ pub mod shutdown;
 pub mod store;
 pub mod systemd;
 pub mod timing;
+pub mod topology;
 
 pub use bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 pub use clock::Clock;

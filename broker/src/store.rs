@@ -11,11 +11,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Value};
 
 use crate::config::RedisConfig;
-use crate::error::{ConfigError, Error, Result};
+use crate::error::{Error, Result};
+pub use crate::topology::Conn;
 
 /// One stream entry: its id and its fields in the order they were written.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,46 +79,17 @@ pub struct Pending {
 /// A handle on Redis for one service.
 #[derive(Clone)]
 pub struct Store {
-    client: redis::Client,
-    /// The general-purpose connection (multiplexed, reconnecting).
-    pub conn: ConnectionManager,
+    /// The general-purpose connection (multiplexed, reconnecting, following
+    /// a failover; see [`crate::topology`]).
+    pub conn: Conn,
 }
 
 impl Store {
     /// Connects using `[redis]`, reading the password from its file.
     pub async fn connect(config: &RedisConfig) -> Result<Store> {
-        let client = client_for(config)?;
-        let user = config.username.clone().unwrap_or_else(|| "default".into());
-        let conn = ConnectionManager::new_with_config(
-            client.clone(),
-            redis::aio::ConnectionManagerConfig::new()
-                .set_response_timeout(Some(Duration::from_secs(10)))
-                .set_connection_timeout(Some(Duration::from_secs(5)))
-                .set_number_of_retries(3),
-        )
-        .await
-        .map_err(|e| {
-            if e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS") {
-                Error::Permission {
-                    command: format!("AUTH as {user}"),
-                    message: e.to_string(),
-                }
-            } else if refused_certificate(&e) {
-                // Waiting cannot fix a certificate: a configuration error, named.
-                let at = match client.get_connection_info().addr() {
-                    redis::ConnectionAddr::TcpTls { host, port, .. } => format!("{host}:{port}"),
-                    other => other.to_string(),
-                };
-                ConfigError::invalid(
-                    "redis.ca_file",
-                    format!("the TLS certificate of {at} was refused: {e}"),
-                )
-                .into()
-            } else {
-                Error::Redis(e)
-            }
-        })?;
-        Ok(Store { client, conn })
+        Ok(Store {
+            conn: Conn::connect(config).await?,
+        })
     }
 
     /// A dedicated connection for blocking reads (no response timeout).
@@ -127,7 +98,9 @@ impl Store {
             .set_response_timeout(None)
             .set_connection_timeout(Some(Duration::from_secs(5)));
         Ok(self
-            .client
+            .conn
+            .master_client()
+            .await?
             .get_multiplexed_async_connection_with_config(&config)
             .await?)
     }
@@ -469,88 +442,3 @@ fn parse_read(v: Value) -> StreamBatch {
         .filter_map(|(k, entries)| Some((text(&k)?, parse_entries(entries))))
         .collect()
 }
-
-/// Builds a client from `[redis]`: the URL, then `username` / `password_file`
-/// on top. `rediss://` verifies the server's certificate against `ca_file`
-/// (or the system's roots) and its host name; `redis://` is refused to a host
-/// that is not loopback unless `allow_plaintext` says so.
-pub fn client_for(config: &RedisConfig) -> Result<redis::Client> {
-    let mut info: redis::ConnectionInfo = config
-        .url
-        .as_str()
-        .into_connection_info()
-        .map_err(|e| ConfigError::invalid("redis.url", e.to_string()))?;
-    if config.url.contains("#insecure") {
-        return Err(ConfigError::invalid(
-            "redis.url",
-            "`#insecure` turns certificate checks off: trust the server's CA with redis.ca_file instead",
-        )
-        .into());
-    }
-    let tls = match info.addr() {
-        redis::ConnectionAddr::TcpTls { .. } => true,
-        redis::ConnectionAddr::Tcp(host, _) => {
-            if !config.allow_plaintext && !is_loopback(host) {
-                return Err(ConfigError::invalid(
-                    "redis.url",
-                    format!("`{host}` is not loopback: use rediss:// (TLS), or set redis.allow_plaintext = true to send passwords and messages in clear"),
-                )
-                .into());
-            }
-            false
-        }
-        _ => false,
-    };
-    if config.ca_file.is_some() && !tls {
-        return Err(ConfigError::invalid("redis.ca_file", "needs a rediss:// url").into());
-    }
-    let mut redis_info = info.redis_settings().clone();
-    if let Some(user) = &config.username {
-        redis_info = redis_info.set_username(user.clone());
-    }
-    if let Some(path) = &config.password_file {
-        let password = crate::config::read_secret("redis.password_file", path)?;
-        redis_info = redis_info.set_password(password);
-    }
-    info = info.set_redis_settings(redis_info);
-    if !tls {
-        return Ok(redis::Client::open(info)?);
-    }
-    // One provider for the process; a second install is refused, harmlessly.
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let root_cert = match &config.ca_file {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            ConfigError::invalid(
-                "redis.ca_file",
-                format!("cannot read {}: {e}", path.display()),
-            )
-        })?),
-        None => None,
-    };
-    let certs = redis::TlsCertificates {
-        client_tls: None,
-        root_cert,
-    };
-    redis::Client::build_with_tls(info, certs)
-        .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()).into())
-}
-
-/// Whether a connection failed on the server's certificate (not trusted, or
-/// not for that host).
-fn refused_certificate(e: &redis::RedisError) -> bool {
-    let text = e.to_string().to_ascii_lowercase();
-    ["certificate", "unknownissuer", "notvalidforname"]
-        .iter()
-        .any(|w| text.contains(w))
-}
-
-/// Whether `host` is this machine (where plain TCP crosses no network).
-fn is_loopback(host: &str) -> bool {
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-use redis::IntoConnectionInfo;

@@ -9,6 +9,7 @@
 pub mod discord;
 pub mod dns;
 pub mod mail;
+pub mod sentinel;
 pub mod setup;
 pub mod web;
 
@@ -423,10 +424,16 @@ impl Deployment {
     /// Like [`Self::with_redis`], with extra lines for the `[redis]` table
     /// (`username`, `password_file`).
     pub fn build(redis: RedisServer, redis_extra: &str, body: &str) -> Deployment {
+        let table = format!("url = \"{}\"\n{redis_extra}", redis.url());
+        Self::with_redis_table(redis, &table, body)
+    }
+
+    /// A deployment whose `[redis]` table is `table` as given (Sentinels, say);
+    /// `redis` is the server the test holds (the first master).
+    pub fn with_redis_table(redis: RedisServer, table: &str, body: &str) -> Deployment {
         let dir = tempfile::tempdir().expect("temp dir");
         let text = format!(
-            "[redis]\nurl = \"{}\"\n{redis_extra}\n\n{}",
-            redis.url(),
+            "[redis]\n{table}\n\n{}",
             body.replace("{dir}", &dir.path().display().to_string())
         );
         let config_path = dir.path().join("cowboy.toml");

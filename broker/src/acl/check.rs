@@ -78,7 +78,7 @@ pub async fn connect_as(
     let mut redis = config.redis.clone();
     redis.username = Some(user.to_string());
     redis.password_file = Some(file.to_path_buf());
-    let client = crate::store::client_for(&redis)?;
+    let client = crate::topology::master_client(&redis).await?;
     let conn = client
         .get_multiplexed_async_connection_with_config(
             &redis::AsyncConnectionConfig::new()

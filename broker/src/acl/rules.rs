@@ -7,7 +7,9 @@ use crate::error::{ConfigError, Result};
 use crate::keys;
 
 /// Commands every user may run: connection set-up and liveness only.
-const BASE: &str = "+ping +auth +hello";
+/// `WAIT` lets an agent make sure its `XADD` survives a failover; `ROLE`
+/// tells a master from a replica the Sentinels named a moment too early.
+const BASE: &str = "+ping +auth +hello +wait +role";
 
 pub(super) fn password_hash(key: &str, path: &Path) -> Result<String, ConfigError> {
     let password = crate::config::read_secret(key, path)?;

@@ -21,6 +21,7 @@ mod validate;
 
 pub use secret::{read_secret, secret_path};
 pub use types::*;
+pub(crate) use validate::validate_redis;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -203,6 +204,29 @@ mod tests {
         assert_eq!(b.approval.timeout, 3600);
         assert_eq!(c.notify_bridge("c"), "c");
         assert!(b.destinations.is_empty());
+    }
+
+    /// `[redis]` finds the master one way: a url, or Sentinels with the
+    /// name they know it by; a WAIT may not outlast the connection's timeout.
+    #[test]
+    fn redis_topology_is_one_way_and_named() {
+        let redis = |t: &str| err(&format!("[redis]\n{t}\n[bridges.c]\ntype = \"console\"\n"));
+        let s = "sentinels = [\"redis://127.0.0.1:26379\"]\n";
+        assert!(redis(&format!("{s}url = \"redis://127.0.0.1:7000\"")).contains("redis.url"));
+        assert!(redis(s).contains("redis.master_name"));
+        assert!(redis("master_name = \"m\"").contains("redis.master_name"));
+        assert!(redis(&format!(
+            "sentinels = [\"redis://127.0.0.1:1\", \"rediss://h:2\"]\nmaster_name = \"m\""
+        ))
+        .contains("redis.sentinels"));
+        assert!(
+            redis("wait_replicas = 1\nwait_timeout_ms = 9000").contains("redis.wait_timeout_ms")
+        );
+        let ok = Config::parse(&format!(
+            "[redis]\n{s}master_name = \"m\"\nwait_replicas = 1\n[bridges.c]\ntype = \"console\"\n"
+        ))
+        .unwrap();
+        assert_eq!(ok.redis.wait_timeout_ms, 1000);
     }
 
     #[test]

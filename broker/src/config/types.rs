@@ -156,6 +156,27 @@ pub struct RedisConfig {
     /// passwords and messages would cross the network in clear.
     #[serde(default)]
     pub allow_plaintext: bool,
+    /// Sentinels (`redis://host:26379` or `rediss://`) that say where the
+    /// master is; instead of `url`. The master is reached with the same scheme.
+    #[serde(default)]
+    pub sentinels: Vec<String>,
+    /// The name the Sentinels monitor the master under.
+    #[serde(default)]
+    pub master_name: Option<String>,
+    /// ACL user on the Sentinels, where they have one.
+    #[serde(default)]
+    pub sentinel_username: Option<String>,
+    /// File holding that user's password.
+    #[serde(default)]
+    pub sentinel_password_file: Option<PathBuf>,
+    /// Replicas that must hold an approval record, a decision and a send's
+    /// gate mark before the step that relies on it (`WAIT`); 0: none.
+    #[serde(default)]
+    pub wait_replicas: u32,
+    /// How long such a `WAIT` may take (1 to 5000 ms) before the step fails
+    /// and is retried.
+    #[serde(default = "default_wait_timeout_ms")]
+    pub wait_timeout_ms: u64,
 }
 
 impl Default for RedisConfig {
@@ -166,8 +187,18 @@ impl Default for RedisConfig {
             password_file: None,
             ca_file: None,
             allow_plaintext: false,
+            sentinels: Vec::new(),
+            master_name: None,
+            sentinel_username: None,
+            sentinel_password_file: None,
+            wait_replicas: 0,
+            wait_timeout_ms: default_wait_timeout_ms(),
         }
     }
+}
+
+fn default_wait_timeout_ms() -> u64 {
+    1_000
 }
 
 fn default_redis_url() -> String {

@@ -9,6 +9,7 @@ use crate::identity::{canonical, Identity};
 
 impl Config {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        validate_redis(&self.redis)?;
         if let Some(web) = &self.web {
             validate_web(web)?;
         }
@@ -279,6 +280,56 @@ impl Config {
 }
 
 /// `[web]`: user names, proxies, addresses, session length.
+/// `[redis]`: one way to find the master, and a `WAIT` that cannot hold the
+/// shared connection past its reply timeout.
+pub(crate) fn validate_redis(redis: &super::RedisConfig) -> Result<(), ConfigError> {
+    if redis.sentinels.is_empty() {
+        if redis.master_name.is_some() {
+            return Err(ConfigError::invalid(
+                "redis.master_name",
+                "needs redis.sentinels (the Sentinels that know it)",
+            ));
+        }
+    } else {
+        if redis.url != super::RedisConfig::default().url {
+            return Err(ConfigError::invalid(
+                "redis.url",
+                "leave it out with redis.sentinels: the Sentinels say where the master is",
+            ));
+        }
+        if redis.master_name.is_none() {
+            return Err(ConfigError::invalid(
+                "redis.master_name",
+                "redis.sentinels needs the name the Sentinels monitor the master under",
+            ));
+        }
+        let tls = |u: &String| u.starts_with("rediss://");
+        if redis
+            .sentinels
+            .iter()
+            .any(|u| tls(u) != tls(&redis.sentinels[0]))
+        {
+            return Err(ConfigError::invalid(
+                "redis.sentinels",
+                "mixes redis:// and rediss://; the master is reached the way the Sentinels are",
+            ));
+        }
+    }
+    if redis.wait_replicas > 0
+        && (redis.wait_timeout_ms == 0 || redis.wait_timeout_ms > MOST_WAIT_MS)
+    {
+        return Err(ConfigError::invalid(
+            "redis.wait_timeout_ms",
+            format!("must be between 1 and {MOST_WAIT_MS}: a WAIT holds the other commands of its connection"),
+        ));
+    }
+    Ok(())
+}
+
+/// The longest `redis.wait_timeout_ms`: a `WAIT` holds every command queued
+/// behind it on the shared connection, which times replies out after 10 s.
+const MOST_WAIT_MS: u64 = 5_000;
+
 fn validate_web(web: &WebConfig) -> Result<(), ConfigError> {
     for name in web.users.keys() {
         check_name(&format!("web.users.{name}"), name)?;

@@ -192,7 +192,7 @@ pub(super) struct Holder {
 
 /// The gate of one flight, on its own connection (run inside the send task).
 pub(super) async fn pass(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut crate::store::Conn,
     holder: &Holder,
     delivery_key: &str,
     worker: &str,
@@ -208,6 +208,12 @@ pub(super) async fn pass(
         .invoke_async(conn)
         .await
         .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
+    if passed == 1 {
+        // The mark that makes a later attempt a retry must outlive a failover.
+        conn.replicated("the send's gate mark")
+            .await
+            .map_err(|e| SendError::Transient(e.to_string()))?;
+    }
     Ok(passed == 1)
 }
 

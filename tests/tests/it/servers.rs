@@ -2,9 +2,12 @@
 //! TLS with a private CA. (Valkey runs the ACL and approval-flow tests of
 //! `acl.rs`.)
 
+use std::time::Duration;
+
 use broker::config::RedisConfig;
-use broker::{Error, Store};
-use harness::{Deployment, RedisServer};
+use broker::{keys, Error, Store};
+use harness::sentinel::Sentinels;
+use harness::{wait_until, Deployment, RedisServer};
 
 use crate::approval::{agent_sends, approval_services, first_sent, notification, react};
 use crate::approval_config;
@@ -57,5 +60,154 @@ async fn redis_over_tls_with_a_private_ca() {
         Err(Error::Config(e)) => assert!(e.to_string().contains("redis.url"), "{e}"),
         Err(e) => panic!("not a configuration error: {e}"),
         Ok(_) => panic!("plain TCP to another host was allowed"),
+    }
+}
+
+/// The card on desk.out that shows `text` (approval id, external id), once
+/// it is recorded as shown.
+async fn card_showing(d: &Deployment, text: &str) -> (String, String) {
+    let line = wait_until(&format!("a card showing {text:?}"), FAILOVER, || async {
+        d.delivered("desk.out")
+            .into_iter()
+            .find(|l| l.approval_id.is_some() && l.content.contains(text))
+    })
+    .await;
+    let external = line.external_id.clone();
+    wait_until("the card recorded as shown", FAILOVER, || async {
+        let mut store = d.store().await;
+        harness::hash(&mut store, &keys::approval_map("desk"))
+            .await
+            .contains_key(&external)
+            .then_some(())
+    })
+    .await;
+    (line.approval_id.unwrap_or_default(), external)
+}
+
+/// Writes to ann's outbox as the agent would, through a failover: it asks the
+/// Sentinels again until a master takes the entry.
+async fn agent_sends_through(d: &Deployment, content: &str, request_id: &str) {
+    wait_until(
+        &format!("the master taking {content:?}"),
+        FAILOVER,
+        || async {
+            let mut store = Store::connect(&d.config.redis).await.ok()?;
+            store
+                .xadd(
+                    &keys::agent_outbox("ann", "mail"),
+                    &[
+                        ("channel_id", b"bob@example.org".as_slice()),
+                        ("content", content.as_bytes()),
+                        ("request_id", request_id.as_bytes()),
+                    ],
+                )
+                .await
+                .ok()
+        },
+    )
+    .await;
+}
+
+/// A failover, and a Sentinel's second thoughts, bounded.
+const FAILOVER: Duration = Duration::from_secs(40);
+
+/// Behind three Sentinels with `wait_replicas = 1`, the master is killed
+/// (`SIGKILL`) twice while approvals are pending and entries flow; the
+/// services follow each promoted replica without a restart (and wait, when
+/// no replica is left, until the dead master is back as one). Entries parked
+/// before a failover stay parked and are decided after it; what was approved
+/// is delivered once; entries written during the failover are parked, shown
+/// and delivered; no card is shown twice and every approval has one outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failovers_lose_and_double_nothing() {
+    let master = RedisServer::start();
+    let first = master.port;
+    let mut set = Sentinels::start(&master);
+    let table = format!("{}wait_replicas = 1\n", set.redis_table());
+    let mut d = Deployment::with_redis_table(master, &table, &approval_config(3600));
+    let services = approval_services(&d);
+
+    agent_sends_through(&d, "approved-before", "r1").await;
+    let (_, card) = card_showing(&d, "approved-before").await;
+    react(&d, &card, "✅", "boss", "");
+    agent_sends_through(&d, "parked-one", "r2").await;
+    agent_sends_through(&d, "parked-two", "r3").await;
+    let (_, parked_one) = card_showing(&d, "parked-one").await;
+    let (_, parked_two) = card_showing(&d, "parked-two").await;
+
+    // First failover: the replica is promoted.
+    d.redis.kill();
+    agent_sends_through(&d, "during-first", "r4").await;
+    let second = set.replica.port;
+    tokio::task::block_in_place(|| set.wait_master(second));
+    // With no replica left nothing that must wait for one goes on; the old
+    // master comes back empty and is made a replica of the new one.
+    d.redis.restart();
+    tokio::task::block_in_place(|| Sentinels::wait_replica(first));
+    react(&d, &parked_one, "✅", "boss", "");
+    react(&d, &parked_two, "❌", "boss", "not now");
+    let (_, during) = card_showing(&d, "during-first").await;
+    react(&d, &during, "✅", "boss", "");
+
+    // Second failover, back to the first server.
+    set.replica.kill();
+    agent_sends_through(&d, "during-second", "r5").await;
+    tokio::task::block_in_place(|| set.wait_master(first));
+    set.replica.restart();
+    tokio::task::block_in_place(|| Sentinels::wait_replica(second));
+    let (_, late) = card_showing(&d, "during-second").await;
+    react(&d, &late, "✅", "boss", "");
+
+    let sent = wait_until("four approved messages delivered", FAILOVER, || async {
+        let sent = d.delivered("mail.out");
+        (sent.len() >= 4).then_some(sent)
+    })
+    .await;
+    let mut contents: Vec<&str> = sent.iter().map(|s| s.content.as_str()).collect();
+    contents.sort();
+    assert_eq!(
+        contents,
+        [
+            "approved-before",
+            "during-first",
+            "during-second",
+            "parked-one"
+        ],
+        "each approved message once, the rejected one never"
+    );
+    // Deliveries are told by the platform; the agent hears of the rejection.
+    let notices = wait_until("the rejection told to the agent", FAILOVER, || async {
+        let mut store = d.store().await;
+        let notices = harness::stream(&mut store, "ann:mail:inbox").await;
+        (!notices.is_empty()).then_some(notices)
+    })
+    .await;
+    let told: Vec<(&str, &str, &str)> = notices
+        .iter()
+        .map(|n| {
+            (
+                n["request_id"].as_str(),
+                n["status"].as_str(),
+                n["reason"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(told, [("r3", "rejected", "not now")], "one notice, once");
+    for text in [
+        "approved-before",
+        "parked-one",
+        "parked-two",
+        "during-first",
+        "during-second",
+    ] {
+        let cards = d
+            .delivered("desk.out")
+            .into_iter()
+            .filter(|l| l.content.contains(text))
+            .count();
+        assert_eq!(cards, 1, "{text:?} was shown {cards} times");
+    }
+    for s in services {
+        s.stop().await.unwrap();
     }
 }

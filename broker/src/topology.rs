@@ -1,0 +1,512 @@
+//! Where Redis is, and the connection that keeps reaching it.
+//!
+//! Two topologies: one server at `redis.url`, or a master found through
+//! Sentinels (`redis.sentinels` + `redis.master_name`). [`Conn`] is the
+//! general-purpose connection of every service, the CLI and the page; behind
+//! Sentinels it follows a failover without a restart.
+//!
+//! Invariants:
+//! - This layer never sends a command twice. A command that fails because the
+//!   master went away returns its error (callers retry or report, exactly as
+//!   for a lost connection to one server); only later commands go to the new
+//!   master. So a failover adds no delivery, decision or notification.
+//! - The master is looked for again only after an error that says it may be
+//!   gone (connection lost or refused, a timeout, `READONLY`, `MASTERDOWN`),
+//!   by one caller at a time; a server the Sentinels name is used only once it
+//!   answers `ROLE` as master (a user without `ROLE` trusts the Sentinels).
+//! - With `wait_replicas = N`, [`Conn::replicated`] returns only once N
+//!   replicas hold everything this connection wrote before it, and fails
+//!   (retriably) otherwise: callers put it between a write that must survive a
+//!   failover and the step that relies on it.
+//! - Certificates are always checked: `#insecure` is refused, `ca_file` is the
+//!   only way to trust a private CA; plain TCP goes to loopback only unless
+//!   `allow_plaintext` says otherwise. The same rules hold for the Sentinels
+//!   and for the master they name.
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+
+use crate::config::RedisConfig;
+use crate::error::{ConfigError, Error, Result};
+
+/// How long one Sentinel may take to connect and answer.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How the master is found.
+enum Place {
+    /// One server, always the same.
+    Server(redis::Client),
+    /// Whatever server the Sentinels name as `master_name`'s master.
+    Sentinels {
+        sentinels: Vec<redis::Client>,
+        master_name: String,
+        /// For a client to the master they name (its scheme and credentials).
+        config: RedisConfig,
+        tls: bool,
+    },
+}
+
+/// The master in use now. `generation` grows with each move, so a caller that
+/// saw an error on an older one does not move the connection again.
+#[derive(Clone)]
+struct Current {
+    generation: u64,
+    client: redis::Client,
+    manager: ConnectionManager,
+}
+
+struct Shared {
+    place: Place,
+    now: RwLock<Current>,
+    /// One relocation at a time.
+    moving: tokio::sync::Mutex<()>,
+    /// `(replicas, timeout ms)` from `wait_replicas` / `wait_timeout_ms`.
+    wait: Option<(u32, u64)>,
+    user: String,
+}
+
+/// The general-purpose connection (multiplexed, reconnecting, following the
+/// master behind Sentinels). Cloning it is cheap and shares the connection.
+#[derive(Clone)]
+pub struct Conn {
+    shared: Arc<Shared>,
+}
+
+impl Conn {
+    /// Connects using `[redis]`, reading the passwords from their files.
+    pub async fn connect(config: &RedisConfig) -> Result<Conn> {
+        let place = Place::from_config(config)?;
+        let wait =
+            (config.wait_replicas > 0).then_some((config.wait_replicas, config.wait_timeout_ms));
+        let user = config.username.clone().unwrap_or_else(|| "default".into());
+        let client = place.master().await?;
+        let mut manager = manage(&client, &user).await?;
+        if place.is_sentinels() && !says_master(&mut manager).await? {
+            return Err(gone(format!(
+                "{} is named master by the Sentinels but is not (yet)",
+                address(&client)
+            )));
+        }
+        Ok(Conn {
+            shared: Arc::new(Shared {
+                place,
+                now: RwLock::new(Current {
+                    generation: 0,
+                    client,
+                    manager,
+                }),
+                moving: tokio::sync::Mutex::new(()),
+                wait,
+                user,
+            }),
+        })
+    }
+
+    fn current(&self) -> Current {
+        self.shared
+            .now
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// A client for the master as known now; behind Sentinels they are asked
+    /// first (this serves new dedicated connections: blocking reads, which
+    /// would otherwise reconnect to a demoted master and fail forever).
+    pub async fn master_client(&self) -> Result<redis::Client> {
+        if self.shared.place.is_sentinels() {
+            let seen = self.current().generation;
+            self.relocate(seen).await?;
+        }
+        Ok(self.current().client)
+    }
+
+    /// `host:port` of the server in use.
+    pub fn address(&self) -> String {
+        address(&self.current().client)
+    }
+
+    /// Asks the Sentinels where the master is and moves there when it is
+    /// elsewhere (unless another caller already moved since `seen`).
+    async fn relocate(&self, seen: u64) -> Result<()> {
+        let _one = self.shared.moving.lock().await;
+        let now = self.current();
+        if now.generation != seen {
+            return Ok(());
+        }
+        let client = self.shared.place.master().await?;
+        if client.get_connection_info().addr() == now.client.get_connection_info().addr() {
+            // Still named: it may be restarting, or the failover is not over.
+            return Ok(());
+        }
+        let mut manager = manage(&client, &self.shared.user).await?;
+        if !says_master(&mut manager).await? {
+            return Err(gone(format!(
+                "{} is named master by the Sentinels but is not (yet)",
+                address(&client)
+            )));
+        }
+        tracing::warn!(
+            from = %address(&now.client),
+            to = %address(&client),
+            "the Redis master moved; following it"
+        );
+        let mut slot = self
+            .shared
+            .now
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *slot = Current {
+            generation: seen + 1,
+            client,
+            manager,
+        };
+        Ok(())
+    }
+
+    /// After a failed command: when the master may be gone, look for it.
+    async fn after_error(&self, seen: u64, e: &redis::RedisError) {
+        if self.shared.place.is_sentinels() && master_may_be_gone(e) {
+            if let Err(why) = self.relocate(seen).await {
+                tracing::debug!(error = %why, "the Redis master could not be found yet");
+            }
+        }
+    }
+
+    /// Waits until `redis.wait_replicas` replicas hold everything written on
+    /// this connection so far (nothing to do when it is 0). Fails, retriably,
+    /// when fewer acknowledge within `redis.wait_timeout_ms`; `what` names
+    /// the writes in that error.
+    pub async fn replicated(&mut self, what: &str) -> Result<()> {
+        let Some((replicas, timeout_ms)) = self.shared.wait else {
+            return Ok(());
+        };
+        let acknowledged: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout_ms)
+            .query_async(self)
+            .await
+            .map_err(|e| Error::from_redis("WAIT", e))?;
+        if acknowledged < i64::from(replicas) {
+            return Err(gone(format!(
+                "{what}: {acknowledged} of {replicas} replicas acknowledged within {timeout_ms} ms"
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let Current {
+                generation,
+                mut manager,
+                ..
+            } = self.current();
+            let answer = manager.req_packed_command(cmd).await;
+            if let Err(e) = &answer {
+                self.after_error(generation, e).await;
+            }
+            answer
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let Current {
+                generation,
+                mut manager,
+                ..
+            } = self.current();
+            let answer = manager.req_packed_commands(pipeline, offset, count).await;
+            if let Err(e) = &answer {
+                self.after_error(generation, e).await;
+            }
+            answer
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.current().manager.get_db()
+    }
+}
+
+impl Place {
+    fn from_config(config: &RedisConfig) -> Result<Place> {
+        // A config built in code (the CLI's, the page's) is checked here too.
+        crate::config::validate_redis(config)?;
+        if config.sentinels.is_empty() {
+            let (client, _) = client_at("redis.url", &config.url, config, Auth::Server)?;
+            return Ok(Place::Server(client));
+        }
+        let mut sentinels = Vec::new();
+        let mut tls = false;
+        for url in &config.sentinels {
+            let (client, secure) = client_at("redis.sentinels", url, config, Auth::Sentinel)?;
+            sentinels.push(client);
+            tls = secure;
+        }
+        Ok(Place::Sentinels {
+            sentinels,
+            master_name: config.master_name.clone().unwrap_or_default(),
+            config: config.clone(),
+            tls,
+        })
+    }
+
+    fn is_sentinels(&self) -> bool {
+        matches!(self, Place::Sentinels { .. })
+    }
+
+    /// A client for the master: the server, or the one the first Sentinel
+    /// that answers names.
+    async fn master(&self) -> Result<redis::Client> {
+        let (sentinels, master_name, config, tls) = match self {
+            Place::Server(client) => return Ok(client.clone()),
+            Place::Sentinels {
+                sentinels,
+                master_name,
+                config,
+                tls,
+            } => (sentinels, master_name, config, *tls),
+        };
+        let mut why = Vec::new();
+        for sentinel in sentinels {
+            match ask(sentinel, master_name).await {
+                Ok(Some((host, port))) => {
+                    let scheme = if tls { "rediss" } else { "redis" };
+                    let url = format!("{scheme}://{host}:{port}");
+                    return Ok(client_at("redis.sentinels", &url, config, Auth::Server)?.0);
+                }
+                Ok(None) => why.push(format!(
+                    "{} does not monitor `{master_name}`",
+                    address(sentinel)
+                )),
+                Err(e) => why.push(format!("{}: {e}", address(sentinel))),
+            }
+        }
+        Err(gone(format!(
+            "no Sentinel named the master `{master_name}`: {}",
+            why.join("; ")
+        )))
+    }
+}
+
+/// The master's address as one Sentinel knows it.
+async fn ask(
+    sentinel: &redis::Client,
+    master_name: &str,
+) -> redis::RedisResult<Option<(String, u16)>> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(ASK_TIMEOUT))
+        .set_response_timeout(Some(ASK_TIMEOUT));
+    let mut conn = sentinel
+        .get_multiplexed_async_connection_with_config(&config)
+        .await?;
+    redis::cmd("SENTINEL")
+        .arg("GET-MASTER-ADDR-BY-NAME")
+        .arg(master_name)
+        .query_async(&mut conn)
+        .await
+}
+
+/// Whether the server says it is a master; a user not allowed `ROLE` cannot
+/// tell, and trusts the Sentinels (a write to a replica fails `READONLY`).
+async fn says_master(manager: &mut ConnectionManager) -> Result<bool> {
+    let role: redis::RedisResult<Vec<Value>> = redis::cmd("ROLE").query_async(manager).await;
+    match role {
+        Ok(items) => Ok(match items.first() {
+            Some(Value::BulkString(b)) => b == b"master",
+            Some(Value::SimpleString(s)) => s == "master",
+            _ => false,
+        }),
+        Err(e) if e.code() == Some("NOPERM") => Ok(true),
+        Err(e) => Err(Error::Redis(e)),
+    }
+}
+
+/// Whether an error may mean the master is no longer where it was.
+fn master_may_be_gone(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"))
+}
+
+/// A retriable error that says what is missing (a master, replicas).
+fn gone(message: String) -> Error {
+    Error::Redis(redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::NotConnected,
+        message,
+    )))
+}
+
+/// The multiplexed, reconnecting connection to `client`, its errors at
+/// start-up told apart: a refused password or certificate is a deployment
+/// error, named; anything else may pass.
+async fn manage(client: &redis::Client, user: &str) -> Result<ConnectionManager> {
+    ConnectionManager::new_with_config(
+        client.clone(),
+        redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(3),
+    )
+    .await
+    .map_err(|e| {
+        if e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS") {
+            Error::Permission {
+                command: format!("AUTH as {user}"),
+                message: e.to_string(),
+            }
+        } else if refused_certificate(&e) {
+            // Waiting cannot fix a certificate: a configuration error, named.
+            ConfigError::invalid(
+                "redis.ca_file",
+                format!(
+                    "the TLS certificate of {} was refused: {e}",
+                    address(client)
+                ),
+            )
+            .into()
+        } else {
+            Error::Redis(e)
+        }
+    })
+}
+
+/// Whose credentials a client carries.
+#[derive(Clone, Copy)]
+enum Auth {
+    /// The data server's: `username` / `password_file`.
+    Server,
+    /// The Sentinels': `sentinel_username` / `sentinel_password_file`.
+    Sentinel,
+}
+
+/// A client for the server at `url` (the setting named `key`) and whether it
+/// speaks TLS. `rediss://` verifies the server's certificate against
+/// `ca_file` (or the system's roots) and its host name; `redis://` is refused
+/// to a host that is not loopback unless `allow_plaintext` says so.
+fn client_at(
+    key: &str,
+    url: &str,
+    config: &RedisConfig,
+    auth: Auth,
+) -> Result<(redis::Client, bool)> {
+    let mut info: redis::ConnectionInfo = url
+        .into_connection_info()
+        .map_err(|e| ConfigError::invalid(key, e.to_string()))?;
+    if url.contains("#insecure") {
+        return Err(ConfigError::invalid(
+            key,
+            "`#insecure` turns certificate checks off: trust the server's CA with redis.ca_file instead",
+        )
+        .into());
+    }
+    let tls = match info.addr() {
+        redis::ConnectionAddr::TcpTls { .. } => true,
+        redis::ConnectionAddr::Tcp(host, _) => {
+            if !config.allow_plaintext && !is_loopback(host) {
+                return Err(ConfigError::invalid(
+                    key,
+                    format!("`{host}` is not loopback: use rediss:// (TLS), or set redis.allow_plaintext = true to send passwords and messages in clear"),
+                )
+                .into());
+            }
+            false
+        }
+        _ => false,
+    };
+    if config.ca_file.is_some() && !tls {
+        return Err(ConfigError::invalid("redis.ca_file", "needs a rediss:// url").into());
+    }
+    let (user, password) = match auth {
+        Auth::Server => (&config.username, &config.password_file),
+        Auth::Sentinel => (&config.sentinel_username, &config.sentinel_password_file),
+    };
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = user {
+        settings = settings.set_username(user.clone());
+    }
+    if let Some(path) = password {
+        let file_key = match auth {
+            Auth::Server => "redis.password_file",
+            Auth::Sentinel => "redis.sentinel_password_file",
+        };
+        settings = settings.set_password(crate::config::read_secret(file_key, path)?);
+    }
+    info = info.set_redis_settings(settings);
+    if !tls {
+        return Ok((redis::Client::open(info)?, false));
+    }
+    // One provider for the process; a second install is refused, harmlessly.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let root_cert = match &config.ca_file {
+        Some(path) => Some(read_ca(path)?),
+        None => None,
+    };
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert,
+    };
+    let client = redis::Client::build_with_tls(info, certs)
+        .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()))?;
+    Ok((client, true))
+}
+
+fn read_ca(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        ConfigError::invalid(
+            "redis.ca_file",
+            format!("cannot read {}: {e}", path.display()),
+        )
+        .into()
+    })
+}
+
+/// A client for the master as `[redis]` finds it (asking the Sentinels when
+/// there are any): for one-off connections such as `cowboy acl --check`.
+pub async fn master_client(config: &RedisConfig) -> Result<redis::Client> {
+    Place::from_config(config)?.master().await
+}
+
+/// `host:port` of a client's server.
+fn address(client: &redis::Client) -> String {
+    match client.get_connection_info().addr() {
+        redis::ConnectionAddr::Tcp(host, port)
+        | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Whether a connection failed on the server's certificate (not trusted, or
+/// not for that host).
+fn refused_certificate(e: &redis::RedisError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    ["certificate", "unknownissuer", "notvalidforname"]
+        .iter()
+        .any(|w| text.contains(w))
+}
+
+/// Whether `host` is this machine (where plain TCP crosses no network).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
