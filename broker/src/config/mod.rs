@@ -215,9 +215,9 @@ mod tests {
         assert!(redis(&format!("{s}url = \"redis://127.0.0.1:7000\"")).contains("redis.url"));
         assert!(redis(s).contains("redis.master_name"));
         assert!(redis("master_name = \"m\"").contains("redis.master_name"));
-        assert!(redis(&format!(
+        assert!(redis(
             "sentinels = [\"redis://127.0.0.1:1\", \"rediss://h:2\"]\nmaster_name = \"m\""
-        ))
+        )
         .contains("redis.sentinels"));
         assert!(
             redis("wait_replicas = 1\nwait_timeout_ms = 9000").contains("redis.wait_timeout_ms")
