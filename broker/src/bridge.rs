@@ -235,9 +235,12 @@ impl Launch {
     }
 }
 
-/// How many times in a row an ingest that lost Redis is started again before
-/// its service exits (about two minutes of back-off).
-const INGEST_RESTARTS: u32 = 10;
+/// How many times in a row an ingest that failed retriably (lost Redis, say)
+/// is started again before its service exits (about 80 s of back-off).
+const INGEST_RESTARTS: u32 = 20;
+
+/// The longest wait between two starts: well under the watchdog's 30 s.
+const INGEST_MOST_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long an ingest must have run for its next failure to count as a first.
 const INGEST_STEADY: std::time::Duration = std::time::Duration::from_secs(60);
@@ -320,8 +323,12 @@ pub async fn run<B: Bridge>(service: Service, launch: Launch) -> Result<()> {
                             failures = 0;
                         }
                         failures += 1;
-                        tracing::warn!(bridge = %name, error = %e, failures, "the ingest lost Redis; starting it again");
-                        if !shutdown.sleep(crate::retry::backoff(failures)).await {
+                        tracing::warn!(bridge = %name, error = %e, failures, "the ingest failed retriably; starting it again");
+                        // Alive, only waiting: the watchdog (30 s) must not
+                        // kill what this loop is about to restart.
+                        crate::systemd::notify("WATCHDOG=1");
+                        let wait = crate::retry::backoff(failures).min(INGEST_MOST_WAIT);
+                        if !shutdown.sleep(wait).await {
                             return Ok(());
                         }
                     }

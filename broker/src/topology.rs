@@ -120,7 +120,10 @@ impl Conn {
     pub async fn master_client(&self) -> Result<redis::Client> {
         if self.shared.place.is_sentinels() {
             let seen = self.current().generation;
-            self.relocate(seen).await?;
+            if let Err(why) = self.relocate(seen).await {
+                // No Sentinel answered: the master in use may still be fine.
+                tracing::warn!(error = %why, "the Sentinels could not be asked; using the master known");
+            }
         }
         Ok(self.current().client)
     }
@@ -133,23 +136,41 @@ impl Conn {
     /// Asks the Sentinels where the master is and moves there when it is
     /// elsewhere (unless another caller already moved since `seen`).
     async fn relocate(&self, seen: u64) -> Result<()> {
-        let _one = self.shared.moving.lock().await;
+        // A caller already at it: this one's command fails as it would have,
+        // without waiting for Sentinels and connections.
+        let Ok(_one) = self.shared.moving.try_lock() else {
+            return Ok(());
+        };
         let now = self.current();
         if now.generation != seen {
             return Ok(());
         }
-        let client = self.shared.place.master().await?;
-        if client.get_connection_info().addr() == now.client.get_connection_info().addr() {
-            // Still named: it may be restarting, or the failover is not over.
-            return Ok(());
+        let mut why = Vec::new();
+        let mut found = None;
+        // Most-named first: one stale Sentinel does not decide.
+        for client in self.shared.place.candidates().await? {
+            if client.get_connection_info().addr() == now.client.get_connection_info().addr() {
+                // Still named: it may be restarting, or the failover is not over.
+                return Ok(());
+            }
+            match manage(&client, &self.shared.user).await {
+                Ok(mut manager) => match says_master(&mut manager).await {
+                    Ok(true) => {
+                        found = Some((client, manager));
+                        break;
+                    }
+                    Ok(false) => why.push(format!("{} is not a master (yet)", address(&client))),
+                    Err(e) => why.push(format!("{}: {e}", address(&client))),
+                },
+                Err(e) => why.push(format!("{}: {e}", address(&client))),
+            }
         }
-        let mut manager = manage(&client, &self.shared.user).await?;
-        if !says_master(&mut manager).await? {
+        let Some((client, manager)) = found else {
             return Err(gone(format!(
-                "{} is named master by the Sentinels but is not (yet)",
-                address(&client)
+                "no server the Sentinels name is a reachable master: {}",
+                why.join("; ")
             )));
-        }
+        };
         tracing::warn!(
             from = %address(&now.client),
             to = %address(&client),
@@ -172,7 +193,9 @@ impl Conn {
     async fn after_error(&self, seen: u64, e: &redis::RedisError) {
         if self.shared.place.is_sentinels() && master_may_be_gone(e) {
             if let Err(why) = self.relocate(seen).await {
-                tracing::debug!(error = %why, "the Redis master could not be found yet");
+                // Warned: a certificate or address that waiting cannot fix
+                // shows here (it stops the service at start-up).
+                tracing::warn!(error = %why, "the Redis master could not be found yet");
             }
         }
     }
@@ -197,6 +220,73 @@ impl Conn {
             )));
         }
         Ok(())
+    }
+}
+
+impl Conn {
+    /// One line for `cowboy status`: how the master is found, where it is,
+    /// and its replicas with how far each is behind (from `ROLE`).
+    pub async fn describe(&mut self) -> String {
+        let how = match &self.shared.place {
+            Place::Server(_) => "one server".to_string(),
+            Place::Sentinels {
+                sentinels,
+                master_name,
+                ..
+            } => format!(
+                "master `{master_name}` through {} Sentinels",
+                sentinels.len()
+            ),
+        };
+        let at = self.address();
+        let role: redis::RedisResult<Vec<Value>> = redis::cmd("ROLE").query_async(self).await;
+        let replicas = match role {
+            Ok(items) => replicas_of(&items),
+            Err(e) => format!("replicas unknown ({e})"),
+        };
+        format!("redis: {how}, at {at}; {replicas}")
+    }
+}
+
+/// The replicas in a master's `ROLE` answer, each with its lag in bytes.
+fn replicas_of(role: &[Value]) -> String {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    };
+    let Some(kind) = role.first().map(text) else {
+        return "no ROLE answer".into();
+    };
+    if kind != "master" {
+        return format!("the server says it is a {kind}");
+    }
+    let offset: i64 = role
+        .get(1)
+        .map(text)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0);
+    let replicas: Vec<String> = match role.get(2) {
+        Some(Value::Array(list)) => list
+            .iter()
+            .filter_map(|r| match r {
+                Value::Array(f) if f.len() >= 3 => {
+                    let behind = offset - text(&f[2]).parse::<i64>().unwrap_or(0);
+                    Some(format!(
+                        "{}:{} ({behind} bytes behind)",
+                        text(&f[0]),
+                        text(&f[1])
+                    ))
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    match replicas.is_empty() {
+        true => "no replicas".into(),
+        false => format!("replicas {}", replicas.join(", ")),
     }
 }
 
@@ -268,11 +358,17 @@ impl Place {
         matches!(self, Place::Sentinels { .. })
     }
 
-    /// A client for the master: the server, or the one the first Sentinel
-    /// that answers names.
+    /// A client for the master: the server, or the one most Sentinels name.
     async fn master(&self) -> Result<redis::Client> {
+        let mut candidates = self.candidates().await?;
+        Ok(candidates.remove(0))
+    }
+
+    /// Clients for the servers the Sentinels name master, most-named first
+    /// (never empty); the server itself when there are no Sentinels.
+    async fn candidates(&self) -> Result<Vec<redis::Client>> {
         let (sentinels, master_name, config, tls) = match self {
-            Place::Server(client) => return Ok(client.clone()),
+            Place::Server(client) => return Ok(vec![client.clone()]),
             Place::Sentinels {
                 sentinels,
                 master_name,
@@ -281,13 +377,13 @@ impl Place {
             } => (sentinels, master_name, config, *tls),
         };
         let mut why = Vec::new();
+        let mut named: Vec<((String, u16), usize)> = Vec::new();
         for sentinel in sentinels {
             match ask(sentinel, master_name).await {
-                Ok(Some((host, port))) => {
-                    let scheme = if tls { "rediss" } else { "redis" };
-                    let url = format!("{scheme}://{host}:{port}");
-                    return Ok(client_at("redis.sentinels", &url, config, Auth::Server)?.0);
-                }
+                Ok(Some(addr)) => match named.iter_mut().find(|(a, _)| *a == addr) {
+                    Some((_, votes)) => *votes += 1,
+                    None => named.push((addr, 1)),
+                },
                 Ok(None) => why.push(format!(
                     "{} does not monitor `{master_name}`",
                     address(sentinel)
@@ -295,10 +391,27 @@ impl Place {
                 Err(e) => why.push(format!("{}: {e}", address(sentinel))),
             }
         }
-        Err(gone(format!(
-            "no Sentinel named the master `{master_name}`: {}",
-            why.join("; ")
-        )))
+        if named.is_empty() {
+            return Err(gone(format!(
+                "no Sentinel named the master `{master_name}`: {}",
+                why.join("; ")
+            )));
+        }
+        // Stable: among equals, the first Sentinel's answer first.
+        named.sort_by_key(|(_, votes)| std::cmp::Reverse(*votes));
+        let scheme = if tls { "rediss" } else { "redis" };
+        named
+            .into_iter()
+            .map(|((host, port), _)| {
+                // An IPv6 address is written in brackets in a URL.
+                let host = match host.contains(':') {
+                    true => format!("[{host}]"),
+                    false => host,
+                };
+                let url = format!("{scheme}://{host}:{port}");
+                Ok(client_at("redis.sentinels", &url, config, Auth::Server)?.0)
+            })
+            .collect()
     }
 }
 

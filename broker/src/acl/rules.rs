@@ -7,9 +7,12 @@ use crate::error::{ConfigError, Result};
 use crate::keys;
 
 /// Commands every user may run: connection set-up and liveness only.
-/// `WAIT` lets an agent make sure its `XADD` survives a failover; `ROLE`
-/// tells a master from a replica the Sentinels named a moment too early.
-const BASE: &str = "+ping +auth +hello +wait +role";
+/// `WAIT` lets an agent make sure its `XADD` survives a failover.
+const BASE: &str = "+ping +auth +hello +wait";
+
+/// Services, the page and the operators also tell a master from a replica
+/// the Sentinels named a moment too early (`ROLE`, which shows the replicas).
+const SERVICE_BASE: &str = "+ping +auth +hello +wait +role";
 
 pub(super) fn password_hash(key: &str, path: &Path) -> Result<String, ConfigError> {
     let password = crate::config::read_secret(key, path)?;
@@ -199,7 +202,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
     }
     sels.push(heartbeat);
     format!(
-        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        "on #{hash} resetkeys resetchannels -@all {SERVICE_BASE} {}",
         sels.join(" ")
     )
 }
@@ -283,7 +286,7 @@ pub fn web_rules(config: &Config, hash: &str) -> String {
     ));
     sels.extend(request_selectors(config, &crate::request::Requester::Web));
     format!(
-        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        "on #{hash} resetkeys resetchannels -@all {SERVICE_BASE} {}",
         sels.join(" ")
     )
 }
@@ -318,7 +321,7 @@ pub fn exporter_rules(config: &Config, hash: &str) -> String {
         selector(&trails, "+xread"),
     ];
     format!(
-        "on #{hash} resetkeys resetchannels -@all {BASE} {}",
+        "on #{hash} resetkeys resetchannels -@all {SERVICE_BASE} {}",
         sels.join(" ")
     )
 }
@@ -334,7 +337,7 @@ pub fn operator_rules(config: &Config, name: &str, hash: &str) -> String {
         &crate::request::Requester::Operator(name.to_string()),
     ));
     format!(
-        "on #{hash} resetkeys resetchannels -@all {BASE} +acl|whoami {}",
+        "on #{hash} resetkeys resetchannels -@all {SERVICE_BASE} +acl|whoami {}",
         sels.join(" ")
     )
 }

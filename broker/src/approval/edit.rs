@@ -259,6 +259,7 @@ pub async fn edit(
         .with(audit::field::DESTINATION, &new.channel_id)
         .with(audit::field::COUNT, revision.to_string());
     audit::append(store, config, &[event]).await?;
+    store.conn.replicated("the edit").await?;
     tracing::info!(
         approval = id,
         editor,

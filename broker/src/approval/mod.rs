@@ -609,6 +609,9 @@ async fn apply(
             .await
             .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
     }
+    // Told to the human only once a failover cannot lose it (after its audit
+    // event and wake-up, so a shortfall retried finds it decided, not undone).
+    store.conn.replicated("the decision").await?;
     Ok(Applied::Done(outcome))
 }
 

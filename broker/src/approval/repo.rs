@@ -562,8 +562,6 @@ impl<'a> Approvals<'a> {
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("EVALSHA create approvals", e))?;
-        // A notification must never show a record a failover can lose.
-        self.store.conn.replicated("approval records").await?;
         Ok(created.into_iter().map(|c| c == 1).collect())
     }
 
@@ -856,7 +854,6 @@ impl<'a> Approvals<'a> {
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))?;
-        self.store.conn.replicated("the edit").await?;
         Ok(EditAnswer::parse(&answer, card))
     }
 
@@ -911,8 +908,6 @@ impl<'a> Approvals<'a> {
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA decide {key}"), e))?;
-        // Acknowledged to the human only once a failover cannot lose it.
-        self.store.conn.replicated("the decision").await?;
         // Bytes: a forged worker name or list that is not UTF-8 stops nothing.
         let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
         let approvals = text(approvals);

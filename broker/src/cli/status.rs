@@ -20,7 +20,8 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
         let n = Approvals::on(store).pending_count(name).await?;
         parked.insert(name.clone(), n);
     }
-    let mut out = String::new();
+    let mut out = store.conn.describe().await;
+    out.push('\n');
     for (name, bridge) in &config.bridges {
         let _ = writeln!(out, "bridge {name} ({})", bridge.kind);
         let mut streams = vec![(keys::outbox(name), Some(keys::outbox_group(name)))];

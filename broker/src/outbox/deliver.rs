@@ -63,6 +63,7 @@ impl<S: Sender> OutboxService<S> {
             purpose: Purpose::Plain,
             gate: Gate::Mine(self.worker.clone()),
             fenced: false,
+            unreplicated: false,
         };
         self.mem.to_mark.push(Unmarked {
             flight,
@@ -130,7 +131,14 @@ impl<S: Sender> OutboxService<S> {
                 Gate::Taken(_) | Gate::Repeat(_) => Ok(true),
             };
             match passed {
-                Ok(true) => {}
+                Ok(true) => {
+                    // The mark that makes a later attempt a retry must outlive
+                    // a failover: no replica, no send (and no attempt spent).
+                    if let Err(e) = conn.replicated("the send's gate mark").await {
+                        flight.unreplicated = true;
+                        return (flight, Err(SendError::Transient(e.to_string())));
+                    }
+                }
                 Ok(false) => {
                     // Taken over while this worker was away: the taker sends.
                     flight.fenced = true;
@@ -330,7 +338,7 @@ impl<S: Sender> OutboxService<S> {
         let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
         let taken = f.gate.clone();
-        match self.outcome_of(&f.key, result) {
+        match self.outcome_of(&f.key, f.unreplicated, result) {
             Delivery::Sent(external_id, _) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
                 // Acked with the rest of the batch, then its mark cleared. A
@@ -378,9 +386,16 @@ impl<S: Sender> OutboxService<S> {
     pub(super) fn outcome_of(
         &mut self,
         key: &str,
+        unreplicated: bool,
         result: std::result::Result<Sent, SendError>,
     ) -> Delivery {
         let key = key.to_string();
+        if unreplicated {
+            // Redis's replicas, not the platform, held it back: tried again
+            // soon, however long they take, and never given up on.
+            tracing::warn!(delivery = %key, "replicas did not confirm the send's mark; deferred");
+            return Delivery::Deferred(tokio::time::Instant::now() + crate::retry::backoff(2));
+        }
         match result {
             Ok(sent) => {
                 self.mem.sched.finished(&key);
@@ -579,6 +594,9 @@ pub(super) struct Flight {
     pub(super) gate: Gate,
     /// Set by the send task when the gate refused: nothing was sent.
     pub(super) fenced: bool,
+    /// Set by the send task when replicas did not confirm its gate mark:
+    /// nothing was sent, and it is not an attempt.
+    pub(super) unreplicated: bool,
 }
 
 impl Flight {

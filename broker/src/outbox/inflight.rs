@@ -208,12 +208,6 @@ pub(super) async fn pass(
         .invoke_async(conn)
         .await
         .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
-    if passed == 1 {
-        // The mark that makes a later attempt a retry must outlive a failover.
-        conn.replicated("the send's gate mark")
-            .await
-            .map_err(|e| SendError::Transient(e.to_string()))?;
-    }
     Ok(passed == 1)
 }
 

@@ -129,6 +129,8 @@ impl<S: Sender> OutboxService<S> {
         }
         let lost = record.notified.is_some() && self.notification_lost(&record).await?;
         if lost || record.notified.is_none() {
+            // A card must never show a record a failover can lose.
+            self.store.conn.replicated("the approval record").await?;
             if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
@@ -186,6 +188,9 @@ impl<S: Sender> OutboxService<S> {
         let parked: Vec<audit::Event> =
             fresh.iter().map(|(_, r, _)| self.parked_event(r)).collect();
         self.audit(&parked).await?;
+        // Cards must never show records a failover can lose; if replicas do
+        // not confirm them, each entry is parked again by the careful path.
+        self.store.conn.replicated("approval records").await?;
         let mut pipe = redis::pipe();
         for (_, record, fields) in &fresh {
             let mut cmd = redis::cmd("XADD");

@@ -188,6 +188,7 @@ impl<S: Sender> OutboxService<S> {
         self.dispatch(Flight {
             gate,
             fenced: false,
+            unreplicated: false,
             source: src,
             entry,
             message,
@@ -212,7 +213,7 @@ impl<S: Sender> OutboxService<S> {
         let gate = f.gate.clone();
         let channel = f.message.channel_id.clone();
         let (src, entry_id, id) = (f.source, f.entry.id.clone(), record.id.clone());
-        match self.outcome_of(&f.key, result) {
+        match self.outcome_of(&f.key, f.unreplicated, result) {
             Delivery::Sent(external_id, report) => {
                 tracing::info!(approval = %id, external_id, approver = record.approver(), "approved entry delivered");
                 let delivered = self

@@ -196,6 +196,7 @@ impl<S: Sender> OutboxService<S> {
         let flight = Flight {
             gate: Gate::Mine(self.worker.clone()),
             fenced: false,
+            unreplicated: false,
             source: src,
             entry: entry.clone(),
             message,
@@ -228,7 +229,7 @@ impl<S: Sender> OutboxService<S> {
         let key = f.key.clone();
         let gate = f.gate.clone();
         let (src, id) = (f.source, record.id.clone());
-        match self.outcome_of(&f.key, result) {
+        match self.outcome_of(&f.key, f.unreplicated, result) {
             Delivery::Sent(external_id, _) => {
                 tracing::info!(approval = %id, external_id, "approval notification delivered");
                 // Recorded with the others shown in the last ACK_DELAY, so a card

@@ -108,8 +108,9 @@ async fn agent_sends_through(d: &Deployment, content: &str, request_id: &str) {
     .await;
 }
 
-/// A failover, and a Sentinel's second thoughts, bounded.
-const FAILOVER: Duration = Duration::from_secs(40);
+/// A failover and what follows it, bounded: while no replica is back, the
+/// steps that wait for one back off (up to 12.8 s by then) before the next try.
+const FAILOVER: Duration = Duration::from_secs(60);
 
 /// Behind three Sentinels with `wait_replicas = 1`, the master is killed
 /// (`SIGKILL`) twice while approvals are pending and entries flow; the
@@ -207,6 +208,16 @@ async fn sentinel_failovers_lose_and_double_nothing() {
             .count();
         assert_eq!(cards, 1, "{text:?} was shown {cards} times");
     }
+    // `cowboy status` shows the topology it found: the master the Sentinels
+    // name now, and its replica.
+    let status = d.cowboy(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("master `cowboy` through 3 Sentinels")
+            && text.contains(&format!("at 127.0.0.1:{first}"))
+            && text.contains(&format!("replicas 127.0.0.1:{second}")),
+        "{text}"
+    );
     for s in services {
         s.stop().await.unwrap();
     }
