@@ -485,13 +485,30 @@ pub async fn serve(
             }
             // A request stream deleted under the read (an administrator
             // clearing it): its group comes back with it.
-            Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => {
+            // A failover (UNBLOCKED: the server became a replica under the
+            // read) loses groups too; recreating them may meet the old master
+            // before the store follows the new one, and is then retried.
+            Err(Error::Redis(e)) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
                 tracing::warn!("a request stream lost its group; creating it again");
-                for s in &streams {
-                    store.ensure_group(s, &group).await?;
-                }
                 backlog = true;
                 conn = None;
+                for s in &streams {
+                    match store.ensure_group(s, &group).await {
+                        Ok(()) => {}
+                        Err(e) if e.is_retriable() => {
+                            failures += 1;
+                            tracing::warn!(error = %e, "recreating a request group failed; retrying");
+                            if !shutdown
+                                .sleep(crate::retry::backoff(failures.min(10)))
+                                .await
+                            {
+                                return Ok(());
+                            }
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
             Err(e) if e.is_retriable() => {
                 failures += 1;

@@ -78,7 +78,19 @@ impl<S: Sender> OutboxService<S> {
                         // read (UNBLOCKED).
                         Error::Redis(e) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
                             tracing::warn!("consumer group missing; creating it again");
-                            self.prepare().await?;
+                            // Behind Sentinels the NOGROUP may come from a new
+                            // master before this connection follows it: a
+                            // retriable failure here is retried like any other.
+                            if let Err(e) = self.prepare().await {
+                                if !e.is_retriable() || failures >= MAX_FAILURES {
+                                    return Err(e);
+                                }
+                                failures += 1;
+                                tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
+                                if !self.shutdown.sleep(crate::retry::backoff(failures)).await {
+                                    break;
+                                }
+                            }
                         }
                         e if e.is_retriable() && failures < MAX_FAILURES => {
                             failures += 1;
