@@ -121,10 +121,6 @@ const FAILOVER: Duration = Duration::from_secs(60);
 /// and delivered; no card is shown twice and every approval has one outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failovers_lose_and_double_nothing() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter("info")
-        .with_test_writer()
-        .try_init();
     let master = RedisServer::start();
     let first = master.port;
     let mut set = Sentinels::start(&master);
