@@ -439,9 +439,7 @@ pub async fn serve(
         .map(|r| keys::requests(&bridge, &r.suffix()))
         .collect();
     let group = group(&bridge);
-    for s in &streams {
-        store.ensure_group(s, &group).await?;
-    }
+    recreate_groups(&mut store, &streams, &group).await?;
     // This worker's own unacknowledged requests first (a crash mid-request).
     let mut backlog = true;
     let mut failures = 0u32;
@@ -478,37 +476,26 @@ pub async fn serve(
             &shutdown,
         )
         .await;
+        // A request stream deleted under the read (an administrator clearing
+        // it), or groups a failover lost (UNBLOCKED: the server became a
+        // replica under the read): they come back. Recreating them may meet
+        // the old master before the store follows the new one; that failure
+        // is handled like a failed read below.
+        let step = match step {
+            Err(Error::Redis(e)) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
+                tracing::warn!("a request stream lost its group; creating it again");
+                conn = None;
+                backlog = true;
+                recreate_groups(&mut store, &streams, &group)
+                    .await
+                    .map(|()| true)
+            }
+            other => other,
+        };
         match step {
             Ok(more) => {
                 failures = 0;
                 backlog = more && backlog;
-            }
-            // A request stream deleted under the read (an administrator
-            // clearing it): its group comes back with it.
-            // A failover (UNBLOCKED: the server became a replica under the
-            // read) loses groups too; recreating them may meet the old master
-            // before the store follows the new one, and is then retried.
-            Err(Error::Redis(e)) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
-                tracing::warn!("a request stream lost its group; creating it again");
-                backlog = true;
-                conn = None;
-                for s in &streams {
-                    match store.ensure_group(s, &group).await {
-                        Ok(()) => {}
-                        Err(e) if e.is_retriable() => {
-                            failures += 1;
-                            tracing::warn!(error = %e, "recreating a request group failed; retrying");
-                            if !shutdown
-                                .sleep(crate::retry::backoff(failures.min(10)))
-                                .await
-                            {
-                                return Ok(());
-                            }
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
             }
             Err(e) if e.is_retriable() => {
                 failures += 1;
@@ -527,6 +514,15 @@ pub async fn serve(
                 return Err(e);
             }
         }
+    }
+    Ok(())
+}
+
+/// Creates the request streams' group wherever it is missing (at start, and
+/// after Redis lost them).
+async fn recreate_groups(store: &mut Store, streams: &[String], group: &str) -> Result<()> {
+    for s in streams {
+        store.ensure_group(s, group).await?;
     }
     Ok(())
 }

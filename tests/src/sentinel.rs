@@ -61,19 +61,6 @@ impl Sentinels {
         )
     }
 
-    /// The master's port as the first Sentinel that answers names it.
-    pub fn master_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|&(_, port)| {
-            let mut conn = connect(port)?;
-            let addr: Option<(String, u16)> = redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(Self::NAME)
-                .query(&mut conn)
-                .ok()?;
-            addr.map(|(_, p)| p)
-        })
-    }
-
     /// Waits (bounded) until every Sentinel names the server on `port` master
     /// and it says so itself.
     pub fn wait_master(&self, port: u16) {

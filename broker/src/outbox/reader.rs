@@ -72,26 +72,23 @@ impl<S: Sender> OutboxService<S> {
                     // and recovery after the reconnect reads it again.
                     reads = None;
                     let _ = self.drain().await;
-                    match e {
-                        // Redis lost its data (restarted without persistence): groups
-                        // come back empty. Or a stream was deleted under a blocked
-                        // read (UNBLOCKED).
+                    let e = match e {
+                        // Redis lost its data (restarted without persistence, or a
+                        // failover lost the groups): they come back empty. Or a
+                        // stream was deleted under a blocked read (UNBLOCKED).
+                        // Recreating them may itself fail (behind Sentinels, on
+                        // the old master before the store follows the new one):
+                        // that failure is handled as any other below.
                         Error::Redis(e) if matches!(e.code(), Some("NOGROUP" | "UNBLOCKED")) => {
                             tracing::warn!("consumer group missing; creating it again");
-                            // Behind Sentinels the NOGROUP may come from a new
-                            // master before this connection follows it: a
-                            // retriable failure here is retried like any other.
-                            if let Err(e) = self.prepare().await {
-                                if !e.is_retriable() || failures >= MAX_FAILURES {
-                                    return Err(e);
-                                }
-                                failures += 1;
-                                tracing::warn!(error = %e, failures, "Redis unavailable; retrying");
-                                if !self.shutdown.sleep(crate::retry::backoff(failures)).await {
-                                    break;
-                                }
+                            match self.prepare().await {
+                                Ok(()) => continue,
+                                Err(e) => e,
                             }
                         }
+                        e => e,
+                    };
+                    match e {
                         e if e.is_retriable() && failures < MAX_FAILURES => {
                             failures += 1;
                             tracing::warn!(error = %e, failures, "Redis unavailable; retrying");

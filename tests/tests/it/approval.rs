@@ -29,10 +29,17 @@ pub(crate) async fn agent_sends(d: &Deployment, content: &str, request_id: &str)
 /// Waits for the n-th notification on desk's output and returns (approval id, external id).
 pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
     let (id, external) = notification_written(d, n).await;
-    // Answerable once the card is recorded as shown (just after it is
-    // written): a human never answers within those milliseconds, a test would.
+    recorded_as_shown(d, &external, SOON).await;
+    (id, external)
+}
+
+/// Waits (at most `bound`) until desk's card `external` is recorded as shown:
+/// answerable from then on (just after it is written: a human never answers
+/// within those milliseconds, a test would).
+pub(crate) async fn recorded_as_shown(d: &Deployment, external: &str, bound: Duration) {
     let store = d.store().await;
-    wait_until("the card recorded as shown", SOON, || {
+    let external = external.to_string();
+    wait_until("the card recorded as shown", bound, || {
         let mut store = store.clone();
         let external = external.clone();
         async move {
@@ -43,7 +50,6 @@ pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
         }
     })
     .await;
-    (id, external)
 }
 
 /// The n-th notification as written on desk.out (approval id, external id),

@@ -9,7 +9,9 @@ use broker::{keys, Error, Store};
 use harness::sentinel::Sentinels;
 use harness::{wait_until, Deployment, RedisServer};
 
-use crate::approval::{agent_sends, approval_services, first_sent, notification, react};
+use crate::approval::{
+    agent_sends, approval_services, first_sent, notification, react, recorded_as_shown,
+};
 use crate::approval_config;
 
 /// Every service reaches a TLS-only Redis through `rediss://` with the
@@ -72,16 +74,8 @@ async fn card_showing(d: &Deployment, text: &str) -> (String, String) {
             .find(|l| l.approval_id.is_some() && l.content.contains(text))
     })
     .await;
-    let external = line.external_id.clone();
-    wait_until("the card recorded as shown", FAILOVER, || async {
-        let mut store = d.store().await;
-        harness::hash(&mut store, &keys::approval_map("desk"))
-            .await
-            .contains_key(&external)
-            .then_some(())
-    })
-    .await;
-    (line.approval_id.unwrap_or_default(), external)
+    recorded_as_shown(d, &line.external_id, FAILOVER).await;
+    (line.approval_id.unwrap_or_default(), line.external_id)
 }
 
 /// Writes to ann's outbox as the agent would, through a failover: it asks the
