@@ -1154,3 +1154,99 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
         "sent once, the first never"
     );
 }
+
+/// Behind Sentinels, with the users file `cowboy acl` renders loaded on both
+/// data servers (plus Redis's own replication and Sentinel users) and a
+/// password on the Sentinels, as `docs/deployment.md` says: every service,
+/// under its own user, asks the Sentinels, checks the master with `ROLE`,
+/// waits for its replica with `WAIT` and follows a failover. An approval shown
+/// before the master is killed and one written during the failover are both
+/// delivered, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_under_their_users_follow_a_sentinel_failover() {
+    use crate::servers::{agent_sends_through, card_showing, FAILOVER};
+    use harness::sentinel::{Access, Sentinels};
+
+    let secrets = Secrets::new();
+    let pid = std::process::id();
+    let (replication, watcher, sentinels) = (
+        format!("repl-{pid}"),
+        format!("watch-{pid}"),
+        format!("sentinels-{pid}"),
+    );
+    let text = format!(
+        "[redis]\n{}\n{}",
+        secrets.redis_extra(),
+        secrets.body().replace("{dir}", "/nonexistent")
+    );
+    let mut aclfile = acl::render(&Config::parse(&text).unwrap(), acl::Format::Aclfile).unwrap();
+    aclfile.push_str(&format!(
+        "user replicator on >{replication} +psync +replconf +ping\n\
+         user watcher on >{watcher} allchannels +multi +slaveof +ping +exec +subscribe \
+         +config|rewrite +role +publish +info +client|setname +client|kill +script|kill\n"
+    ));
+    let users = secrets.dir.path().join("users.acl");
+    std::fs::write(&users, &aclfile).unwrap();
+    let sentinel_file = secrets.dir.path().join("sentinel-password");
+    std::fs::write(&sentinel_file, format!("{sentinels}\n")).unwrap();
+    let admin = std::fs::read_to_string(secrets.file("admin")).unwrap();
+    let access = Access {
+        data: Some(("admin".into(), admin.trim().to_string())),
+        data_args: [
+            "--aclfile",
+            users.to_str().unwrap(),
+            "--masteruser",
+            "replicator",
+            "--masterauth",
+            &replication,
+        ]
+        .map(String::from)
+        .to_vec(),
+        sentinel_lines: vec![
+            format!("sentinel auth-user {} watcher", Sentinels::NAME),
+            format!("sentinel auth-pass {} {watcher}", Sentinels::NAME),
+            format!("requirepass {sentinels}"),
+        ],
+        sentinel_password: Some(sentinels.clone()),
+    };
+    let args: Vec<&str> = access.data_args.iter().map(String::as_str).collect();
+    let master = RedisServer::start_with(&args);
+    let first = master.port;
+    let set = Sentinels::start_with(&master, access);
+    let table = format!(
+        "{}{}sentinel_password_file = \"{}\"\nwait_replicas = 1\n",
+        set.redis_table(),
+        secrets.redis_extra(),
+        sentinel_file.display()
+    );
+    let mut d = Deployment::with_redis_table(master, &table, &secrets.body());
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+
+    agent_sends_through(&d, "shown-before", "s1").await;
+    let (_, before) = card_showing(&d, "shown-before").await;
+    d.redis.kill();
+    agent_sends_through(&d, "written-during", "s2").await;
+    let second = set.replica.port;
+    tokio::task::block_in_place(|| set.wait_master(second));
+    d.redis.restart();
+    tokio::task::block_in_place(|| set.wait_replica(first));
+    crate::approval::react(&d, &before, "✅", "boss", "");
+    let (_, during) = card_showing(&d, "written-during").await;
+    crate::approval::react(&d, &during, "✅", "boss", "");
+
+    let sent = wait_until("both approved messages delivered", FAILOVER, || async {
+        let sent = d.delivered("mail.out");
+        (sent.len() >= 2).then_some(sent)
+    })
+    .await;
+    let mut contents: Vec<&str> = sent.iter().map(|s| s.content.as_str()).collect();
+    contents.sort();
+    assert_eq!(contents, ["shown-before", "written-during"]);
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}

@@ -67,7 +67,7 @@ async fn redis_over_tls_with_a_private_ca() {
 
 /// The card on desk.out that shows `text` (approval id, external id), once
 /// it is recorded as shown.
-async fn card_showing(d: &Deployment, text: &str) -> (String, String) {
+pub(crate) async fn card_showing(d: &Deployment, text: &str) -> (String, String) {
     let line = wait_until(&format!("a card showing {text:?}"), FAILOVER, || async {
         d.delivered("desk.out")
             .into_iter()
@@ -80,7 +80,7 @@ async fn card_showing(d: &Deployment, text: &str) -> (String, String) {
 
 /// Writes to ann's outbox as the agent would, through a failover: it asks the
 /// Sentinels again until a master takes the entry.
-async fn agent_sends_through(d: &Deployment, content: &str, request_id: &str) {
+pub(crate) async fn agent_sends_through(d: &Deployment, content: &str, request_id: &str) {
     wait_until(
         &format!("the master taking {content:?}"),
         FAILOVER,
@@ -104,7 +104,7 @@ async fn agent_sends_through(d: &Deployment, content: &str, request_id: &str) {
 
 /// A failover and what follows it, bounded: while no replica is back, the
 /// steps that wait for one back off (up to 12.8 s by then) before the next try.
-const FAILOVER: Duration = Duration::from_secs(60);
+pub(crate) const FAILOVER: Duration = Duration::from_secs(60);
 
 /// Behind three Sentinels with `wait_replicas = 1`, the master is killed
 /// (`SIGKILL`) twice while approvals are pending and entries flow; the
@@ -138,7 +138,7 @@ async fn sentinel_failovers_lose_and_double_nothing() {
     // With no replica left nothing that must wait for one goes on; the old
     // master comes back empty and is made a replica of the new one.
     d.redis.restart();
-    tokio::task::block_in_place(|| Sentinels::wait_replica(first));
+    tokio::task::block_in_place(|| set.wait_replica(first));
     react(&d, &parked_one, "✅", "boss", "");
     react(&d, &parked_two, "❌", "boss", "not now");
     let (_, during) = card_showing(&d, "during-first").await;
@@ -149,7 +149,7 @@ async fn sentinel_failovers_lose_and_double_nothing() {
     agent_sends_through(&d, "during-second", "r5").await;
     tokio::task::block_in_place(|| set.wait_master(first));
     set.replica.restart();
-    tokio::task::block_in_place(|| Sentinels::wait_replica(second));
+    tokio::task::block_in_place(|| set.wait_replica(second));
     let (_, late) = card_showing(&d, "during-second").await;
     react(&d, &late, "✅", "boss", "");
 
