@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh \
   redis-server=redis-server \
+  ss=iproute2 \
   nix-instantiate=nix-bin \
   systemd-analyze=systemd \
   postfix=postfix \

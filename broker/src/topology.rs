@@ -560,7 +560,9 @@ fn client_at(
         };
         settings = settings.set_password(crate::config::read_secret(file_key, path)?);
     }
-    info = info.set_redis_settings(settings);
+    info = info
+        .set_redis_settings(settings)
+        .set_tcp_settings(tcp_settings());
     if !tls {
         return Ok((redis::Client::open(info)?, false));
     }
@@ -577,6 +579,21 @@ fn client_at(
     let client = redis::Client::build_with_tls(info, certs)
         .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()))?;
     Ok((client, true))
+}
+
+/// TCP keepalive and a user timeout on every connection: a server that
+/// vanishes without closing its sockets (a host that lost power, a partition)
+/// must fail a blocked read within about half a minute, not leave it waiting
+/// forever (blocking reads have no reply timeout; see `Store::blocking`).
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    use redis::io::tcp::socket2::TcpKeepalive;
+    let keepalive = TcpKeepalive::new()
+        .with_time(Duration::from_secs(10))
+        .with_interval(Duration::from_secs(5))
+        .with_retries(3);
+    redis::io::tcp::TcpSettings::default()
+        .set_keepalive(keepalive)
+        .set_user_timeout(Duration::from_secs(30))
 }
 
 fn read_ca(path: &Path) -> Result<Vec<u8>> {

@@ -216,3 +216,30 @@ async fn sentinel_failovers_lose_and_double_nothing() {
         s.stop().await.unwrap();
     }
 }
+
+/// Every connection to Redis carries TCP keepalive, so a server that vanishes
+/// without closing its sockets (a host that lost power, a partition) fails a
+/// blocked read instead of leaving it waiting forever: the kernel's view
+/// (`ss`) of the shared connection and of a blocking read's shows the timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_carry_tcp_keepalive() {
+    let redis = RedisServer::start();
+    let config = RedisConfig {
+        url: redis.url(),
+        ..RedisConfig::default()
+    };
+    let store = Store::connect(&config).await.unwrap();
+    let _blocking = store.blocking().await.unwrap();
+    let out = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .arg(format!("( dport = :{} )", redis.port))
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sockets: Vec<&str> = text.lines().collect();
+    assert!(sockets.len() >= 2, "two connections expected: {text}");
+    assert!(
+        sockets.iter().all(|s| s.contains("timer:(keepalive")),
+        "a connection without keepalive: {text}"
+    );
+}
