@@ -102,7 +102,7 @@ let
 
   # dir = null renders the secrets' source paths (for root-run tools).
   renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
-    redis = { inherit (cfg.redis) url caFile allowPlaintext sentinels masterName sentinelUsername sentinelPasswordFile waitReplicas waitTimeoutMs; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
+    redis = { inherit (cfg.redis) url caFile clientCertFile clientKeyFile allowPlaintext sentinels masterName sentinelUsername sentinelPasswordFile waitReplicas waitTimeoutMs; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
@@ -184,6 +184,7 @@ let
       LoadCredential =
         optional (b.redisPasswordFiles ? ${svc}) "redis-password:${b.redisPasswordFiles.${svc}}"
         ++ optional (cfg.redis.sentinelPasswordFile != null) "redis-sentinel-password:${cfg.redis.sentinelPasswordFile}"
+        ++ optional (cfg.redis.clientKeyFile != null) "redis-client-key:${cfg.redis.clientKeyFile}"
         ++ mapAttrsToList (k: path: "${k}:${path}") (bridgeInput name b).secrets;
     };
   };
@@ -209,6 +210,7 @@ let
         ++ optional (arg == "exporter" && cfg.web.exporterRedisPasswordFile != null) "web-exporter-password:${cfg.web.exporterRedisPasswordFile}"
         ++ optional (cfg.web.sessionKeyFile != null) "web-session-key:${cfg.web.sessionKeyFile}"
         ++ optional (cfg.redis.sentinelPasswordFile != null) "redis-sentinel-password:${cfg.redis.sentinelPasswordFile}"
+        ++ optional (cfg.redis.clientKeyFile != null) "redis-client-key:${cfg.redis.clientKeyFile}"
         ++ mapAttrsToList (n: u: "web-user-${n}:${u.passwordFile}") cfg.web.users;
     };
   };
@@ -225,6 +227,8 @@ in
       port = mkOption { type = types.port; default = 6390; description = "Port of the dedicated Redis."; };
       url = mkOption { type = types.str; default = "redis://127.0.0.1:${toString cfg.redis.port}"; defaultText = literalExpression ''"redis://127.0.0.1:''${toString port}"''; description = "Redis to use (an external one when createLocally is false)."; };
       caFile = mkOption { type = types.nullOr types.path; default = null; description = "PEM certificates of the CA that signed the Redis server's certificate, trusted for a rediss:// url instead of the system's roots."; };
+      clientCertFile = mkOption { type = types.nullOr types.path; default = null; description = "PEM certificate shown to Redis servers (and Sentinels) that verify clients (tls-auth-clients yes)."; };
+      clientKeyFile = mkOption { type = types.nullOr types.path; default = null; description = "Its PEM private key (every unit receives it with LoadCredential)."; };
       allowPlaintext = mkOption { type = types.bool; default = false; description = "Allow redis:// (no TLS) to a host that is not loopback (passwords and messages then cross the network in clear)."; };
       sentinels = mkOption { type = types.listOf types.str; default = [ ]; example = [ "rediss://10.0.0.1:26379" "rediss://10.0.0.2:26379" "rediss://10.0.0.3:26379" ]; description = "Sentinels that say where the master is (instead of url; set createLocally = false). The master is reached with their scheme."; };
       masterName = mkOption { type = types.nullOr types.str; default = null; description = "The name the Sentinels monitor the master under."; };

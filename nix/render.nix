@@ -108,6 +108,8 @@ table "redis" {
   username = redis.username or null;
   password_file = redis.passwordFile or null;
   ca_file = redis.caFile or null;
+  client_cert_file = redis.clientCertFile or null;
+  client_key_file = webFile "redis-client-key" (redis.clientKeyFile or null);
   allow_plaintext = redis.allowPlaintext or null;
   sentinels = if (redis.sentinels or [ ]) == [ ] then null else redis.sentinels;
   master_name = redis.masterName or null;

@@ -542,8 +542,13 @@ fn client_at(
         }
         _ => false,
     };
-    if config.ca_file.is_some() && !tls {
-        return Err(ConfigError::invalid("redis.ca_file", "needs a rediss:// url").into());
+    for (key, set) in [
+        ("redis.ca_file", config.ca_file.is_some()),
+        ("redis.client_cert_file", config.client_cert_file.is_some()),
+    ] {
+        if set && !tls {
+            return Err(ConfigError::invalid(key, "needs a rediss:// url").into());
+        }
     }
     let (user, password) = match auth {
         Auth::Server => (&config.username, &config.password_file),
@@ -569,11 +574,19 @@ fn client_at(
     // One provider for the process; a second install is refused, harmlessly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let root_cert = match &config.ca_file {
-        Some(path) => Some(read_ca(path)?),
+        Some(path) => Some(read_pem("redis.ca_file", path)?),
         None => None,
     };
+    // Shown to the Sentinels too, where they verify clients as well.
+    let client_tls = match (&config.client_cert_file, &config.client_key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read_pem("redis.client_cert_file", cert)?,
+            client_key: read_pem("redis.client_key_file", key)?,
+        }),
+        _ => None,
+    };
     let certs = redis::TlsCertificates {
-        client_tls: None,
+        client_tls,
         root_cert,
     };
     let client = redis::Client::build_with_tls(info, certs)
@@ -596,13 +609,11 @@ fn tcp_settings() -> redis::io::tcp::TcpSettings {
         .set_user_timeout(Duration::from_secs(30))
 }
 
-fn read_ca(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
-        ConfigError::invalid(
-            "redis.ca_file",
-            format!("cannot read {}: {e}", path.display()),
-        )
-        .into()
+/// A PEM file named by setting `key` (`$CREDENTIALS_DIRECTORY` expanded).
+fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>> {
+    let path = crate::config::secret_path(path);
+    std::fs::read(&path).map_err(|e| {
+        ConfigError::invalid(key, format!("cannot read {}: {e}", path.display())).into()
     })
 }
 

@@ -1,7 +1,7 @@
 # Every option the module renders, set: the test suite checks that this covers
 # every key of the Rust schema (so a new Rust key fails until the module has it).
 {
-  redis = { url = "rediss://redis.example.org:6390"; caFile = "/etc/cowboy/redis-ca.pem"; allowPlaintext = false; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
+  redis = { url = "rediss://redis.example.org:6390"; caFile = "/etc/cowboy/redis-ca.pem"; clientCertFile = "/etc/cowboy/redis-client.pem"; clientKeyFile = "/etc/cowboy/secrets/redis-client.key"; allowPlaintext = false; username = "cowboy-admin"; passwordFile = "/etc/cowboy/secrets/admin"; };
   agents.ann.passwordFile = "/etc/cowboy/secrets/ann";
   operators.root.passwordFile = "/etc/cowboy/secrets/root";
   people.root.identities = [ "cli:root" "web:root" ];

@@ -75,6 +75,17 @@ impl RedisServer {
         Self::launch(Engine::Redis, &[], true)
     }
 
+    /// Like [`Self::start_tls`], verifying clients' certificates against the
+    /// same CA ([`Self::client_cert`] makes one it trusts).
+    pub fn start_tls_verifying_clients() -> RedisServer {
+        Self::launch(Engine::Redis, &["--tls-auth-clients", "yes"], true)
+    }
+
+    /// A client certificate and key the server's CA signed.
+    pub fn client_cert(&self) -> (PathBuf, PathBuf) {
+        crate::mail::make_client_cert(self.dir.path(), "redis")
+    }
+
     /// The private CA of a TLS server; another CA's file beside it
     /// (`other-ca.pem`) signed nothing.
     pub fn ca(&self) -> (PathBuf, PathBuf) {
@@ -90,7 +101,8 @@ impl RedisServer {
             crate::mail::make_ca_for(dir.path(), "redis", Some("DNS:localhost,IP:127.0.0.1"));
             crate::mail::make_ca_for(dir.path(), "other", None);
         }
-        let mut extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let given = extra;
+        let mut extra: Vec<String> = Vec::new();
         if tls {
             let at = |f: &str| dir.path().join(f).display().to_string();
             extra.extend([
@@ -104,6 +116,8 @@ impl RedisServer {
                 "no".into(),
             ]);
         }
+        // The caller's arguments last: a later directive wins.
+        extra.extend(given.iter().map(|s| s.to_string()));
         for attempt in 0..5 {
             let port = free_port();
             if let Some(child) = spawn_redis(engine, port, dir.path(), &extra, tls) {

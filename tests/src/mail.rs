@@ -128,6 +128,61 @@ pub fn make_ca_for(dir: &Path, name: &str, server: Option<&str>) -> PathBuf {
     dir.join(ca)
 }
 
+/// A client certificate (`client.pem`, `client.key`) signed by the CA
+/// `make_ca_for(dir, ca_name, ..)` made, for servers that verify clients.
+pub fn make_client_cert(dir: &Path, ca_name: &str) -> (PathBuf, PathBuf) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl (Debian package openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-subj",
+        "/CN=cowboy test client",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+    ]);
+    std::fs::write(
+        dir.join("client.ext"),
+        "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("write client.ext");
+    let (ca, ca_key) = (format!("{ca_name}-ca.pem"), format!("{ca_name}-ca.key"));
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        &ca,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.pem",
+    ]);
+    (dir.join("client.pem"), dir.join("client.key"))
+}
+
 fn wait_port(port: u16, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {

@@ -152,6 +152,13 @@ pub struct RedisConfig {
     /// `rediss://` URL instead of the system's roots (a private CA).
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
+    /// PEM certificate this client shows a server that verifies clients
+    /// (`tls-auth-clients yes`); with `client_key_file`.
+    #[serde(default)]
+    pub client_cert_file: Option<PathBuf>,
+    /// The PEM private key of `client_cert_file` (a secret: a credential).
+    #[serde(default)]
+    pub client_key_file: Option<PathBuf>,
     /// Allows `redis://` (no TLS) to a host that is not loopback, where
     /// passwords and messages would cross the network in clear.
     #[serde(default)]
@@ -186,6 +193,8 @@ impl Default for RedisConfig {
             username: None,
             password_file: None,
             ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
             allow_plaintext: false,
             sentinels: Vec::new(),
             master_name: None,

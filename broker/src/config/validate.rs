@@ -315,6 +315,16 @@ pub(crate) fn validate_redis(redis: &super::RedisConfig) -> Result<(), ConfigErr
             ));
         }
     }
+    if redis.client_cert_file.is_some() != redis.client_key_file.is_some() {
+        let missing = match redis.client_cert_file {
+            Some(_) => "redis.client_key_file",
+            None => "redis.client_cert_file",
+        };
+        return Err(ConfigError::invalid(
+            missing,
+            "a client certificate needs both client_cert_file and client_key_file",
+        ));
+    }
     if redis.wait_replicas > 0
         && (redis.wait_timeout_ms == 0 || redis.wait_timeout_ms > MOST_WAIT_MS)
     {

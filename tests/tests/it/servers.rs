@@ -243,3 +243,44 @@ async fn connections_carry_tcp_keepalive() {
         "a connection without keepalive: {text}"
     );
 }
+
+/// A Redis that verifies clients' certificates (`tls-auth-clients yes`):
+/// without `client_cert_file` the handshake is refused; with the certificate
+/// its CA signed, the shared connection and a blocking read both work. A
+/// certificate without its key is a configuration error naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_verifying_client_certificates() {
+    let redis = RedisServer::start_tls_verifying_clients();
+    let (ca, _) = redis.ca();
+    let (cert, key) = redis.client_cert();
+    let anonymous = RedisConfig {
+        url: redis.url(),
+        ca_file: Some(ca),
+        ..RedisConfig::default()
+    };
+    assert!(
+        Store::connect(&anonymous).await.is_err(),
+        "a client without a certificate was let in"
+    );
+    let known = RedisConfig {
+        client_cert_file: Some(cert.clone()),
+        client_key_file: Some(key),
+        ..anonymous.clone()
+    };
+    let mut store = Store::connect(&known).await.unwrap();
+    let id = store.xadd("s", &[("k", b"v".as_slice())]).await.unwrap();
+    let mut blocking = store.blocking().await.unwrap();
+    let len: u64 = redis::cmd("XLEN")
+        .arg("s")
+        .query_async(&mut blocking)
+        .await
+        .unwrap();
+    assert_eq!((len, id.is_empty()), (1, false));
+    let halfway = format!(
+        "[redis]\nurl = \"{}\"\nclient_cert_file = \"{}\"\n",
+        redis.url(),
+        cert.display()
+    );
+    let e = broker::Config::parse(&halfway).unwrap_err().to_string();
+    assert!(e.contains("redis.client_key_file"), "{e}");
+}
