@@ -102,7 +102,7 @@ let
 
   # dir = null renders the secrets' source paths (for root-run tools).
   renderWith = dir: pkgs.writeText (if dir == null then "cowboy-operator.toml" else "cowboy.toml") (render {
-    redis = { inherit (cfg.redis) url caFile clientCertFile clientKeyFile allowPlaintext sentinels masterName sentinelUsername sentinelPasswordFile waitReplicas waitTimeoutMs; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
+    redis = { inherit (cfg.redis) url caFile clientCertFile clientKeyFile allowPlaintext sentinels masterName cluster sentinelUsername sentinelPasswordFile waitReplicas waitTimeoutMs; } // optionalAttrs cfg.redis.acl { username = cfg.redis.operator; passwordFile = cfg.redis.operatorPasswordFile; };
     agents = mapAttrs (_: a: { inherit (a) passwordFile; }) cfg.agents;
     operators = mapAttrs (_: o: { inherit (o) passwordFile; }) cfg.operators;
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
@@ -232,6 +232,7 @@ in
       allowPlaintext = mkOption { type = types.bool; default = false; description = "Allow redis:// (no TLS) to a host that is not loopback (passwords and messages then cross the network in clear)."; };
       sentinels = mkOption { type = types.listOf types.str; default = [ ]; example = [ "rediss://10.0.0.1:26379" "rediss://10.0.0.2:26379" "rediss://10.0.0.3:26379" ]; description = "Sentinels that say where the master is (instead of url; set createLocally = false). The master is reached with their scheme."; };
       masterName = mkOption { type = types.nullOr types.str; default = null; description = "The name the Sentinels monitor the master under."; };
+      cluster = mkOption { type = types.listOf types.str; default = [ ]; example = [ "rediss://10.0.0.1:6379" "rediss://10.0.0.2:6379" "rediss://10.0.0.3:6379" ]; description = "Nodes of a Redis Cluster to learn it from (instead of url and sentinels; set createLocally = false). Load the rendered ACL users file on every node."; };
       sentinelUsername = mkOption { type = types.nullOr types.str; default = null; description = "ACL user on the Sentinels, where they have one."; };
       sentinelPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password file of that user (every unit receives it with LoadCredential)."; };
       waitReplicas = mkOption { type = types.ints.unsigned; default = 0; description = "Replicas that must hold an approval record, a decision and a send's gate mark before the step that relies on it (WAIT); 0: none. Keep at least one more replica than this, or the gate stops while one is down."; };
@@ -321,6 +322,7 @@ in
         { assertion = !(cfg.redis.acl && cfg.web.enable) || cfg.web.redisPasswordFile != null; message = "services.cowboy.web.redisPasswordFile is needed when redis.acl is on (the page has its own Redis user)."; }
         { assertion = !(cfg.redis.acl && cfg.web.exporter.enable) || cfg.web.exporterRedisPasswordFile != null; message = "services.cowboy.web.exporterRedisPasswordFile is needed when redis.acl is on (the exporter has its own read-only Redis user)."; }
         { assertion = cfg.redis.sentinels == [ ] || (!cfg.redis.createLocally && cfg.redis.masterName != null); message = "services.cowboy.redis.sentinels needs masterName and createLocally = false (the Sentinels' master is not the local Redis)."; }
+        { assertion = cfg.redis.cluster == [ ] || (!cfg.redis.createLocally && cfg.redis.sentinels == [ ]); message = "services.cowboy.redis.cluster needs createLocally = false and no sentinels (a cluster fails over by itself)."; }
       ];
 
     users.users.cowboy = { isSystemUser = true; group = "cowboy"; };

@@ -103,8 +103,8 @@ let
     + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in
 table "redis" {
-  # Behind Sentinels the master's address is theirs to say: no url.
-  url = if (redis.sentinels or [ ]) != [ ] then null else redis.url or "redis://127.0.0.1:6379";
+  # Behind Sentinels, or on a cluster, where data lives is theirs to say: no url.
+  url = if (redis.sentinels or [ ]) != [ ] || (redis.cluster or [ ]) != [ ] then null else redis.url or "redis://127.0.0.1:6379";
   username = redis.username or null;
   password_file = redis.passwordFile or null;
   ca_file = redis.caFile or null;
@@ -113,6 +113,7 @@ table "redis" {
   allow_plaintext = redis.allowPlaintext or null;
   sentinels = if (redis.sentinels or [ ]) == [ ] then null else redis.sentinels;
   master_name = redis.masterName or null;
+  cluster = if (redis.cluster or [ ]) == [ ] then null else redis.cluster;
   sentinel_username = redis.sentinelUsername or null;
   sentinel_password_file = webFile "redis-sentinel-password" (redis.sentinelPasswordFile or null);
   wait_replicas = redis.waitReplicas or null;

@@ -105,6 +105,12 @@ impl Error {
                                 | "MASTERDOWN"
                                 | "READONLY"
                                 | "NOREPLICAS"
+                                // A cluster moving a slot, or failing over:
+                                // the client learns the new map on the error
+                                // and the caller's retry goes there.
+                                | "MOVED"
+                                | "ASK"
+                                | "CLUSTERDOWN"
                         )
                     )
             }

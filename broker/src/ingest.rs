@@ -116,6 +116,14 @@ impl Ingest {
     ) -> Result<String> {
         let (stream, all) = self.inbound_entry(agent, fields);
         let key = keys::ingest_cursor(&self.name);
+        if !self.store.conn.same_slot(&stream, &key) {
+            // A cluster with the inbox and the cursor on different slots
+            // (no transaction spans them): the entry first, then the cursor,
+            // so a crash between carries the message twice, never skips it.
+            let id = self.store.xadd(&stream, &all).await?;
+            self.save_cursor(cursor).await?;
+            return Ok(id);
+        }
         let (id,): (String,) = redis::pipe()
             .atomic()
             .xadd(&stream, "*", &all)

@@ -73,10 +73,25 @@ pub fn id_key(bridge: &str) -> String {
     format!("{bridge}:id-key")
 }
 
-/// Deliveries that a sender which cannot deduplicate (email) has started and not
-/// yet finished: a delivery key found here after a crash is reported uncertain.
-pub fn in_flight(bridge: &str) -> String {
+/// The in-flight marks of the deliveries of one outbox stream
+/// (`outbox::inflight`), field = delivery key. Hash-tagged with the stream's
+/// whole name, so on Redis Cluster it lives in the stream's slot: the mark
+/// and the gate read the entry's pending state and write the mark in one
+/// script. (Names carry no braces, so the tag is exactly the stream.)
+pub fn in_flight_marks(stream: &str) -> String {
+    format!("{{{stream}}}:in-flight")
+}
+
+/// Where one hash per bridge held every stream's marks, before they moved
+/// beside their streams: read once at start and moved
+/// (`OutboxService::prepare`).
+pub fn legacy_in_flight(bridge: &str) -> String {
     format!("{bridge}:in-flight")
+}
+
+/// The stream a delivery key (`{stream}/{entry id}`) belongs to.
+pub fn stream_of_delivery(delivery_key: &str) -> Option<&str> {
+    delivery_key.rsplit_once('/').map(|(stream, _)| stream)
 }
 
 /// The index of a requesting bridge's pending approvals: a sorted set of

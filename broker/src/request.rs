@@ -531,7 +531,7 @@ async fn recreate_groups(store: &mut Store, streams: &[String], group: &str) -> 
 /// requests (without blocking); returns whether there may be more of them.
 #[allow(clippy::too_many_arguments)]
 async fn serve_once(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut crate::store::Blocking,
     store: &mut Store,
     config: &Config,
     clock: &Clock,
@@ -543,45 +543,39 @@ async fn serve_once(
     backlog: bool,
     shutdown: &Shutdown,
 ) -> Result<bool> {
-    let mut cmd = redis::cmd("XREADGROUP");
-    cmd.arg("GROUP").arg(group).arg(worker).arg("COUNT").arg(50);
-    if !backlog {
-        cmd.arg("BLOCK").arg(BLOCK_MS);
-    }
-    cmd.arg("STREAMS").arg(streams);
-    for _ in streams {
-        cmd.arg(if backlog { "0" } else { ">" });
-    }
+    let ids = vec![if backlog { "0" } else { ">" }; streams.len()];
+    let block = (!backlog).then_some(Duration::from_millis(BLOCK_MS));
     // A shutdown ends the wait at once: entries a read handed over meanwhile
     // stay pending for this worker and are read first on the next start.
-    let read: Option<redis::streams::StreamReadReply> = tokio::select! {
+    let read = tokio::select! {
         _ = shutdown.wait() => return Ok(false),
-        read = cmd.query_async(conn) => {
-            read.map_err(|e| Error::from_redis("XREADGROUP decision requests", e))?
-        }
+        read = crate::store::read_group(conn, group, worker, streams, &ids, 50, block) => read?,
     };
-    let Some(read) = read else {
+    if read.iter().all(|(_, entries)| entries.is_empty()) {
         return Ok(false);
-    };
+    }
     let now_ms = server_millis(store).await?;
     let mut any = false;
-    for key in read.keys {
+    for (stream, entries) in read {
         let Some(requester) = streams
             .iter()
-            .position(|s| *s == key.key)
+            .position(|s| *s == stream)
             .map(|i| &requesters[i])
         else {
             continue;
         };
-        for entry in key.ids {
+        for (id, fields) in entries {
             any = true;
-            let written_ms = entry
-                .id
+            let written_ms = id
                 .split('-')
                 .next()
                 .and_then(|ms| ms.parse::<u64>().ok())
                 .unwrap_or(0);
-            let json: Option<String> = entry.get("request");
+            let json: Option<String> = fields.as_ref().and_then(|f| {
+                f.iter()
+                    .find(|(k, _)| k == "request")
+                    .and_then(|(_, v)| String::from_utf8(v.clone()).ok())
+            });
             let (nonce, reply) = match json.as_deref().map(serde_json::from_str::<Request>) {
                 Some(Ok(request)) => {
                     let lapsed = now_ms.saturating_sub(written_ms) > LAPSE.as_millis() as u64
@@ -627,7 +621,7 @@ async fn serve_once(
                 .query_async(&mut store.conn)
                 .await
                 .map_err(|e| Error::from_redis(&format!("XADD {replies}"), e))?;
-            store.ack(&key.key, group, &[entry.id.as_str()]).await?;
+            store.ack(&stream, group, &[id.as_str()]).await?;
         }
     }
     Ok(any)

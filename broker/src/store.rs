@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Value};
 
+pub use crate::blocking::Blocking;
 use crate::config::RedisConfig;
 use crate::error::{Error, Result};
 pub use crate::topology::Conn;
@@ -92,17 +93,10 @@ impl Store {
         })
     }
 
-    /// A dedicated connection for blocking reads (no response timeout).
-    pub async fn blocking(&self) -> Result<redis::aio::MultiplexedConnection> {
-        let config = redis::AsyncConnectionConfig::new()
-            .set_response_timeout(None)
-            .set_connection_timeout(Some(Duration::from_secs(5)));
-        Ok(self
-            .conn
-            .master_client()
-            .await?
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+    /// A dedicated connection for blocking reads (no response timeout; see
+    /// [`crate::blocking`]).
+    pub async fn blocking(&self) -> Result<Blocking> {
+        self.conn.blocking().await
     }
 
     /// Creates a consumer group (and its stream) unless it exists. New groups start
@@ -338,9 +332,11 @@ impl Store {
 
 /// Reads a group's entries: `ids` is `>` for new ones or `0` for this consumer's
 /// pending list. `block` of `None` returns at once.
+/// On a cluster, a blocking read over several streams runs one read per
+/// stream ([`crate::blocking`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn read_group(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut Blocking,
     group: &str,
     consumer: &str,
     streams: &[String],
@@ -348,21 +344,8 @@ pub async fn read_group(
     count: usize,
     block: Option<Duration>,
 ) -> Result<StreamBatch> {
-    let mut cmd = redis::cmd("XREADGROUP");
-    cmd.arg("GROUP")
-        .arg(group)
-        .arg(consumer)
-        .arg("COUNT")
-        .arg(count);
-    if let Some(block) = block {
-        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
-    }
-    cmd.arg("STREAMS").arg(streams).arg(ids);
-    let v: Value = cmd
-        .query_async(conn)
+    conn.read_group(group, consumer, streams, ids, count, block)
         .await
-        .map_err(|e| Error::from_redis(&format!("XREADGROUP {}", streams.join(" ")), e))?;
-    Ok(parse_read(v))
 }
 
 pub(crate) fn text(v: &Value) -> Option<String> {
@@ -422,7 +405,7 @@ pub fn parse_entries(v: Value) -> Vec<(String, Option<Vec<(String, Vec<u8>)>>)> 
         .collect()
 }
 
-fn parse_read(v: Value) -> StreamBatch {
+pub(crate) fn parse_read(v: Value) -> StreamBatch {
     let streams: Vec<(Value, Value)> = match v {
         Value::Array(items) => items
             .into_iter()

@@ -1,9 +1,11 @@
 //! Where Redis is, and the connection that keeps reaching it.
 //!
-//! Two topologies: one server at `redis.url`, or a master found through
-//! Sentinels (`redis.sentinels` + `redis.master_name`). [`Conn`] is the
+//! Three topologies: one server at `redis.url`, a master found through
+//! Sentinels (`redis.sentinels` + `redis.master_name`), or a Redis Cluster
+//! (`redis.cluster`, see [`crate::cluster`]). [`Conn`] is the
 //! general-purpose connection of every service, the CLI and the page; behind
-//! Sentinels it follows a failover without a restart.
+//! Sentinels it follows a failover without a restart, on a cluster it
+//! follows the slots.
 //!
 //! Invariants:
 //! - This layer never sends a command twice. A command that fails because the
@@ -70,15 +72,31 @@ struct Shared {
 }
 
 /// The general-purpose connection (multiplexed, reconnecting, following the
-/// master behind Sentinels). Cloning it is cheap and shares the connection.
+/// master behind Sentinels, or the slots of a cluster). Cloning it is cheap
+/// and shares the connection.
 #[derive(Clone)]
 pub struct Conn {
-    shared: Arc<Shared>,
+    link: Link,
+}
+
+#[derive(Clone)]
+enum Link {
+    /// One master: a server, or the one the Sentinels name.
+    Master(Arc<Shared>),
+    Cluster(Box<crate::cluster::ClusterLink>),
 }
 
 impl Conn {
     /// Connects using `[redis]`, reading the passwords from their files.
     pub async fn connect(config: &RedisConfig) -> Result<Conn> {
+        if !config.cluster.is_empty() {
+            crate::config::validate_redis(config)?;
+            return Ok(Conn {
+                link: Link::Cluster(Box::new(
+                    crate::cluster::ClusterLink::connect(config).await?,
+                )),
+            });
+        }
         let place = Place::from_config(config)?;
         let wait =
             (config.wait_replicas > 0).then_some((config.wait_replicas, config.wait_timeout_ms));
@@ -92,7 +110,7 @@ impl Conn {
             )));
         }
         Ok(Conn {
-            shared: Arc::new(Shared {
+            link: Link::Master(Arc::new(Shared {
                 place,
                 now: RwLock::new(Current {
                     generation: 0,
@@ -102,43 +120,92 @@ impl Conn {
                 moving: tokio::sync::Mutex::new(()),
                 wait,
                 user,
-            }),
+            })),
         })
     }
 
+    /// A dedicated connection for blocking reads (no reply timeout); on a
+    /// cluster, one that runs a blocking read per stream (see
+    /// [`crate::blocking`]).
+    pub async fn blocking(&self) -> Result<crate::blocking::Blocking> {
+        match &self.link {
+            Link::Master(_) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(None)
+                    .set_connection_timeout(Some(Duration::from_secs(5)));
+                let conn = self
+                    .master_client()
+                    .await?
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(crate::blocking::Blocking::One(conn))
+            }
+            Link::Cluster(link) => link.blocking().await,
+        }
+    }
+}
+
+impl Shared {
     fn current(&self) -> Current {
-        self.shared
-            .now
+        self.now
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
+}
 
+impl Conn {
     /// A client for the master as known now; behind Sentinels they are asked
     /// first (this serves new dedicated connections: blocking reads, which
-    /// would otherwise reconnect to a demoted master and fail forever).
+    /// would otherwise reconnect to a demoted master and fail forever). A
+    /// cluster has no one master: an error that says so.
     pub async fn master_client(&self) -> Result<redis::Client> {
-        if self.shared.place.is_sentinels() {
-            let seen = self.current().generation;
-            if let Err(why) = self.relocate(seen).await {
+        let shared = match &self.link {
+            Link::Master(shared) => shared,
+            Link::Cluster(_) => {
+                return Err(ConfigError::invalid(
+                    "redis.cluster",
+                    "this command needs one server (a cluster has a master per slot range)",
+                )
+                .into())
+            }
+        };
+        if shared.place.is_sentinels() {
+            let seen = shared.current().generation;
+            if let Err(why) = shared.relocate(seen).await {
                 // No Sentinel answered: the master in use may still be fine.
                 tracing::warn!(error = %why, "the Sentinels could not be asked; using the master known");
             }
         }
-        Ok(self.current().client)
+        Ok(shared.current().client)
     }
 
-    /// `host:port` of the server in use.
+    /// Whether `a` and `b` may be written in one transaction or script:
+    /// always on one server; on a cluster when they hash to one slot.
+    pub fn same_slot(&self, a: &str, b: &str) -> bool {
+        use redis::cluster_routing::Slot;
+        match &self.link {
+            Link::Master(_) => true,
+            Link::Cluster(_) => Slot::for_key(a) == Slot::for_key(b),
+        }
+    }
+
+    /// `host:port` of the server in use (a cluster: the nodes it was given).
     pub fn address(&self) -> String {
-        address(&self.current().client)
+        match &self.link {
+            Link::Master(shared) => address(&shared.current().client),
+            Link::Cluster(link) => link.seeds(),
+        }
     }
+}
 
+impl Shared {
     /// Asks the Sentinels where the master is and moves there when it is
     /// elsewhere (unless another caller already moved since `seen`).
     async fn relocate(&self, seen: u64) -> Result<()> {
         // A caller already at it: this one's command fails as it would have,
         // without waiting for Sentinels and connections.
-        let Ok(_one) = self.shared.moving.try_lock() else {
+        let Ok(_one) = self.moving.try_lock() else {
             return Ok(());
         };
         let now = self.current();
@@ -148,12 +215,12 @@ impl Conn {
         let mut why = Vec::new();
         let mut found = None;
         // Most-named first: one stale Sentinel does not decide.
-        for client in self.shared.place.candidates().await? {
+        for client in self.place.candidates().await? {
             if client.get_connection_info().addr() == now.client.get_connection_info().addr() {
                 // Still named: it may be restarting, or the failover is not over.
                 return Ok(());
             }
-            match manage(&client, &self.shared.user).await {
+            match manage(&client, &self.user).await {
                 Ok(mut manager) => match says_master(&mut manager).await {
                     Ok(true) => {
                         found = Some((client, manager));
@@ -177,7 +244,6 @@ impl Conn {
             "the Redis master moved; following it"
         );
         let mut slot = self
-            .shared
             .now
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -191,7 +257,7 @@ impl Conn {
 
     /// After a failed command: when the master may be gone, look for it.
     async fn after_error(&self, seen: u64, e: &redis::RedisError) {
-        if self.shared.place.is_sentinels() && master_may_be_gone(e) {
+        if self.place.is_sentinels() && master_may_be_gone(e) {
             if let Err(why) = self.relocate(seen).await {
                 // Warned: a certificate or address that waiting cannot fix
                 // shows here (it stops the service at start-up).
@@ -199,13 +265,20 @@ impl Conn {
             }
         }
     }
+}
 
+impl Conn {
     /// Waits until `redis.wait_replicas` replicas hold everything written on
     /// this connection so far (nothing to do when it is 0). Fails, retriably,
     /// when fewer acknowledge within `redis.wait_timeout_ms`; `what` names
-    /// the writes in that error.
+    /// the writes in that error. On a cluster `WAIT` goes to every master
+    /// and the fewest acknowledgements count.
     pub async fn replicated(&mut self, what: &str) -> Result<()> {
-        let Some((replicas, timeout_ms)) = self.shared.wait else {
+        let wait = match &self.link {
+            Link::Master(shared) => shared.wait,
+            Link::Cluster(link) => link.wait(),
+        };
+        let Some((replicas, timeout_ms)) = wait else {
             return Ok(());
         };
         let acknowledged: i64 = redis::cmd("WAIT")
@@ -227,7 +300,11 @@ impl Conn {
     /// One line for `cowboy status`: how the master is found, where it is,
     /// and its replicas with how far each is behind (from `ROLE`).
     pub async fn describe(&mut self) -> String {
-        let how = match &self.shared.place {
+        let shared = match &mut self.link {
+            Link::Master(shared) => shared.clone(),
+            Link::Cluster(link) => return link.describe().await,
+        };
+        let how = match &shared.place {
             Place::Server(_) => "one server".to_string(),
             Place::Sentinels {
                 sentinels,
@@ -292,15 +369,19 @@ fn replicas_of(role: &[Value]) -> String {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let shared = match &mut self.link {
+            Link::Master(shared) => shared.clone(),
+            Link::Cluster(link) => return link.req_packed_command(cmd),
+        };
         Box::pin(async move {
             let Current {
                 generation,
                 mut manager,
                 ..
-            } = self.current();
+            } = shared.current();
             let answer = manager.req_packed_command(cmd).await;
             if let Err(e) = &answer {
-                self.after_error(generation, e).await;
+                shared.after_error(generation, e).await;
             }
             answer
         })
@@ -312,22 +393,29 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
+        let shared = match &mut self.link {
+            Link::Master(shared) => shared.clone(),
+            Link::Cluster(link) => return link.req_packed_commands(pipeline, offset, count),
+        };
         Box::pin(async move {
             let Current {
                 generation,
                 mut manager,
                 ..
-            } = self.current();
+            } = shared.current();
             let answer = manager.req_packed_commands(pipeline, offset, count).await;
             if let Err(e) = &answer {
-                self.after_error(generation, e).await;
+                shared.after_error(generation, e).await;
             }
             answer
         })
     }
 
     fn get_db(&self) -> i64 {
-        self.current().manager.get_db()
+        match &self.link {
+            Link::Master(shared) => shared.current().manager.get_db(),
+            Link::Cluster(_) => 0,
+        }
     }
 }
 
@@ -458,7 +546,7 @@ fn master_may_be_gone(e: &redis::RedisError) -> bool {
 }
 
 /// A retriable error that says what is missing (a master, replicas).
-fn gone(message: String) -> Error {
+pub(crate) fn gone(message: String) -> Error {
     Error::Redis(redis::RedisError::from(std::io::Error::new(
         std::io::ErrorKind::NotConnected,
         message,
@@ -501,7 +589,7 @@ async fn manage(client: &redis::Client, user: &str) -> Result<ConnectionManager>
 
 /// Whose credentials a client carries.
 #[derive(Clone, Copy)]
-enum Auth {
+pub(crate) enum Auth {
     /// The data server's: `username` / `password_file`.
     Server,
     /// The Sentinels': `sentinel_username` / `sentinel_password_file`.
@@ -512,7 +600,7 @@ enum Auth {
 /// speaks TLS. `rediss://` verifies the server's certificate against
 /// `ca_file` (or the system's roots) and its host name; `redis://` is refused
 /// to a host that is not loopback unless `allow_plaintext` says so.
-fn client_at(
+pub(crate) fn client_at(
     key: &str,
     url: &str,
     config: &RedisConfig,
@@ -571,6 +659,15 @@ fn client_at(
     if !tls {
         return Ok((redis::Client::open(info)?, false));
     }
+    let certs = certificates(config)?;
+    let client = redis::Client::build_with_tls(info, certs)
+        .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()))?;
+    Ok((client, true))
+}
+
+/// The CA to trust and the client certificate to show, from `[redis]` (the
+/// system's roots when there is no `ca_file`).
+pub(crate) fn certificates(config: &RedisConfig) -> Result<redis::TlsCertificates> {
     // One provider for the process; a second install is refused, harmlessly.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let root_cert = match &config.ca_file {
@@ -585,20 +682,17 @@ fn client_at(
         }),
         _ => None,
     };
-    let certs = redis::TlsCertificates {
+    Ok(redis::TlsCertificates {
         client_tls,
         root_cert,
-    };
-    let client = redis::Client::build_with_tls(info, certs)
-        .map_err(|e| ConfigError::invalid("redis.ca_file", e.to_string()))?;
-    Ok((client, true))
+    })
 }
 
 /// TCP keepalive and a user timeout on every connection: a server that
 /// vanishes without closing its sockets (a host that lost power, a partition)
 /// must fail a blocked read within about half a minute, not leave it waiting
 /// forever (blocking reads have no reply timeout; see `Store::blocking`).
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
     use redis::io::tcp::socket2::TcpKeepalive;
     let keepalive = TcpKeepalive::new()
         .with_time(Duration::from_secs(10))
@@ -624,7 +718,7 @@ pub async fn master_client(config: &RedisConfig) -> Result<redis::Client> {
 }
 
 /// `host:port` of a client's server.
-fn address(client: &redis::Client) -> String {
+pub(crate) fn address(client: &redis::Client) -> String {
     match client.get_connection_info().addr() {
         redis::ConnectionAddr::Tcp(host, port)
         | redis::ConnectionAddr::TcpTls { host, port, .. } => {
@@ -636,7 +730,7 @@ fn address(client: &redis::Client) -> String {
 
 /// Whether a connection failed on the server's certificate (not trusted, or
 /// not for that host).
-fn refused_certificate(e: &redis::RedisError) -> bool {
+pub(crate) fn refused_certificate(e: &redis::RedisError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     ["certificate", "unknownissuer", "notvalidforname"]
         .iter()

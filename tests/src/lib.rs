@@ -6,6 +6,7 @@
 //!   helpers to run the console bridge's services as tasks or as real binaries.
 //! - [`wait_until`]: bounded waiting on a condition, with a clear failure message.
 
+pub mod cluster;
 pub mod discord;
 pub mod dns;
 pub mod mail;
@@ -537,7 +538,16 @@ impl Deployment {
         let mut launch = broker::bridge::Launch::new(config, name, None, shutdown);
         launch.timing = timing;
         launch.clock = clock;
-        let task = tokio::spawn(broker::bridge::run::<B>(service, launch));
+        let what = format!("{service:?} of {name}");
+        let task = tokio::spawn(async move {
+            let ended = broker::bridge::run::<B>(service, launch).await;
+            // Said at once: a test waiting on an outcome would otherwise
+            // time out without the reason, which `stop` returns too late.
+            if let Err(e) = &ended {
+                eprintln!("the {what} service stopped with an error: {e}");
+            }
+            ended
+        });
         Running { trigger, task }
     }
 

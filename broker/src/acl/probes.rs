@@ -338,7 +338,11 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 u,
                 Allowed,
                 false,
-                &["HEXISTS", &keys::in_flight(name), "acl-check"],
+                &[
+                    "HEXISTS",
+                    &keys::in_flight_marks(&keys::outbox(name)),
+                    "acl-check",
+                ],
             ));
             if parks {
                 p.push(probe(

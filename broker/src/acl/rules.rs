@@ -7,12 +7,14 @@ use crate::error::{ConfigError, Result};
 use crate::keys;
 
 /// Commands every user may run: connection set-up and liveness only.
-/// `WAIT` lets an agent make sure its `XADD` survives a failover.
-const BASE: &str = "+ping +auth +hello +wait";
+/// `WAIT` lets an agent make sure its `XADD` survives a failover; on a
+/// Redis Cluster, clients learn the slots (`CLUSTER SLOTS`/`SHARDS`) and
+/// follow a slot in migration (`ASKING`).
+const BASE: &str = "+ping +auth +hello +wait +cluster|slots +cluster|shards +asking";
 
 /// Services, the page and the operators also tell a master from a replica
 /// the Sentinels named a moment too early (`ROLE`, which shows the replicas).
-const SERVICE_BASE: &str = "+ping +auth +hello +wait +role";
+const SERVICE_BASE: &str = "+ping +auth +hello +wait +cluster|slots +cluster|shards +asking +role";
 
 pub(super) fn password_hash(key: &str, path: &Path) -> Result<String, ConfigError> {
     let password = crate::config::read_secret(key, path)?;
@@ -68,16 +70,26 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             ];
             write.extend(each(&|a| format!("~{}", keys::agent_inbox(a, name))));
             sels.push(selector(&write, "+xadd +xtrim +xinfo|groups +xpending"));
-            // In-flight marks and the send gate, through their scripts (which
-            // also read the entry's pending state on its stream).
+            // In-flight marks (one hash beside each outbox stream) and the
+            // send gate, through their scripts (which also read the entry's
+            // pending state on its stream).
+            let mut marks = vec![format!("~{}", keys::in_flight_marks(&keys::outbox(name)))];
+            marks.extend(each(&|a| {
+                format!("~{}", keys::in_flight_marks(&keys::agent_outbox(a, name)))
+            }));
             sels.push(selector(
-                &[format!("~{}", keys::in_flight(name))],
-                "+hget +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
+                &marks,
+                "+hget +hset +hsetnx +hdel +hexists +hkeys +evalsha +eval +script|load",
             ));
-            let mut gated = vec![format!("~{}", keys::in_flight(name))];
+            let mut gated = marks.clone();
             gated.push(format!("~{}", keys::outbox(name)));
             gated.extend(each(&|a| format!("~{}", keys::agent_outbox(a, name))));
             sels.push(selector(&gated, "+evalsha +eval +script|load"));
+            // The one marks hash of earlier versions, emptied at start.
+            sels.push(selector(
+                &[format!("~{}", keys::legacy_in_flight(name))],
+                "+hgetall +hdel",
+            ));
             // Its own audit trail and uncertain deliveries: append and add only.
             sels.push(audit_selector(&[name]));
             sels.push(selector(

@@ -184,6 +184,10 @@ pub struct RedisConfig {
     /// and is retried.
     #[serde(default = "default_wait_timeout_ms")]
     pub wait_timeout_ms: u64,
+    /// Nodes of a Redis Cluster (`redis://host:port` or `rediss://`), any of
+    /// them, to learn the cluster from; instead of `url`.
+    #[serde(default)]
+    pub cluster: Vec<String>,
 }
 
 impl Default for RedisConfig {
@@ -202,6 +206,7 @@ impl Default for RedisConfig {
             sentinel_password_file: None,
             wait_replicas: 0,
             wait_timeout_ms: default_wait_timeout_ms(),
+            cluster: Vec::new(),
         }
     }
 }

@@ -283,6 +283,31 @@ impl Config {
 /// `[redis]`: one way to find the master, and a `WAIT` that cannot hold the
 /// shared connection past its reply timeout.
 pub(crate) fn validate_redis(redis: &super::RedisConfig) -> Result<(), ConfigError> {
+    let tls = |u: &String| u.starts_with("rediss://");
+    if !redis.cluster.is_empty() {
+        if !redis.sentinels.is_empty() {
+            return Err(ConfigError::invalid(
+                "redis.cluster",
+                "a cluster fails over by itself: leave redis.sentinels out",
+            ));
+        }
+        if redis.url != super::RedisConfig::default().url {
+            return Err(ConfigError::invalid(
+                "redis.url",
+                "leave it out with redis.cluster: the cluster says where each key is",
+            ));
+        }
+        if redis
+            .cluster
+            .iter()
+            .any(|u| tls(u) != tls(&redis.cluster[0]))
+        {
+            return Err(ConfigError::invalid(
+                "redis.cluster",
+                "mixes redis:// and rediss://; every node is reached the same way",
+            ));
+        }
+    }
     if redis.sentinels.is_empty() {
         if redis.master_name.is_some() {
             return Err(ConfigError::invalid(
@@ -303,7 +328,6 @@ pub(crate) fn validate_redis(redis: &super::RedisConfig) -> Result<(), ConfigErr
                 "redis.sentinels needs the name the Sentinels monitor the master under",
             ));
         }
-        let tls = |u: &String| u.starts_with("rediss://");
         if redis
             .sentinels
             .iter()

@@ -119,7 +119,6 @@ impl<S: Sender> OutboxService<S> {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
         let holder = inflight::Holder {
-            bridge: self.name.clone(),
             stream: self.sources[flight.source].key.clone(),
             group: self.group.clone(),
             consumer: self.consumer.clone(),

@@ -1,8 +1,9 @@
 //! In-flight marks and the send gate: a send is made by one worker at most,
 //! even when a paused worker wakes up after another took its entries over.
 //!
-//! Every delivery (plain or approved) is marked in `{bridge}:in-flight` before
-//! its send, field = delivery key:
+//! Every delivery (plain or approved) is marked before its send in the marks
+//! hash of its stream (`{<stream>}:in-flight`, [`keys::in_flight_marks`]),
+//! field = delivery key:
 //!
 //! ```text
 //! started:{worker}   the worker will send; it has not reached the platform
@@ -34,9 +35,11 @@
 //! - The marks of a batch's sends are taken together ([`Unmarked`], one
 //!   pipelined round trip), each by the same script as alone; no send of the
 //!   batch starts before its own mark is answered.
-//! - The two scripts name two keys (the in-flight hash and the entry's stream):
-//!   on Redis Cluster they need one slot, which the key layout does not give
-//!   yet.
+//! - The two scripts name two keys, the marks hash and the entry's stream;
+//!   the hash is tagged with the stream's name, so both are in one slot on
+//!   Redis Cluster too. Marks found in the one-hash-per-bridge layout of
+//!   earlier versions are moved beside their streams at start
+//!   ([`OutboxService::move_legacy_marks`]) before anything is read.
 
 use super::*;
 
@@ -183,7 +186,6 @@ pub(super) enum Gate {
 /// Where a flight's entry sits: what the gate checks it still holds.
 #[derive(Debug, Clone)]
 pub(super) struct Holder {
-    pub(super) bridge: String,
     pub(super) stream: String,
     pub(super) group: String,
     pub(super) consumer: String,
@@ -198,7 +200,7 @@ pub(super) async fn pass(
     worker: &str,
 ) -> std::result::Result<bool, SendError> {
     let passed: i64 = GATE_SCRIPT
-        .key(keys::in_flight(&holder.bridge))
+        .key(keys::in_flight_marks(&holder.stream))
         .key(&holder.stream)
         .arg(delivery_key)
         .arg(worker)
@@ -231,8 +233,8 @@ impl<S: Sender> OutboxService<S> {
         if marks.is_empty() {
             return Ok(Vec::new());
         }
-        let key = keys::in_flight(&self.name);
         if let [(stream, entry_id, delivery_key)] = marks {
+            let key = keys::in_flight_marks(stream);
             // Alone: EVALSHA, loading the script only when Redis lacks it
             // (a pipeline would send the whole script every time).
             let previous: String = MARK_SCRIPT
@@ -251,7 +253,7 @@ impl<S: Sender> OutboxService<S> {
         let invocations: Vec<_> = marks
             .iter()
             .map(|(stream, entry_id, delivery_key)| {
-                let mut inv = MARK_SCRIPT.key(&key);
+                let mut inv = MARK_SCRIPT.key(keys::in_flight_marks(stream));
                 inv.key(*stream)
                     .arg(*delivery_key)
                     .arg(&self.worker)
@@ -269,7 +271,7 @@ impl<S: Sender> OutboxService<S> {
         let previous: Vec<String> = pipe
             .query_async(&mut self.store.conn)
             .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
+            .map_err(|e| Error::from_redis("EVALSHA mark (in-flight marks)", e))?;
         Ok(previous
             .iter()
             .map(|p| Prior::parse(p, &self.worker))
@@ -368,39 +370,45 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Drops the marks left behind for entries no longer pending (see
-    /// [`TRIM`]), so `{bridge}:in-flight` does not grow with every crash.
+    /// [`TRIM`]), so the marks hashes do not grow with every crash.
     /// Returns how many went.
     pub(super) async fn trim_marks(&mut self) -> Result<usize> {
-        let key = keys::in_flight(&self.name);
-        let marks: Vec<String> = self
-            .store
-            .conn
-            .hkeys(&key)
-            .await
-            .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
+        // Only outbox streams carry deliveries (decisions are never sent).
+        let streams: Vec<String> = self
+            .sources
+            .iter()
+            .filter(|s| matches!(s.kind, Kind::Flat | Kind::Agent))
+            .map(|s| s.key.clone())
+            .collect();
         let mut dropped = 0;
-        for mark in marks {
-            let Some((stream, entry_id)) = mark.rsplit_once('/') else {
-                continue;
-            };
-            if !self.sources.iter().any(|s| s.key == stream) {
-                continue;
-            }
-            // Waiting behind its destination, marked: pending, so kept; not
-            // asked about one round trip at a time.
-            if self.mem.sched.is_scheduled(&mark) {
-                continue;
-            }
-            let n: i64 = TRIM_SCRIPT
-                .key(&key)
-                .key(stream)
-                .arg(&mark)
-                .arg(&self.group)
-                .arg(entry_id)
-                .invoke_async(&mut self.store.conn)
+        for stream in &streams {
+            let key = keys::in_flight_marks(stream);
+            let marks: Vec<String> = self
+                .store
+                .conn
+                .hkeys(&key)
                 .await
-                .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
-            dropped += n as usize;
+                .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
+            for mark in marks {
+                let Some((of, entry_id)) = mark.rsplit_once('/') else {
+                    continue;
+                };
+                // Waiting behind its destination, marked: pending, so kept;
+                // not asked about one round trip at a time.
+                if of != stream || self.mem.sched.is_scheduled(&mark) {
+                    continue;
+                }
+                let n: i64 = TRIM_SCRIPT
+                    .key(&key)
+                    .key(stream)
+                    .arg(&mark)
+                    .arg(&self.group)
+                    .arg(entry_id)
+                    .invoke_async(&mut self.store.conn)
+                    .await
+                    .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
+                dropped += n as usize;
+            }
         }
         if dropped > 0 {
             tracing::info!(
@@ -411,19 +419,65 @@ impl<S: Sender> OutboxService<S> {
         Ok(dropped)
     }
 
-    /// Removes this worker's marks of `delivery_keys`.
+    /// Removes this worker's marks of `delivery_keys` (one script a stream).
     pub(super) async fn clear_in_flight(&mut self, delivery_keys: &[&str]) -> Result<()> {
-        if delivery_keys.is_empty() {
+        let mut by_stream: Vec<(&str, Vec<&str>)> = Vec::new();
+        for key in delivery_keys {
+            let stream = keys::stream_of_delivery(key).ok_or_else(|| {
+                Error::internal(format!("`{key}` is not a delivery key (stream/entry)"))
+            })?;
+            match by_stream.iter_mut().find(|(s, _)| *s == stream) {
+                Some((_, keys)) => keys.push(key),
+                None => by_stream.push((stream, vec![key])),
+            }
+        }
+        for (stream, delivery_keys) in by_stream {
+            let key = keys::in_flight_marks(stream);
+            let _: i64 = CLEAR_SCRIPT
+                .key(&key)
+                .arg(&self.worker)
+                .arg(&delivery_keys)
+                .invoke_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Moves the marks an earlier version kept in one hash per bridge
+    /// ([`keys::legacy_in_flight`]) beside their streams, before this worker
+    /// reads anything: a `writing:` mark must still be found, or a send that
+    /// may have reached the platform would be made again. Each mark is
+    /// copied unless its new hash has one already, then removed from the old
+    /// hash, so a crash half-way only leaves work for the next start.
+    pub(super) async fn move_legacy_marks(&mut self) -> Result<()> {
+        let old = keys::legacy_in_flight(&self.name);
+        let marks: Vec<(String, String)> = self
+            .store
+            .conn
+            .hgetall(&old)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HGETALL {old}"), e))?;
+        if marks.is_empty() {
             return Ok(());
         }
-        let key = keys::in_flight(&self.name);
-        let _: i64 = CLEAR_SCRIPT
-            .key(&key)
-            .arg(&self.worker)
-            .arg(delivery_keys)
-            .invoke_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
+        for (delivery_key, mark) in &marks {
+            if let Some(stream) = keys::stream_of_delivery(delivery_key) {
+                let _: bool = self
+                    .store
+                    .conn
+                    .hset_nx(keys::in_flight_marks(stream), delivery_key, mark)
+                    .await
+                    .map_err(|e| Error::from_redis("HSETNX (in-flight marks)", e))?;
+            }
+            let _: i64 = self
+                .store
+                .conn
+                .hdel(&old, delivery_key)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HDEL {old}"), e))?;
+        }
+        tracing::info!(bridge = %self.name, moved = marks.len(), "in-flight marks moved beside their streams");
         Ok(())
     }
 
@@ -439,7 +493,12 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         // Only the mark it saw: anything written since is someone's news.
-        let key = keys::in_flight(&self.name);
+        let stream = keys::stream_of_delivery(delivery_key).ok_or_else(|| {
+            Error::internal(format!(
+                "`{delivery_key}` is not a delivery key (stream/entry)"
+            ))
+        })?;
+        let key = keys::in_flight_marks(stream);
         let _: i64 = CLEAR_SCRIPT
             .key(&key)
             .arg(by)

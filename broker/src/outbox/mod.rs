@@ -191,6 +191,7 @@ impl<S: Sender> OutboxService<S> {
         for source in self.sources.iter() {
             self.store.ensure_group(&source.key, &self.group).await?;
         }
+        self.move_legacy_marks().await?;
         if self.bridge.approval.required && self.id_key.is_none() {
             self.id_key = Some(IdKey::load(&mut self.store, &self.name).await?);
             let agents: Vec<&str> = self.config.agent_names().collect();

@@ -109,7 +109,7 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// A fresh blocking connection, and whatever a lost reply left pending.
-    pub(super) async fn reconnect(&mut self) -> Result<redis::aio::MultiplexedConnection> {
+    pub(super) async fn reconnect(&mut self) -> Result<crate::store::Blocking> {
         let mut conn = self.store.blocking().await?;
         self.recover(&mut conn).await?;
         tracing::info!(bridge = %self.name, "reconnected to Redis");
@@ -121,7 +121,7 @@ impl<S: Sender> OutboxService<S> {
     /// beats never wait for a read, and a read is never abandoned half-way (an
     /// abandoned read would leave its entries pending and unknown). One batch
     /// waits in the channel at most. It ends at its first error, which it passes on.
-    fn spawn_reader(&self, mut conn: redis::aio::MultiplexedConnection) -> Reads {
+    fn spawn_reader(&self, mut conn: crate::store::Blocking) -> Reads {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
         let keys: Vec<String> = self.sources.iter().map(|s| s.key.clone()).collect();
         let group = self.group.clone();
@@ -258,10 +258,7 @@ impl<S: Sender> OutboxService<S> {
     /// Handles this consumer's pending entries: parked ones are tracked again,
     /// unfinished ones handled as retries. Decisions come last, so every parked
     /// entry is known when they are applied.
-    pub(super) async fn recover(
-        &mut self,
-        blocking: &mut redis::aio::MultiplexedConnection,
-    ) -> Result<()> {
+    pub(super) async fn recover(&mut self, blocking: &mut crate::store::Blocking) -> Result<()> {
         // Nothing read or begun before this recovery is trusted: what it left
         // half-done is pending and is read again here.
         self.mem.forget_batch();
@@ -307,10 +304,7 @@ impl<S: Sender> OutboxService<S> {
     /// for more: between recovery pages. A decision on an entry not recovered
     /// yet is acked and loses nothing: the record holds it, and the entry is
     /// settled when recovery reaches it.
-    async fn serve_decisions(
-        &mut self,
-        blocking: &mut redis::aio::MultiplexedConnection,
-    ) -> Result<()> {
+    async fn serve_decisions(&mut self, blocking: &mut crate::store::Blocking) -> Result<()> {
         let src = self.sources.decisions();
         let key = self.sources[src].key.clone();
         let batch = read_group(

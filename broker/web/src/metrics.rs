@@ -154,7 +154,7 @@ pub async fn tail(
     let streams: Vec<String> = names.iter().map(|b| keys::audit(b)).collect();
     let mut last: Vec<String> = vec!["$".into(); streams.len()];
     loop {
-        let mut store = match Store::connect(&crate::redis_config_for(&config, role)).await {
+        let store = match Store::connect(&crate::redis_config_for(&config, role)).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: cannot connect; retrying");
@@ -164,26 +164,31 @@ pub async fn tail(
                 }
             }
         };
+        // Its own connection: a blocking read holds up the others on one.
+        let mut reader = match store.blocking().await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "metrics: cannot connect; retrying");
+                continue;
+            }
+        };
         loop {
-            let mut cmd = redis::cmd("XREAD");
-            cmd.arg("COUNT")
-                .arg(1000)
-                .arg("BLOCK")
-                .arg(2000)
-                .arg("STREAMS");
-            cmd.arg(&streams).arg(&last);
             let read = tokio::select! {
                 _ = stop.wait() => return,
-                r = cmd.query_async::<Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>>(&mut store.conn) => r,
+                r = reader.tail(&streams, &last, 1000, std::time::Duration::from_secs(2)) => r,
             };
             match read {
-                Ok(None) => continue,
-                Ok(Some(batches)) => {
+                Ok(batches) => {
                     for (stream, entries) in batches {
                         let Some(i) = streams.iter().position(|s| *s == stream) else {
                             continue;
                         };
                         for (id, fields) in entries {
+                            let fields: HashMap<String, String> = fields
+                                .unwrap_or_default()
+                                .into_iter()
+                                .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+                                .collect();
                             counters.count(&names[i], &fields);
                             last[i] = id;
                         }

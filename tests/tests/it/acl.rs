@@ -794,7 +794,7 @@ async fn refused_by_acl(conn: &mut redis::aio::MultiplexedConnection, args: &[&s
 /// Writes one decision request as the user behind `conn` and returns the
 /// outbox's reply to it.
 async fn request_as(
-    conn: &mut redis::aio::MultiplexedConnection,
+    conn: &mut (impl redis::aio::ConnectionLike + Clone + Send),
     requester: &str,
     request: serde_json::Value,
 ) -> serde_json::Value {
@@ -970,7 +970,7 @@ async fn operators_the_page_and_the_exporter_cannot_decide_by_themselves() {
     }
     // A surface's stream answers cards; an edit on it is refused (written here
     // as the administrator: under the ACL only desk's ingest may write it).
-    let mut admin_conn = d.store().await.blocking().await.unwrap();
+    let mut admin_conn = d.store().await.conn;
     let edit = json!({
         "nonce": uuid::Uuid::new_v4().simple().to_string(),
         "approval_id": id,

@@ -662,10 +662,14 @@ async fn a_notification_trimmed_while_a_dead_worker_held_it_is_written_again() {
         redis::AsyncCommands::hset(&mut conn, keys::approval(&id), "notify_entry", &entry_id)
             .await
             .unwrap();
-    let _: () =
-        redis::AsyncCommands::hset(&mut conn, keys::in_flight("desk"), &mark, "writing:ghost")
-            .await
-            .unwrap();
+    let _: () = redis::AsyncCommands::hset(
+        &mut conn,
+        keys::in_flight_marks("desk:outbox"),
+        &mark,
+        "writing:ghost",
+    )
+    .await
+    .unwrap();
     let _: i64 = redis::cmd("XTRIM")
         .arg(&["desk:outbox", "MAXLEN", "0"])
         .query_async(&mut store.conn)
@@ -684,7 +688,7 @@ async fn a_notification_trimmed_while_a_dead_worker_held_it_is_written_again() {
     })
     .await;
     wait_until("the dead worker's mark dropped", SOON, || async {
-        let marks = hash(&mut d.store().await, &keys::in_flight("desk")).await;
+        let marks = hash(&mut d.store().await, &keys::in_flight_marks("desk:outbox")).await;
         (!marks.contains_key(&mark)).then_some(())
     })
     .await;

@@ -862,9 +862,12 @@ async fn a_delivery_cut_off_mid_attempt_is_uncertain_not_resent() {
         .await
         .unwrap();
     let dkey = delivery_key("ann:mail:outbox", &started);
-    let _: i64 = redis::AsyncCommands::hset(&mut store.conn, keys::in_flight("mail"), &dkey, 1)
-        .await
-        .unwrap();
+    // Marked the way an earlier version did (one hash per bridge, a time):
+    // moved beside its stream at start, and still found.
+    let _: i64 =
+        redis::AsyncCommands::hset(&mut store.conn, keys::legacy_in_flight("mail"), &dkey, 1)
+            .await
+            .unwrap();
     let _outbox = d.process("cowboy-email-outbox", "mail");
     let notice = wait_until("the uncertain notice", MAIL, || async {
         inbox(&d, "ann:mail:inbox").await.into_iter().next()
@@ -889,8 +892,13 @@ async fn a_delivery_cut_off_mid_attempt_is_uncertain_not_resent() {
         1,
         "the uncertain one was not sent"
     );
-    let marks = harness::hash(&mut store, &keys::in_flight("mail")).await;
-    assert!(marks.is_empty(), "{marks:?}");
+    for key in [
+        keys::legacy_in_flight("mail"),
+        keys::in_flight_marks("ann:mail:outbox"),
+    ] {
+        let marks = harness::hash(&mut store, &key).await;
+        assert!(marks.is_empty(), "{key}: {marks:?}");
+    }
     let _ = untried;
 }
 

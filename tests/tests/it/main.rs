@@ -4,6 +4,7 @@
 mod acl;
 mod approval;
 mod binaries;
+mod cluster;
 mod consent;
 mod deploy;
 mod discord;

@@ -442,7 +442,11 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     // Both marked by a; the first through its gate, inside its 3 s send.
     let marks = wait_until("the first send past its gate", SOON, || async {
         let mut s = d.store().await;
-        let m = hash(&mut s, &keys::in_flight("slow")).await;
+        let m = hash(
+            &mut s,
+            &keys::in_flight_marks(&keys::agent_outbox("ann", "slow")),
+        )
+        .await;
         (m.len() == 2 && m.values().any(|v| v == "writing:a")).then_some(m)
     })
     .await;
@@ -531,7 +535,7 @@ claim_idle_seconds = 2
         SOON,
         || async {
             let mut s = d.store().await;
-            let m = hash(&mut s, &keys::in_flight("cards")).await;
+            let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
             let mut v: Vec<String> = m.into_values().collect();
             v.sort();
             (v == ["started:a", "writing:a"]).then_some(())

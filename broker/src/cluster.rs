@@ -1,0 +1,381 @@
+//! The connection to a Redis Cluster (`redis.cluster`): the redis crate's
+//! cluster client, made to keep this project's rules.
+//!
+//! Invariants:
+//! - No command is ever sent twice after it may have run: the client's own
+//!   retries are off (`retries(0)`: it would re-send after a lost
+//!   connection, doubling an `XADD`). Only an answer that proves the command
+//!   did not run (`MOVED`, `ASK`, `TRYAGAIN`: the node refused it before
+//!   executing) is sent again here, a few times within [`REDIRECTS_FOR`];
+//!   the client rebuilds its slot map on `MOVED`. Anything else reaches the
+//!   caller, which retries as after any lost connection.
+//! - A pipeline goes to one node per slot: the client refuses one that
+//!   spans slots, so it is cut into runs of consecutive commands of one
+//!   slot, sent in order, one after the other (a write pipeline's order is
+//!   its meaning: a record before its index, an ack after what it settles).
+//!   Keyless commands ride with the run they are in; a `SCRIPT LOAD` is also
+//!   sent again ahead of every later run (another node may lack the script),
+//!   its answer there dropped. A transaction (`MULTI`/`EXEC`) is sent whole:
+//!   its keys must share a slot.
+//! - Every protocol script names keys of one slot (a record; a stream and
+//!   its marks hash, tagged with the stream's name), so scripts run
+//!   unchanged.
+//! - Blocking reads never share a connection with other commands: each
+//!   [`crate::blocking::Blocking`] opens its own cluster connections.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::Slot;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::config::RedisConfig;
+use crate::error::{ConfigError, Error, Result};
+use crate::topology::{certificates, client_at, tcp_settings, Auth};
+
+/// How long a command refused with a redirect is tried again (a slot in
+/// migration answers `ASK` until it is handed over).
+const REDIRECTS_FOR: Duration = Duration::from_secs(5);
+
+/// The shared cluster connection of a service (cheap to clone).
+#[derive(Clone)]
+pub struct ClusterLink {
+    client: ClusterClient,
+    conn: ClusterConnection,
+    seeds: Vec<String>,
+    wait: Option<(u32, u64)>,
+}
+
+impl ClusterLink {
+    /// Connects to the cluster `redis.cluster` names (any of its nodes).
+    pub async fn connect(config: &RedisConfig) -> Result<ClusterLink> {
+        let client = cluster_client(config)?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| refused(config, e))?;
+        Ok(ClusterLink {
+            client,
+            conn,
+            seeds: config.cluster.clone(),
+            wait: (config.wait_replicas > 0)
+                .then_some((config.wait_replicas, config.wait_timeout_ms)),
+        })
+    }
+
+    /// The nodes it was given, for messages.
+    pub fn seeds(&self) -> String {
+        format!("cluster {}", self.seeds.join(" "))
+    }
+
+    pub fn wait(&self) -> Option<(u32, u64)> {
+        self.wait
+    }
+
+    /// A connection of its own with no reply timeout, for blocking reads.
+    pub async fn blocking(&self) -> Result<crate::blocking::Blocking> {
+        let conn = dedicated(&self.client).await?;
+        Ok(crate::blocking::Blocking::Cluster(Box::new(
+            crate::blocking::ClusterReads::new(self.client.clone(), conn),
+        )))
+    }
+
+    /// `cowboy status`: the masters, their slot ranges and replicas (from
+    /// `CLUSTER SHARDS`).
+    pub async fn describe(&mut self) -> String {
+        let shards: redis::RedisResult<Value> = redis::cmd("CLUSTER")
+            .arg("SHARDS")
+            .query_async(&mut self.conn)
+            .await;
+        match shards {
+            Ok(v) => format!("redis: {}", describe_shards(&v)),
+            Err(e) => format!("redis: {}; shards unknown ({e})", self.seeds()),
+        }
+    }
+
+    pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
+            loop {
+                match self.conn.req_packed_command(cmd).await {
+                    Err(e) if not_run(&e) && tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        })
+    }
+
+    pub fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            if pipeline.is_transaction() {
+                return self.conn.req_packed_commands(pipeline, offset, count).await;
+            }
+            let mut answers = Vec::with_capacity(count);
+            for (run, loads) in runs(pipeline) {
+                // A run is one slot: `MOVED` on it means none of it ran.
+                let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
+                let got = loop {
+                    match self.conn.req_packed_commands(&run, 0, run.len()).await {
+                        Err(e)
+                            if e.code() == Some("MOVED")
+                                && tokio::time::Instant::now() < deadline =>
+                        {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        got => break got?,
+                    }
+                };
+                answers.extend(got.into_iter().skip(loads));
+            }
+            Ok(answers)
+        })
+    }
+}
+
+/// A new cluster connection with no reply timeout (blocking reads).
+pub(crate) async fn dedicated(client: &ClusterClient) -> Result<ClusterConnection> {
+    let config =
+        redis::cluster::ClusterConfig::new().set_connection_timeout(Duration::from_secs(5));
+    Ok(client.get_async_connection_with_config(config).await?)
+}
+
+/// The cluster client for `[redis]`: the same checks on each node's URL as
+/// for one server (TLS, loopback for plain TCP, certificates), the client's
+/// own re-sending off.
+fn cluster_client(config: &RedisConfig) -> Result<ClusterClient> {
+    let mut nodes = Vec::new();
+    let mut tls = false;
+    for url in &config.cluster {
+        let (client, secure) = client_at("redis.cluster", url, config, Auth::Server)?;
+        nodes.push(client.get_connection_info().clone());
+        tls = secure;
+    }
+    let mut builder = ClusterClientBuilder::new(nodes)
+        .retries(0)
+        .connection_timeout(Duration::from_secs(5))
+        .response_timeout(Duration::from_secs(10))
+        .tcp_settings(tcp_settings());
+    if let Some(user) = &config.username {
+        builder = builder.username(user);
+    }
+    if let Some(path) = &config.password_file {
+        builder = builder.password(crate::config::read_secret("redis.password_file", path)?);
+    }
+    if tls {
+        builder = builder
+            .tls(redis::TlsMode::Secure)
+            .certs(certificates(config)?);
+    }
+    builder
+        .build()
+        .map_err(|e| ConfigError::invalid("redis.cluster", e.to_string()).into())
+}
+
+/// A connection refused at start-up, told apart as `Conn` does for one
+/// server: a password or certificate is a deployment error, named.
+fn refused(config: &RedisConfig, e: redis::RedisError) -> Error {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed || e.code() == Some("WRONGPASS") {
+        Error::Permission {
+            command: format!(
+                "AUTH as {}",
+                config.username.as_deref().unwrap_or("default")
+            ),
+            message: e.to_string(),
+        }
+    } else if crate::topology::refused_certificate(&e) {
+        ConfigError::invalid(
+            "redis.ca_file",
+            format!("the TLS certificate of a cluster node was refused: {e}"),
+        )
+        .into()
+    } else {
+        Error::Redis(e)
+    }
+}
+
+/// Whether a node refused the command before running it.
+fn not_run(e: &redis::RedisError) -> bool {
+    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN"))
+}
+
+/// The key a command routes by: the first key of a script, the first stream
+/// of a read, otherwise its first argument; none for keyless commands.
+fn key_of(cmd: &Cmd) -> Option<Vec<u8>> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .filter_map(|a| match a {
+            redis::Arg::Simple(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    let name = args.first()?.to_ascii_uppercase();
+    match name.as_slice() {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
+            let keys: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
+            (keys > 0).then(|| args.get(3).map(|k| k.to_vec()))?
+        }
+        // Container commands: the key follows the subcommand.
+        b"XINFO" | b"XGROUP" | b"OBJECT" | b"MEMORY" => args.get(2).map(|k| k.to_vec()),
+        b"XREAD" | b"XREADGROUP" => {
+            let at = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
+            args.get(at + 1).map(|k| k.to_vec())
+        }
+        b"SCRIPT" | b"PING" | b"TIME" | b"WAIT" | b"ROLE" | b"INFO" | b"CLUSTER" | b"ACL"
+        | b"MULTI" | b"EXEC" | b"HELLO" | b"AUTH" => None,
+        _ => args.get(1).map(|k| k.to_vec()),
+    }
+}
+
+/// A pipeline cut into runs of consecutive commands of one slot, each with
+/// how many `SCRIPT LOAD`s of earlier runs were put ahead of it (their
+/// answers are not the caller's).
+fn runs(pipeline: &Pipeline) -> Vec<(Pipeline, usize)> {
+    let mut runs: Vec<(Option<Slot>, Pipeline, usize)> = Vec::new();
+    let mut loads: Vec<Cmd> = Vec::new();
+    for cmd in pipeline.cmd_iter() {
+        let slot = key_of(cmd).map(Slot::for_key);
+        match runs.last_mut() {
+            Some((at, run, _)) if slot.is_none() || at.is_none() || *at == slot => {
+                if at.is_none() {
+                    *at = slot;
+                }
+                run.add_command(cmd.clone());
+            }
+            _ => {
+                let mut run = redis::pipe();
+                for load in &loads {
+                    run.add_command(load.clone());
+                }
+                run.add_command(cmd.clone());
+                runs.push((slot, run, loads.len()));
+            }
+        }
+        if is_script_load(cmd) {
+            loads.push(cmd.clone());
+        }
+    }
+    runs.into_iter()
+        .map(|(_, run, loads)| (run, loads))
+        .collect()
+}
+
+fn is_script_load(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(a) => Some(a),
+        _ => None,
+    });
+    matches!(
+        (args.next(), args.next()),
+        (Some(a), Some(b)) if a.eq_ignore_ascii_case(b"SCRIPT") && b.eq_ignore_ascii_case(b"LOAD")
+    )
+}
+
+/// One line per shard of a `CLUSTER SHARDS` answer: its slot ranges, its
+/// master and replicas with their health.
+fn describe_shards(v: &Value) -> String {
+    let Value::Array(shards) = v else {
+        return "an unexpected CLUSTER SHARDS answer".into();
+    };
+    let mut lines = vec![format!("a cluster of {} shards", shards.len())];
+    for shard in shards {
+        let slots = match field(shard, "slots") {
+            Some(Value::Array(bounds)) => bounds
+                .chunks(2)
+                .map(|b| {
+                    format!(
+                        "{}-{}",
+                        int(b.first()).unwrap_or(0),
+                        int(b.get(1)).unwrap_or(0)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => String::new(),
+        };
+        let nodes = match field(shard, "nodes") {
+            Some(Value::Array(nodes)) => nodes
+                .iter()
+                .map(|n| {
+                    let text =
+                        |k: &str| field(n, k).and_then(crate::store::text).unwrap_or_default();
+                    let port = field(n, "port").and_then(|p| int(Some(p))).unwrap_or(0);
+                    format!(
+                        "{} {}:{} ({})",
+                        text("role"),
+                        text("ip"),
+                        port,
+                        text("health")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+            _ => String::new(),
+        };
+        lines.push(format!("  slots {slots}: {nodes}"));
+    }
+    lines.join("\n")
+}
+
+/// A field of a RESP2 flat map (`[k, v, k, v…]`) or a RESP3 map.
+fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .find(|kv| crate::store::text(&kv[0]).as_deref() == Some(name))
+            .and_then(|kv| kv.get(1)),
+        Value::Map(pairs) => pairs
+            .iter()
+            .find(|(k, _)| crate::store::text(k).as_deref() == Some(name))
+            .map(|(_, v)| v),
+        _ => None,
+    }
+}
+
+fn int(v: Option<&Value>) -> Option<i64> {
+    match v? {
+        Value::Int(i) => Some(*i),
+        other => crate::store::text(other)?.parse().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pipelines_are_cut_into_runs_of_one_slot() {
+        let mut p = redis::pipe();
+        p.cmd("SCRIPT").arg("LOAD").arg("return 1");
+        p.cmd("EVALSHA").arg("x").arg(1).arg("approval:a").arg("v");
+        p.hset("approval:a", "f", "v");
+        p.hset("approval:b", "f", "v");
+        p.cmd("EVALSHA").arg("x").arg(0).arg("v");
+        p.hset("{mail:outbox}:in-flight", "f", "v");
+        p.xadd("mail:outbox", "*", &[("a", "b")]);
+        let lens: Vec<(usize, usize)> = runs(&p).iter().map(|(r, l)| (r.len(), *l)).collect();
+        // approval:a (with the keyless load before it); approval:b with the
+        // keyless script after it; the marks hash and its stream share a
+        // slot. Later runs get the script load again, ahead of them.
+        assert_eq!(lens, [(3, 0), (3, 1), (3, 1)]);
+    }
+
+    #[test]
+    fn reads_route_by_their_first_stream() {
+        let mut c = redis::cmd("XREADGROUP");
+        c.arg("GROUP").arg("g").arg("c").arg("COUNT").arg(5);
+        c.arg("STREAMS").arg("ann:mail:outbox").arg(">");
+        assert_eq!(key_of(&c).as_deref(), Some(&b"ann:mail:outbox"[..]));
+        assert_eq!(key_of(&redis::cmd("TIME")), None);
+    }
+}

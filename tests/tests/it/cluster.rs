@@ -1,0 +1,195 @@
+//! The gate on a Redis Cluster of three masters (`[redis] cluster`): the
+//! protocol's keys spread over the nodes, the readers reading each stream on
+//! its own connection, and slots moved under the services.
+
+use std::collections::BTreeMap;
+
+use broker::keys;
+use harness::cluster::Cluster;
+use harness::setup::Setup;
+use harness::{pending, wait_until, Deployment};
+
+use crate::approval::{agent_sends, approval_services, inbox_notices, notification, react};
+use crate::SOON;
+
+fn on_a_cluster(body: &str) -> (Deployment, Cluster) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    let (first, cluster) = Cluster::start();
+    let d = Deployment::with_redis_table(first, &cluster.redis_table(), body);
+    (d, cluster)
+}
+
+/// Which node holds each of the flow's keys: the test means something only
+/// if they are spread.
+fn owners(cluster: &Cluster, keys: &[String]) -> BTreeMap<u16, Vec<String>> {
+    let mut by = BTreeMap::<u16, Vec<String>>::new();
+    for k in keys {
+        by.entry(cluster.owner_of(k)).or_default().push(k.clone());
+    }
+    by
+}
+
+/// Park, notify on another bridge, approve by reaction, reject with a
+/// reason, restart the requesting outbox while an entry is parked: each
+/// message is shown once, delivered once or refused with one notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_approval_flow_runs_on_a_cluster() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let spread = owners(
+        &cluster,
+        &[
+            keys::agent_outbox("ann", "mail"),
+            keys::outbox("desk"),
+            keys::decisions("mail"),
+            keys::approval_map("desk"),
+            keys::agent_inbox("ann", "mail"),
+        ],
+    );
+    assert!(spread.len() >= 2, "the keys all on one node: {spread:?}");
+    let [mail, desk_out, desk_in] = approval_services(&d);
+    agent_sends(&d, "approve me", "r1").await;
+    agent_sends(&d, "reject me", "r2").await;
+    for n in 0..2 {
+        let (_, external) = notification(&d, n).await;
+        let card = d.delivered("desk.out")[n].clone();
+        match card.content.contains("approve me") {
+            true => react(&d, &external, "✅", "boss", ""),
+            false => react(&d, &external, "❌", "boss", "not this one"),
+        }
+    }
+    let sent = wait_until("the approved message delivered", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "approve me");
+    let notice = wait_until("the rejection notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox")
+            .await
+            .into_iter()
+            .find(|n| n.get("status").map(String::as_str) == Some("rejected"))
+    })
+    .await;
+    assert_eq!(notice["reason"], "not this one");
+
+    // Restarted while an entry is parked: found again, not shown twice.
+    mail.crash();
+    agent_sends(&d, "after the restart", "r3").await;
+    let mail = d.spawn("outbox", "mail");
+    let (_, external) = notification(&d, 2).await;
+    react(&d, &external, "✅", "boss", "");
+    wait_until("the third entry delivered", SOON, || async {
+        (d.delivered("mail.out").len() == 2).then_some(())
+    })
+    .await;
+    for s in [mail, desk_out, desk_in] {
+        s.stop().await.unwrap();
+    }
+    let contents: Vec<String> = d
+        .delivered("mail.out")
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(contents, ["approve me", "after the restart"]);
+    assert_eq!(d.delivered("desk.out").len(), 3, "one card per entry");
+    let mut store = d.store().await;
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+    let rejected = inbox_notices(&d, "ann:mail:inbox")
+        .await
+        .into_iter()
+        .filter(|n| n.get("status").map(String::as_str) == Some("rejected"))
+        .count();
+    assert_eq!(rejected, 1, "one notice for the one rejection");
+}
+
+/// An approval nobody answers expires into one notice, on a cluster too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_approval_expires_on_a_cluster() {
+    let (d, _cluster) = on_a_cluster(&Setup::approval(1).toml());
+    let services = approval_services(&d);
+    agent_sends(&d, "nobody looks", "r1").await;
+    let notice = wait_until("the expiry notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "expired");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert!(d.delivered("mail.out").is_empty());
+}
+
+/// Every slot of the node holding the agent's streams moves to another node
+/// (`redis-cli --cluster reshard`, key by key) while entries flow and an
+/// approval is parked: every entry is delivered once, in order, and the
+/// parked one is decided after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reshard_under_flowing_entries_loses_and_doubles_nothing() {
+    let setup = Setup::approval(3600).with(
+        "[bridges.plain]\ntype = \"console\"\noutput = \"{dir}/plain.out\"\ninput = \"{dir}/plain.in\"\ndestinations = [\"*\"]\n",
+    );
+    let (d, cluster) = on_a_cluster(&setup.toml());
+    let services = approval_services(&d);
+    let plain = d.spawn("outbox", "plain");
+    agent_sends(&d, "parked across the move", "r1").await;
+    let (_, external) = notification(&d, 0).await;
+    let stream = keys::agent_outbox("ann", "plain");
+    let from = cluster.owner_of(&stream);
+    let to = *cluster.ports.iter().find(|&&p| p != from).unwrap();
+    let owned = cluster.slots_of(from);
+    let writer = {
+        let d_store = d.store().await;
+        let stream = stream.clone();
+        tokio::spawn(async move {
+            let mut store = d_store;
+            for i in 0..60 {
+                let content = format!("m{i:02}");
+                // An agent retries what the cluster refused mid-move.
+                loop {
+                    let r = store
+                        .xadd(
+                            &stream,
+                            &[("channel_id", b"x"), ("content", content.as_bytes())],
+                        )
+                        .await;
+                    if r.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let mover = tokio::task::spawn_blocking({
+        let ports = cluster.ports.clone();
+        move || harness::cluster::reshard_ports(&ports, from, to, owned)
+    });
+    mover.await.unwrap();
+    writer.await.unwrap();
+    assert_ne!(cluster.owner_of(&stream), from, "the stream's slot moved");
+    react(&d, &external, "✅", "boss", "");
+    let delivered = wait_until("all 60 delivered", SOON * 3, || async {
+        let got = d.delivered("plain.out");
+        (got.len() >= 60).then_some(got)
+    })
+    .await;
+    let contents: Vec<String> = delivered.into_iter().map(|m| m.content).collect();
+    let expected: Vec<String> = (0..60).map(|i| format!("m{i:02}")).collect();
+    assert_eq!(contents, expected, "each once, in order");
+    wait_until("the parked one delivered", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    plain.stop().await.unwrap();
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert_eq!(d.delivered("desk.out").len(), 1, "one card");
+}
