@@ -7,8 +7,13 @@
 //!   connection, doubling an `XADD`). Only an answer that proves the command
 //!   did not run (`MOVED`, `ASK`, `TRYAGAIN`: the node refused it before
 //!   executing) is sent again here, a few times within [`REDIRECTS_FOR`];
-//!   the client rebuilds its slot map on `MOVED`. Anything else reaches the
-//!   caller, which retries as after any lost connection.
+//!   the client rebuilds its slot map on `MOVED`. A pipeline run is sent
+//!   again only when it holds one command (the client reports a run by its
+//!   first redirect, whatever ran before it). Anything else reaches the
+//!   caller, which retries as after any lost connection. `ASK` is not
+//!   followed to the importing node (`ASKING`): a key already moved out of a
+//!   slot in migration is refused until the slot is handed over, then
+//!   `MOVED` points to its new node.
 //! - A pipeline goes to one node per slot: the client refuses one that
 //!   spans slots, so it is cut into runs of consecutive commands of one
 //!   slot, sent in order, one after the other (a write pipeline's order is
@@ -42,7 +47,8 @@ const REDIRECTS_FOR: Duration = Duration::from_secs(5);
 /// The shared cluster connection of a service (cheap to clone).
 #[derive(Clone)]
 pub struct ClusterLink {
-    client: ClusterClient,
+    /// For blocking reads: no reply timeout at all.
+    blocking: ClusterClient,
     conn: ClusterConnection,
     seeds: Vec<String>,
     wait: Option<(u32, u64)>,
@@ -51,13 +57,12 @@ pub struct ClusterLink {
 impl ClusterLink {
     /// Connects to the cluster `redis.cluster` names (any of its nodes).
     pub async fn connect(config: &RedisConfig) -> Result<ClusterLink> {
-        let client = cluster_client(config)?;
-        let conn = client
+        let conn = cluster_client(config, Replies::TimedOut)?
             .get_async_connection()
             .await
             .map_err(|e| refused(config, e))?;
         Ok(ClusterLink {
-            client,
+            blocking: cluster_client(config, Replies::Awaited)?,
             conn,
             seeds: config.cluster.clone(),
             wait: (config.wait_replicas > 0)
@@ -76,9 +81,9 @@ impl ClusterLink {
 
     /// A connection of its own with no reply timeout, for blocking reads.
     pub async fn blocking(&self) -> Result<crate::blocking::Blocking> {
-        let conn = dedicated(&self.client).await?;
+        let conn = dedicated(&self.blocking).await?;
         Ok(crate::blocking::Blocking::Cluster(Box::new(
-            crate::blocking::ClusterReads::new(self.client.clone(), conn),
+            crate::blocking::ClusterReads::new(self.blocking.clone(), conn),
         )))
     }
 
@@ -121,13 +126,16 @@ impl ClusterLink {
             }
             let mut answers = Vec::with_capacity(count);
             for (run, loads) in runs(pipeline) {
-                // A run is one slot: `MOVED` on it means none of it ran.
+                // The client answers a whole run with its first redirect,
+                // though commands before it may have run (a migration can
+                // end between two of them): only a run of one command (with
+                // idempotent script loads) is known not to have run.
+                let alone = run.cmd_iter().filter(|c| !is_script_load(c)).count() == 1;
                 let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
                 let got = loop {
                     match self.conn.req_packed_commands(&run, 0, run.len()).await {
                         Err(e)
-                            if e.code() == Some("MOVED")
-                                && tokio::time::Instant::now() < deadline =>
+                            if alone && not_run(&e) && tokio::time::Instant::now() < deadline =>
                         {
                             tokio::time::sleep(Duration::from_millis(20)).await;
                         }
@@ -141,17 +149,24 @@ impl ClusterLink {
     }
 }
 
-/// A new cluster connection with no reply timeout (blocking reads).
+/// A new connection of the blocking reads' client (no reply timeout).
 pub(crate) async fn dedicated(client: &ClusterClient) -> Result<ClusterConnection> {
-    let config =
-        redis::cluster::ClusterConfig::new().set_connection_timeout(Duration::from_secs(5));
-    Ok(client.get_async_connection_with_config(config).await?)
+    Ok(client.get_async_connection().await?)
+}
+
+/// Whether a client's replies time out: the shared connection's do (10 s);
+/// blocking reads wait as long as they asked to (the client's overall
+/// timeout is fixed when it is built, so they need a client of their own).
+#[derive(Clone, Copy, PartialEq)]
+enum Replies {
+    TimedOut,
+    Awaited,
 }
 
 /// The cluster client for `[redis]`: the same checks on each node's URL as
 /// for one server (TLS, loopback for plain TCP, certificates), the client's
 /// own re-sending off.
-fn cluster_client(config: &RedisConfig) -> Result<ClusterClient> {
+fn cluster_client(config: &RedisConfig, replies: Replies) -> Result<ClusterClient> {
     let mut nodes = Vec::new();
     let mut tls = false;
     for url in &config.cluster {
@@ -162,8 +177,11 @@ fn cluster_client(config: &RedisConfig) -> Result<ClusterClient> {
     let mut builder = ClusterClientBuilder::new(nodes)
         .retries(0)
         .connection_timeout(Duration::from_secs(5))
-        .response_timeout(Duration::from_secs(10))
         .tcp_settings(tcp_settings());
+    builder = match replies {
+        Replies::TimedOut => builder.response_timeout(Duration::from_secs(10)),
+        Replies::Awaited => builder.overall_response_timeout(None),
+    };
     if let Some(user) = &config.username {
         builder = builder.username(user);
     }

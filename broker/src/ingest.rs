@@ -73,10 +73,20 @@ impl Ingest {
     /// Where this ingest stopped reading its platform, as the bridge wrote it
     /// with [`Self::save_cursor`]; `None` on a first start.
     pub async fn cursor(&mut self) -> Result<Option<String>> {
-        let key = keys::ingest_cursor(&self.name);
-        redis::AsyncCommands::get(&mut self.store.conn, &key)
-            .await
-            .map_err(|e| crate::Error::from_redis(&format!("GET {key}"), e))
+        // The position an earlier version saved counts until the first save
+        // under the new name (reading from the start would carry all again).
+        for key in [
+            keys::ingest_cursor(&self.name),
+            keys::legacy_ingest_cursor(&self.name),
+        ] {
+            let at: Option<String> = redis::AsyncCommands::get(&mut self.store.conn, &key)
+                .await
+                .map_err(|e| crate::Error::from_redis(&format!("GET {key}"), e))?;
+            if at.is_some() {
+                return Ok(at);
+            }
+        }
+        Ok(None)
     }
 
     /// Saves where this ingest stopped reading. Call it only once what was

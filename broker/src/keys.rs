@@ -4,10 +4,13 @@
 //! DESIGN.md ("Redis keys") can be read, and changed, in a single file.
 //!
 //! Names chosen by the broker beyond that contract (`{bridge}:decisions`,
-//! `{bridge}:heartbeat`, `{bridge}:ingest:cursor`, `{bridge}:id-key`,
-//! `{bridge}:in-flight`, `{bridge}:audit`, `{bridge}:uncertain`) all start with the bridge
-//! name, so an agent's ACL patterns (`{agent}:*`) never reach them as long as
-//! agent and bridge names differ, which the config loader enforces.
+//! `{bridge}:heartbeat`, `{bridge}:id-key`, `{bridge}:audit`,
+//! `{bridge}:uncertain`) all start with the bridge name, so an agent's ACL
+//! patterns (`{agent}:*`) never reach them as long as agent and bridge names
+//! differ, which the config loader enforces. The two hash-tagged ones
+//! (`{<stream>}:in-flight`, `{<bridge>:inbox}:ingest:cursor`: a literal
+//! brace, so Redis Cluster keeps them in their stream's slot) start with `{`,
+//! which no agent pattern does, and names cannot contain braces.
 
 /// Flat outbox of a bridge: broker notifications and, on a shared Redis, agents.
 pub fn outbox(bridge: &str) -> String {
@@ -63,7 +66,15 @@ pub fn heartbeat(bridge: &str) -> String {
 
 /// Where an ingest keeps its position: the console file's offset, the mail
 /// folder's UID, the last Discord message carried per listened channel.
+/// Hash-tagged with the flat inbox's name, so on Redis Cluster a message to
+/// the flat inbox and the position after it are still one transaction.
 pub fn ingest_cursor(bridge: &str) -> String {
+    format!("{{{}}}:ingest:cursor", inbox(bridge))
+}
+
+/// Where earlier versions kept the position: read when the new key is
+/// still missing ([`crate::ingest::Ingest::cursor`]).
+pub fn legacy_ingest_cursor(bridge: &str) -> String {
     format!("{bridge}:ingest:cursor")
 }
 

@@ -714,6 +714,14 @@ fn read_pem(key: &str, path: &Path) -> Result<Vec<u8>> {
 /// A client for the master as `[redis]` finds it (asking the Sentinels when
 /// there are any): for one-off connections such as `cowboy acl --check`.
 pub async fn master_client(config: &RedisConfig) -> Result<redis::Client> {
+    if !config.cluster.is_empty() {
+        // ACL users live on each node: one answer would prove one node.
+        return Err(ConfigError::invalid(
+            "redis.cluster",
+            "this asks one server: on a cluster, run it once per node with redis.url naming that node (and no redis.cluster)",
+        )
+        .into());
+    }
     Place::from_config(config)?.master().await
 }
 

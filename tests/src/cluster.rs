@@ -12,6 +12,8 @@ pub struct Cluster {
     /// The nodes after the first (the first goes to the `Deployment`).
     pub rest: Vec<RedisServer>,
     pub ports: Vec<u16>,
+    /// The user the harness manages the cluster as (`None`: the default user).
+    admin: Option<(String, String)>,
 }
 
 impl Cluster {
@@ -19,7 +21,13 @@ impl Cluster {
     /// `Deployment::with_redis_table`) and the cluster, once every node says
     /// `cluster_state:ok`.
     pub fn start() -> (RedisServer, Cluster) {
-        let args = [
+        Self::start_as(&[], None)
+    }
+
+    /// Like [`Self::start`], each node also given `extra` (an ACL users
+    /// file: every node loads the same one), managed as `admin`.
+    pub fn start_as(extra: &[&str], admin: Option<(&str, &str)>) -> (RedisServer, Cluster) {
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -27,6 +35,8 @@ impl Cluster {
             "--cluster-node-timeout",
             "2000",
         ];
+        args.extend_from_slice(extra);
+        let admin = admin.map(|(u, p)| (u.to_string(), p.to_string()));
         let engine = Engine::under_test();
         let mut nodes: Vec<RedisServer> = (0..3)
             .map(|_| RedisServer::start_on(engine, &args))
@@ -37,6 +47,7 @@ impl Cluster {
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(cli_auth(&admin))
             .output()
             .expect("redis-cli --cluster create (Debian: apt-get install -y redis-tools)");
         assert!(
@@ -46,7 +57,11 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let first = nodes.remove(0);
-        let cluster = Cluster { rest: nodes, ports };
+        let cluster = Cluster {
+            rest: nodes,
+            ports,
+            admin,
+        };
         cluster.wait_ok();
         (first, cluster)
     }
@@ -65,7 +80,7 @@ impl Cluster {
     pub fn owner_of(&self, key: &str) -> u16 {
         let slot = self.slot_of(key);
         for &port in &self.ports {
-            let mut c = connect(port);
+            let mut c = connect(port, &self.admin);
             // Each node about itself: its `myself` line of CLUSTER NODES.
             let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).unwrap();
             for line in nodes.lines().filter(|l| l.contains("myself")) {
@@ -88,7 +103,7 @@ impl Cluster {
 
     /// The slot of `key` as the cluster computes it.
     pub fn slot_of(&self, key: &str) -> u16 {
-        let mut c = connect(self.ports[0]);
+        let mut c = connect(self.ports[0], &self.admin);
         redis::cmd("CLUSTER")
             .arg("KEYSLOT")
             .arg(key)
@@ -105,7 +120,7 @@ impl Cluster {
 
     /// How many slots the node on `port` holds.
     pub fn slots_of(&self, port: u16) -> u32 {
-        let mut c = connect(port);
+        let mut c = connect(port, &self.admin);
         let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).unwrap();
         let mine = nodes.lines().find(|l| l.contains("myself")).unwrap_or("");
         mine.split(' ')
@@ -118,63 +133,74 @@ impl Cluster {
     }
 
     fn wait_ok(&self) {
-        wait_ok(&self.ports)
+        wait_ok(&self.ports, &self.admin)
     }
 }
 
 /// [`Cluster::reshard`] on the cluster of `ports` (callable from a blocking
 /// task while the test goes on).
 pub fn reshard_ports(ports: &[u16], from: u16, to: u16, slots: u32) {
-    {
-        let id = |port: u16| -> String {
-            let mut c = connect(port);
-            redis::cmd("CLUSTER").arg("MYID").query(&mut c).unwrap()
-        };
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
-            .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
-            .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
-            .args(["--cluster-pipeline", "1"])
-            .output()
-            .expect("redis-cli --cluster reshard");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster reshard failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        wait_ok(ports);
-    }
+    let id = |port: u16| -> String {
+        let mut c = connect(port, &None);
+        redis::cmd("CLUSTER").arg("MYID").query(&mut c).unwrap()
+    };
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+        .args(["--cluster-from", &id(from), "--cluster-to", &id(to)])
+        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
+        .args(["--cluster-pipeline", "1"])
+        .output()
+        .expect("redis-cli --cluster reshard");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster reshard failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_ok(ports, &None);
 }
 
 /// Waits until every node says the cluster is ok and every slot is served.
-fn wait_ok(ports: &[u16]) {
-    {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ok = ports.iter().all(|&p| {
-                let mut c = connect(p);
-                let info: String = redis::cmd("CLUSTER")
-                    .arg("INFO")
-                    .query(&mut c)
-                    .unwrap_or_default();
-                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
-            });
-            if ok {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the cluster on {ports:?} did not become ok"
-            );
-            std::thread::sleep(Duration::from_millis(50));
+fn wait_ok(ports: &[u16], admin: &Admin) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = ports.iter().all(|&p| {
+            let mut c = connect(p, admin);
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query(&mut c)
+                .unwrap_or_default();
+            info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+        });
+        if ok {
+            return;
         }
+        assert!(
+            Instant::now() < deadline,
+            "the cluster on {ports:?} did not become ok"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
-/// A plain connection to one node (the default user).
-fn connect(port: u16) -> redis::Connection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+/// The user the harness manages a cluster as.
+type Admin = Option<(String, String)>;
+
+/// `redis-cli` arguments to log in as the admin, if there is one.
+fn cli_auth(admin: &Admin) -> Vec<String> {
+    match admin {
+        Some((u, p)) => vec!["--user".into(), u.clone(), "--pass".into(), p.clone()],
+        None => Vec::new(),
+    }
+}
+
+/// A plain connection to one node (as the admin, or the default user).
+fn connect(port: u16, admin: &Admin) -> redis::Connection {
+    let login = match admin {
+        Some((u, p)) => format!("{u}:{p}@"),
+        None => String::new(),
+    };
+    redis::Client::open(format!("redis://{login}127.0.0.1:{port}"))
         .unwrap()
         .get_connection_with_timeout(Duration::from_secs(2))
         .unwrap()

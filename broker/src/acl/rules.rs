@@ -79,16 +79,18 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             }));
             sels.push(selector(
                 &marks,
-                "+hget +hset +hsetnx +hdel +hexists +hkeys +evalsha +eval +script|load",
+                "+hget +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
             ));
             let mut gated = marks.clone();
+            gated.push(format!("~{}", keys::legacy_in_flight(name)));
             gated.push(format!("~{}", keys::outbox(name)));
             gated.extend(each(&|a| format!("~{}", keys::agent_outbox(a, name))));
             sels.push(selector(&gated, "+evalsha +eval +script|load"));
-            // The one marks hash of earlier versions, emptied at start.
+            // The one marks hash of earlier versions, emptied at start (each
+            // mark moved by a script that names it and the new hash).
             sels.push(selector(
                 &[format!("~{}", keys::legacy_in_flight(name))],
-                "+hgetall +hdel",
+                "+hkeys +hget +hdel",
             ));
             // Its own audit trail and uncertain deliveries: append and add only.
             sels.push(audit_selector(&[name]));
@@ -204,6 +206,11 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             sels.push(selector(
                 &[format!("~{}", keys::ingest_cursor(name))],
                 "+get +set +multi +exec",
+            ));
+            // The position an earlier version saved, read once at start.
+            sels.push(selector(
+                &[format!("%R~{}", keys::legacy_ingest_cursor(name))],
+                "+get",
             ));
         }
         Service::Ping => {

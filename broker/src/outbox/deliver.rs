@@ -4,7 +4,7 @@
 //! - A send that may have happened before a crash is retried only with `retry =
 //!   true`, so the sender can deduplicate by `delivery_key` or report the delivery
 //!   uncertain. For senders that cannot deduplicate ([`Sender::DEDUPLICATES`]),
-//!   each delivery is marked in `{bridge}:in-flight` first, so `retry` is set
+//!   each delivery is marked in `{<stream>}:in-flight` first, so `retry` is set
 //!   exactly when an attempt may have reached the platform.
 //! - `Transient` means "not delivered": retrying it never sets `retry`.
 //! - A transient failure never stalls the loop: the entry stays pending and is

@@ -105,6 +105,25 @@ redis.call('HDEL', KEYS[1], ARGV[1])
 return 1
 "#;
 
+/// Moves one mark from the old per-bridge hash to its stream's hash, in one
+/// step (an older worker still running cannot change it half-way). A mark
+/// already in the new hash wins unless the old one says the send may have
+/// reached the platform and the new one does not. KEYS: the old hash, the
+/// new hash. ARGV: delivery key.
+const MOVE: &str = r#"
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+if not v then return 0 end
+local cur = redis.call('HGET', KEYS[2], ARGV[1])
+local sent = string.sub(v, 1, 8) ~= 'started:'
+if not cur or (sent and string.sub(cur, 1, 8) == 'started:') then
+  redis.call('HSET', KEYS[2], ARGV[1], v)
+end
+redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+"#;
+
+static MOVE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(MOVE));
 static TRIM_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(TRIM));
 static MARK_SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -447,37 +466,44 @@ impl<S: Sender> OutboxService<S> {
     /// Moves the marks an earlier version kept in one hash per bridge
     /// ([`keys::legacy_in_flight`]) beside their streams, before this worker
     /// reads anything: a `writing:` mark must still be found, or a send that
-    /// may have reached the platform would be made again. Each mark is
-    /// copied unless its new hash has one already, then removed from the old
-    /// hash, so a crash half-way only leaves work for the next start.
+    /// may have reached the platform would be made again. Each mark moves in
+    /// one script ([`MOVE`]), so a crash half-way only leaves work for the
+    /// next start. Marks of streams this bridge no longer reads stay where
+    /// they are (nothing can send them; the service may not touch their
+    /// streams' hashes). Only one server ever held the old layout.
     pub(super) async fn move_legacy_marks(&mut self) -> Result<()> {
         let old = keys::legacy_in_flight(&self.name);
-        let marks: Vec<(String, String)> = self
+        let marks: Vec<String> = self
             .store
             .conn
-            .hgetall(&old)
+            .hkeys(&old)
             .await
-            .map_err(|e| Error::from_redis(&format!("HGETALL {old}"), e))?;
-        if marks.is_empty() {
-            return Ok(());
-        }
-        for (delivery_key, mark) in &marks {
-            if let Some(stream) = keys::stream_of_delivery(delivery_key) {
-                let _: bool = self
-                    .store
-                    .conn
-                    .hset_nx(keys::in_flight_marks(stream), delivery_key, mark)
-                    .await
-                    .map_err(|e| Error::from_redis("HSETNX (in-flight marks)", e))?;
+            .map_err(|e| Error::from_redis(&format!("HKEYS {old}"), e))?;
+        let mut moved = 0;
+        for delivery_key in &marks {
+            let Some(stream) = keys::stream_of_delivery(delivery_key) else {
+                continue;
+            };
+            let read = self
+                .sources
+                .iter()
+                .any(|s| s.key == stream && matches!(s.kind, Kind::Flat | Kind::Agent));
+            let new = keys::in_flight_marks(stream);
+            if !read || !self.store.conn.same_slot(&old, &new) {
+                continue;
             }
-            let _: i64 = self
-                .store
-                .conn
-                .hdel(&old, delivery_key)
+            let _: i64 = MOVE_SCRIPT
+                .key(&old)
+                .key(&new)
+                .arg(delivery_key)
+                .invoke_async(&mut self.store.conn)
                 .await
-                .map_err(|e| Error::from_redis(&format!("HDEL {old}"), e))?;
+                .map_err(|e| Error::from_redis(&format!("EVALSHA move {old}"), e))?;
+            moved += 1;
         }
-        tracing::info!(bridge = %self.name, moved = marks.len(), "in-flight marks moved beside their streams");
+        if moved > 0 {
+            tracing::info!(bridge = %self.name, moved, "in-flight marks moved beside their streams");
+        }
         Ok(())
     }
 

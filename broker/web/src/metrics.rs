@@ -169,7 +169,10 @@ pub async fn tail(
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "metrics: cannot connect; retrying");
-                continue;
+                tokio::select! {
+                    _ = stop.wait() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => continue,
+                }
             }
         };
         loop {

@@ -1250,3 +1250,113 @@ async fn services_under_their_users_follow_a_sentinel_failover() {
         s.stop().await.unwrap();
     }
 }
+
+/// On a Redis Cluster the users file `cowboy acl` renders is loaded on every
+/// node, and each service, the agent (through a cluster client of its own)
+/// and the approval flow work under exactly those rules: the agent's entry
+/// parked and approved, the rejected one's notice read by the agent under its
+/// own user, and the agent still refused the broker's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_agents_run_under_their_users_on_a_cluster() {
+    use harness::cluster::Cluster;
+    let secrets = Secrets::new();
+    let text = format!(
+        "[redis]\n{}\n{}",
+        secrets.redis_extra(),
+        secrets.body().replace("{dir}", "/nonexistent")
+    );
+    let aclfile = acl::render(&Config::parse(&text).unwrap(), acl::Format::Aclfile).unwrap();
+    let users = secrets.dir.path().join("users.acl");
+    std::fs::write(&users, &aclfile).unwrap();
+    let admin = std::fs::read_to_string(secrets.file("admin")).unwrap();
+    let (first, cluster) = Cluster::start_as(
+        &["--aclfile", users.to_str().unwrap()],
+        Some(("admin", admin.trim())),
+    );
+    let table = format!("{}\n{}", cluster.redis_table(), secrets.redis_extra());
+    let d = Deployment::with_redis_table(first, &table, &secrets.body());
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+        d.spawn("ping", "mail"),
+    ];
+    // The agent as any agent on a cluster: a cluster client, its own user.
+    let urls: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let ann_password = std::fs::read_to_string(secrets.file("ann")).unwrap();
+    let mut ann = redis::cluster::ClusterClientBuilder::new(urls)
+        .username("ann")
+        .password(ann_password.trim())
+        .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for content in ["approve me", "reject me"] {
+        let id: String = redis::cmd("XADD")
+            .arg(&["ann:mail:outbox", "*", "channel_id", "bob@example.org"])
+            .arg(&["content", content])
+            .query_async(&mut ann)
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    let notes = wait_until("two notifications", SOON, || async {
+        let n = d.delivered("desk.out");
+        (n.len() == 2).then_some(n)
+    })
+    .await;
+    for note in &notes {
+        let emoji = match note.content.contains("approve me") {
+            true => "✅",
+            false => "❌",
+        };
+        d.write_input(
+            "desk.in",
+            json!({"kind": "reaction", "message_id": note.external_id, "emoji": emoji, "user": "boss", "reason": "no"}),
+        );
+    }
+    let sent = wait_until("one delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "approve me");
+    let notice = wait_until("the notice, read by ann", SOON, || {
+        let mut ann = ann.clone();
+        async move {
+            let v: redis::Value = redis::cmd("XREAD")
+                .arg(&["COUNT", "10", "STREAMS", "ann:mail:inbox", "0"])
+                .query_async(&mut ann)
+                .await
+                .unwrap();
+            let text = format!("{v:?}");
+            text.contains("rejected").then_some(text)
+        }
+    })
+    .await;
+    assert!(
+        notice.contains(&ids[1]),
+        "the rejected entry's notice: {notice}"
+    );
+    // Still only its own keys, on whichever node holds them.
+    for key in [
+        "approval:desk_map",
+        "mail:outbox",
+        "{ann:mail:outbox}:in-flight",
+    ] {
+        let r: redis::RedisResult<redis::Value> =
+            redis::cmd("TYPE").arg(key).query_async(&mut ann).await;
+        let refused = r.as_ref().is_err_and(|e| e.code() == Some("NOPERM"));
+        assert!(refused, "ann reached {key}: {r:?}");
+    }
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert_eq!(d.delivered("desk.out").len(), 2);
+}

@@ -193,3 +193,63 @@ async fn a_reshard_under_flowing_entries_loses_and_doubles_nothing() {
     assert_eq!(d.delivered("mail.out").len(), 1);
     assert_eq!(d.delivered("desk.out").len(), 1, "one card");
 }
+
+/// An upgrade from the layout before cluster support: the ingest resumes from
+/// the position an earlier version saved under the old name (nothing carried
+/// twice), and a leftover in-flight mark of a stream the bridge no longer
+/// reads stays where it was without stopping the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_keeps_the_saved_position_and_leftover_marks() {
+    let d = Deployment::new(&Setup::approval(3600).toml());
+    let line = |content: &str| serde_json::json!({"kind": "message", "channel_id": "ops", "author": "bea", "content": content});
+    d.write_input("desk.in", line("carried before the upgrade"));
+    let end = std::fs::metadata(d.path("desk.in")).unwrap().len();
+    d.write_input("desk.in", line("written during the upgrade"));
+    let mut store = d.store().await;
+    let mut conn = store.conn.clone();
+    let _: () = redis::AsyncCommands::set(&mut conn, keys::legacy_ingest_cursor("desk"), end)
+        .await
+        .unwrap();
+    let leftover = broker::outbox::delivery_key("gone:desk:outbox", "1-0");
+    let _: () = redis::AsyncCommands::hset(
+        &mut conn,
+        keys::legacy_in_flight("desk"),
+        &leftover,
+        "writing:old",
+    )
+    .await
+    .unwrap();
+    let services = [d.spawn("ingest", "desk"), d.spawn("outbox", "desk")];
+    let carried = wait_until("the message after the saved position", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let inbox = harness::stream(&mut store, &keys::inbox("desk")).await;
+            (!inbox.is_empty()).then_some(inbox)
+        }
+    })
+    .await;
+    let contents: Vec<&str> = carried.iter().map(|e| e["content"].as_str()).collect();
+    assert_eq!(contents, ["written during the upgrade"], "nothing twice");
+    wait_until("the position saved under the new name", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let at: Option<u64> =
+                redis::AsyncCommands::get(&mut store.conn, keys::ingest_cursor("desk"))
+                    .await
+                    .unwrap();
+            (at > Some(end)).then_some(())
+        }
+    })
+    .await;
+    for s in services {
+        s.stop()
+            .await
+            .expect("the outbox started and stopped cleanly");
+    }
+    let old = harness::hash(&mut store, &keys::legacy_in_flight("desk")).await;
+    assert_eq!(
+        old.get(&leftover).map(String::as_str),
+        Some("writing:old"),
+        "left where it was"
+    );
+}

@@ -1,7 +1,5 @@
 //! The queue of pending approvals, its live updates (server-sent events).
 
-use std::collections::HashMap;
-
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -93,6 +91,10 @@ pub(crate) async fn events(State(app): State<Shared>, headers: HeaderMap) -> Res
         Ok(s) => s,
         Err(e) => return failed(e),
     };
+    let reader = match store.blocking().await {
+        Ok(r) => r,
+        Err(e) => return failed(e),
+    };
     let start = vec!["$".to_string(); streams.len()];
     // Checked again before every read (at least every 10 s): a logged-out or
     // changed-password session loses its stream too.
@@ -100,8 +102,8 @@ pub(crate) async fn events(State(app): State<Shared>, headers: HeaderMap) -> Res
     let record = session_record(&s.user, &app.users.fingerprint(&s.user).unwrap_or_default());
     // The permit rides with the stream: dropped when the client goes.
     let stream = futures::stream::unfold(
-        (store, start, permit),
-        move |(mut store, mut last, permit)| {
+        (store, reader, start, permit),
+        move |(mut store, mut reader, mut last, permit)| {
             let streams = streams.clone();
             let (record_key, record) = (record_key.clone(), record.clone());
             async move {
@@ -111,17 +113,12 @@ pub(crate) async fn events(State(app): State<Shared>, headers: HeaderMap) -> Res
                     if still.ok().flatten().as_deref() != Some(record.as_str()) {
                         return None;
                     }
-                    let mut cmd = redis::cmd("XREAD");
-                    cmd.arg("COUNT")
-                        .arg(100)
-                        .arg("BLOCK")
-                        .arg(10_000)
-                        .arg("STREAMS")
-                        .arg(&streams)
-                        .arg(&last);
-                    type Read = Option<Vec<(String, Vec<(String, HashMap<String, String>)>)>>;
-                    match cmd.query_async::<Read>(&mut store.conn).await {
-                        Ok(Some(batches)) => {
+                    let read = reader
+                        .tail(&streams, &last, 100, std::time::Duration::from_secs(10))
+                        .await;
+                    match read {
+                        Ok(batches) if batches.iter().all(|(_, e)| e.is_empty()) => continue,
+                        Ok(batches) => {
                             for (s, entries) in batches {
                                 if let (Some(i), Some((id, _))) =
                                     (streams.iter().position(|x| *x == s), entries.last())
@@ -132,10 +129,9 @@ pub(crate) async fn events(State(app): State<Shared>, headers: HeaderMap) -> Res
                             let event = Event::default().data("changed");
                             return Some((
                                 Ok::<_, std::convert::Infallible>(event),
-                                (store, last, permit),
+                                (store, reader, last, permit),
                             ));
                         }
-                        Ok(None) => continue,
                         Err(_) => return None,
                     }
                 }
