@@ -9,7 +9,11 @@
 //!   executing) is sent again here, a few times within [`REDIRECTS_FOR`];
 //!   the client rebuilds its slot map on `MOVED`. A pipeline run is sent
 //!   again only when it holds one command (the client reports a run by its
-//!   first redirect, whatever ran before it). Anything else reaches the
+//!   first redirect, whatever ran before it).
+//! - Consecutive one-command runs of the same command (the same script) go
+//!   side by side: each touches its own key and none reads another's write,
+//!   so order among them means nothing; a later kind of command waits for
+//!   them all (a record is created before it is indexed). Anything else reaches the
 //!   caller, which retries as after any lost connection. `ASK` is not
 //!   followed to the importing node (`ASKING`): a key already moved out of a
 //!   slot in migration is refused until the slot is handed over, then
@@ -18,9 +22,9 @@
 //!   spans slots, so it is cut into runs of consecutive commands of one
 //!   slot, sent in order, one after the other (a write pipeline's order is
 //!   its meaning: a record before its index, an ack after what it settles).
-//!   Keyless commands ride with the run they are in; a `SCRIPT LOAD` is also
-//!   sent again ahead of every later run (another node may lack the script),
-//!   its answer there dropped. A transaction (`MULTI`/`EXEC`) is sent whole:
+//!   Keyless commands ride with the run they are in; a pipeline's `SCRIPT
+//!   LOAD` is first sent to every node (once per script, again after a node
+//!   answers `NOSCRIPT`), as later runs may go to nodes without it. A transaction (`MULTI`/`EXEC`) is sent whole:
 //!   its keys must share a slot.
 //! - Every protocol script names keys of one slot (a record; a stream and
 //!   its marks hash, tagged with the stream's name), so scripts run
@@ -50,6 +54,10 @@ pub struct ClusterLink {
     /// For blocking reads: no reply timeout at all.
     blocking: ClusterClient,
     conn: ClusterConnection,
+    /// Scripts loaded on every node (their bodies): a pipeline's `SCRIPT
+    /// LOAD` is sent to all nodes once, not ahead of every run. Forgotten
+    /// when a node answers `NOSCRIPT` (restarted, or new to the cluster).
+    loaded: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<Vec<u8>>>>,
     seeds: Vec<String>,
     wait: Option<(u32, u64)>,
 }
@@ -64,6 +72,7 @@ impl ClusterLink {
         Ok(ClusterLink {
             blocking: cluster_client(config, Replies::Awaited)?,
             conn,
+            loaded: Default::default(),
             seeds: config.cluster.clone(),
             wait: (config.wait_replicas > 0)
                 .then_some((config.wait_replicas, config.wait_timeout_ms)),
@@ -124,29 +133,110 @@ impl ClusterLink {
             if pipeline.is_transaction() {
                 return self.conn.req_packed_commands(pipeline, offset, count).await;
             }
+            self.load_scripts(pipeline).await?;
             let mut answers = Vec::with_capacity(count);
-            for (run, loads) in runs(pipeline) {
-                // The client answers a whole run with its first redirect,
-                // though commands before it may have run (a migration can
-                // end between two of them): only a run of one command (with
-                // idempotent script loads) is known not to have run.
-                let alone = run.cmd_iter().filter(|c| !is_script_load(c)).count() == 1;
-                let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
-                let got = loop {
-                    match self.conn.req_packed_commands(&run, 0, run.len()).await {
-                        Err(e)
-                            if alone && not_run(&e) && tokio::time::Instant::now() < deadline =>
-                        {
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                        got => break got?,
+            let mut runs = runs(pipeline).into_iter().peekable();
+            while let Some(first) = runs.next() {
+                // Consecutive one-command runs of the same command, each on
+                // its own key (a batch of records created, loaded or marked):
+                // no answer depends on another, so they go side by side, one
+                // round trip for the batch instead of one per key.
+                let kind = lone_kind(&first);
+                let mut batch = vec![first];
+                while let Some(next) = runs.peek() {
+                    if kind.is_none() || lone_kind(next) != kind {
+                        break;
                     }
-                };
-                answers.extend(got.into_iter().skip(loads));
+                    batch.extend(runs.next());
+                }
+                let sent: Vec<_> = batch
+                    .into_iter()
+                    .map(|run| tokio::spawn(send_run(self.conn.clone(), run)))
+                    .collect();
+                for run in sent {
+                    let got = run.await.map_err(|e| {
+                        redis::RedisError::from(std::io::Error::other(format!(
+                            "a pipeline run ended: {e}"
+                        )))
+                    })??;
+                    answers.extend(got);
+                }
+            }
+            let lost = answers
+                .iter()
+                .any(|a| matches!(a, Value::ServerError(e) if e.code() == "NOSCRIPT"));
+            if lost {
+                // A node without the script: load it everywhere next time
+                // (the caller retries its step).
+                self.loaded
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
             }
             Ok(answers)
         })
     }
+
+    /// Sends each `SCRIPT LOAD` of `pipeline` not yet known to be everywhere
+    /// to every node (the client routes it so), once.
+    async fn load_scripts(&mut self, pipeline: &Pipeline) -> redis::RedisResult<()> {
+        for cmd in pipeline.cmd_iter().filter(|c| is_script_load(c)) {
+            let body: Vec<u8> = match cmd.args_iter().nth(2) {
+                Some(redis::Arg::Simple(b)) => b.to_vec(),
+                _ => continue,
+            };
+            let known = self
+                .loaded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&body);
+            if !known {
+                let _: Value = self.conn.req_packed_command(cmd).await?;
+                self.loaded
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(body);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sends one run of a pipeline (one slot) and returns its answers. The client answers a
+/// whole run with its first redirect, though commands before it may have
+/// run (a migration can end between two of them): only a run of one command
+/// (with idempotent script loads) is known not to have run, and is sent again.
+async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisResult<Vec<Value>> {
+    let alone = lone_kind(&run).is_some();
+    let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
+    loop {
+        match conn.req_packed_commands(&run, 0, run.len()).await {
+            Err(e) if alone && not_run(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            got => return got,
+        }
+    }
+}
+
+/// A run holding one command besides script loads: that command's name and,
+/// for a script, which script (its SHA).
+fn lone_kind(run: &Pipeline) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut commands = run.cmd_iter().filter(|c| !is_script_load(c));
+    let cmd = commands.next()?;
+    if commands.next().is_some() {
+        return None;
+    }
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(a) => Some(a.to_ascii_uppercase()),
+        _ => None,
+    });
+    let name = args.next()?;
+    let script = match name.as_slice() {
+        b"EVALSHA" | b"EVALSHA_RO" => args.next().unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    Some((name, script))
 }
 
 /// A new connection of the blocking reads' client (no reply timeout).
@@ -255,16 +345,13 @@ fn key_of(cmd: &Cmd) -> Option<Vec<u8>> {
     }
 }
 
-/// A pipeline cut into runs of consecutive commands of one slot, each with
-/// how many `SCRIPT LOAD`s of earlier runs were put ahead of it (their
-/// answers are not the caller's).
-fn runs(pipeline: &Pipeline) -> Vec<(Pipeline, usize)> {
-    let mut runs: Vec<(Option<Slot>, Pipeline, usize)> = Vec::new();
-    let mut loads: Vec<Cmd> = Vec::new();
+/// A pipeline cut into runs of consecutive commands of one slot.
+fn runs(pipeline: &Pipeline) -> Vec<Pipeline> {
+    let mut runs: Vec<(Option<Slot>, Pipeline)> = Vec::new();
     for cmd in pipeline.cmd_iter() {
         let slot = key_of(cmd).map(Slot::for_key);
         match runs.last_mut() {
-            Some((at, run, _)) if slot.is_none() || at.is_none() || *at == slot => {
+            Some((at, run)) if slot.is_none() || at.is_none() || *at == slot => {
                 if at.is_none() {
                     *at = slot;
                 }
@@ -272,20 +359,12 @@ fn runs(pipeline: &Pipeline) -> Vec<(Pipeline, usize)> {
             }
             _ => {
                 let mut run = redis::pipe();
-                for load in &loads {
-                    run.add_command(load.clone());
-                }
                 run.add_command(cmd.clone());
-                runs.push((slot, run, loads.len()));
+                runs.push((slot, run));
             }
         }
-        if is_script_load(cmd) {
-            loads.push(cmd.clone());
-        }
     }
-    runs.into_iter()
-        .map(|(_, run, loads)| (run, loads))
-        .collect()
+    runs.into_iter().map(|(_, run)| run).collect()
 }
 
 fn is_script_load(cmd: &Cmd) -> bool {
@@ -381,11 +460,11 @@ mod tests {
         p.cmd("EVALSHA").arg("x").arg(0).arg("v");
         p.hset("{mail:outbox}:in-flight", "f", "v");
         p.xadd("mail:outbox", "*", &[("a", "b")]);
-        let lens: Vec<(usize, usize)> = runs(&p).iter().map(|(r, l)| (r.len(), *l)).collect();
+        let lens: Vec<usize> = runs(&p).iter().map(|r| r.len()).collect();
         // approval:a (with the keyless load before it); approval:b with the
         // keyless script after it; the marks hash and its stream share a
-        // slot. Later runs get the script load again, ahead of them.
-        assert_eq!(lens, [(3, 0), (3, 1), (3, 1)]);
+        // slot.
+        assert_eq!(lens, [3, 2, 2]);
     }
 
     #[test]
