@@ -23,7 +23,7 @@ use crate::error::Result;
 use crate::keys;
 use crate::retry::backoff;
 use crate::shutdown::Shutdown;
-use crate::store::{read_group, Entry, Store, StreamBatch};
+use crate::store::{Entry, Store, StreamBatch};
 use crate::timing::HEARTBEAT_EVERY;
 
 /// A platform liveness check (e.g. SMTP NOOP, Discord `users/@me`), run with each
@@ -124,16 +124,9 @@ impl PingService {
         let zeros = vec!["0"; keys.len()];
         merge(
             &mut pending,
-            read_group(
-                &mut blocking,
-                &group,
-                &consumer,
-                &keys,
-                &zeros,
-                10_000,
-                None,
-            )
-            .await?,
+            blocking
+                .read_group(&group, &consumer, &keys, &zeros, 10_000, None)
+                .await?,
         );
         let news = vec![">"; keys.len()];
         let mut last_beat: Option<Instant> = None;
@@ -152,7 +145,7 @@ impl PingService {
             if pending.is_empty() {
                 let read = tokio::select! {
                     _ = self.shutdown.wait() => break,
-                    r = read_group(&mut blocking, &group, &consumer, &keys, &news, 1000, Some(block)) => r?,
+                    r = blocking.read_group(&group, &consumer, &keys, &news, 1000, Some(block)) => r?,
                 };
                 merge(&mut pending, read);
                 if pending.is_empty() {
@@ -168,7 +161,8 @@ impl PingService {
                 }
                 merge(
                     &mut pending,
-                    read_group(&mut blocking, &group, &consumer, &keys, &news, 10_000, None)
+                    blocking
+                        .read_group(&group, &consumer, &keys, &news, 10_000, None)
                         .await?,
                 );
             }

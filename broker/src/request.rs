@@ -549,7 +549,7 @@ async fn serve_once(
     // stay pending for this worker and are read first on the next start.
     let read = tokio::select! {
         _ = shutdown.wait() => return Ok(false),
-        read = crate::store::read_group(conn, group, worker, streams, &ids, 50, block) => read?,
+        read = conn.read_group(group, worker, streams, &ids, 50, block) => read?,
     };
     if read.iter().all(|(_, entries)| entries.is_empty()) {
         return Ok(false);

@@ -330,24 +330,6 @@ impl Store {
     }
 }
 
-/// Reads a group's entries: `ids` is `>` for new ones or `0` for this consumer's
-/// pending list. `block` of `None` returns at once.
-/// On a cluster, a blocking read over several streams runs one read per
-/// stream ([`crate::blocking`]).
-#[allow(clippy::too_many_arguments)]
-pub async fn read_group(
-    conn: &mut Blocking,
-    group: &str,
-    consumer: &str,
-    streams: &[String],
-    ids: &[&str],
-    count: usize,
-    block: Option<Duration>,
-) -> Result<StreamBatch> {
-    conn.read_group(group, consumer, streams, ids, count, block)
-        .await
-}
-
 pub(crate) fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),

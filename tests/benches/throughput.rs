@@ -34,17 +34,10 @@ async fn floor(store: &mut Store, file: &std::path::Path) -> Duration {
     let start = Instant::now();
     let mut done = 0;
     while done < N {
-        let batch = broker::store::read_group(
-            &mut conn,
-            "g",
-            "c",
-            &["floor".to_string()],
-            &[">"],
-            100,
-            None,
-        )
-        .await
-        .unwrap();
+        let batch = conn
+            .read_group("g", "c", &["floor".to_string()], &[">"], 100, None)
+            .await
+            .unwrap();
         for (_, entries) in batch {
             let mut out = std::fs::OpenOptions::new()
                 .create(true)

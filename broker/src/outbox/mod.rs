@@ -63,7 +63,7 @@ use crate::entry::{Message, Notice, NoticeStatus};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::shutdown::Shutdown;
-use crate::store::{read_group, Entry, Store, StreamBatch};
+use crate::store::{Entry, Store, StreamBatch};
 use crate::systemd::{self, Watchdog};
 
 /// Parked records re-read per sweep.

@@ -132,7 +132,7 @@ impl<S: Sender> OutboxService<S> {
             loop {
                 let read = tokio::select! {
                     _ = tx.closed() => return,
-                    r = read_group(&mut conn, &group, &consumer, &keys, &new_ids, count, Some(MAX_BLOCK)) => r,
+                    r = conn.read_group(&group, &consumer, &keys, &new_ids, count, Some(MAX_BLOCK)) => r,
                 };
                 let failed = read.is_err();
                 match read {
@@ -266,16 +266,16 @@ impl<S: Sender> OutboxService<S> {
             let key = self.sources[src].key.clone();
             let mut after = "0".to_string();
             loop {
-                let batch = read_group(
-                    blocking,
-                    &self.group,
-                    &self.consumer,
-                    std::slice::from_ref(&key),
-                    &[after.as_str()],
-                    RECOVERY_PAGE,
-                    None,
-                )
-                .await?;
+                let batch = blocking
+                    .read_group(
+                        &self.group,
+                        &self.consumer,
+                        std::slice::from_ref(&key),
+                        &[after.as_str()],
+                        RECOVERY_PAGE,
+                        None,
+                    )
+                    .await?;
                 let entries: Vec<_> = batch.into_iter().flat_map(|(_, e)| e).collect();
                 let Some((last, _)) = entries.last() else {
                     break;
@@ -307,16 +307,16 @@ impl<S: Sender> OutboxService<S> {
     async fn serve_decisions(&mut self, blocking: &mut crate::store::Blocking) -> Result<()> {
         let src = self.sources.decisions();
         let key = self.sources[src].key.clone();
-        let batch = read_group(
-            blocking,
-            &self.group,
-            &self.consumer,
-            std::slice::from_ref(&key),
-            &[">"],
-            self.bridge.batch,
-            None,
-        )
-        .await?;
+        let batch = blocking
+            .read_group(
+                &self.group,
+                &self.consumer,
+                std::slice::from_ref(&key),
+                &[">"],
+                self.bridge.batch,
+                None,
+            )
+            .await?;
         for (id, fields) in batch.into_iter().flat_map(|(_, e)| e) {
             self.handle(src, id, fields, 1).await?;
         }

@@ -1259,6 +1259,10 @@ async fn services_under_their_users_follow_a_sentinel_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn services_and_agents_run_under_their_users_on_a_cluster() {
     use harness::cluster::Cluster;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
     let secrets = Secrets::new();
     let text = format!(
         "[redis]\n{}\n{}",
@@ -1312,6 +1316,9 @@ async fn services_and_agents_run_under_their_users_on_a_cluster() {
     })
     .await;
     for note in &notes {
+        // Answerable once recorded as shown (a human never answers within
+        // the milliseconds between; a test would).
+        crate::approval::recorded_as_shown(&d, &note.external_id, SOON).await;
         let emoji = match note.content.contains("approve me") {
             true => "✅",
             false => "❌",
