@@ -109,6 +109,16 @@ impl ClusterLink {
         }
     }
 
+    /// Which master serves each slot, as the cluster says now (`CLUSTER
+    /// SHARDS`), for `cowboy status`.
+    pub async fn owners(&mut self) -> redis::RedisResult<Owners> {
+        let shards: Value = redis::cmd("CLUSTER")
+            .arg("SHARDS")
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(Owners::from_shards(&shards))
+    }
+
     pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
             let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
@@ -378,6 +388,74 @@ fn is_script_load(cmd: &Cmd) -> bool {
     )
 }
 
+/// The slot ranges each master serves: `(first, last, "host:port")`.
+pub struct Owners(Vec<(u16, u16, String)>);
+
+impl Owners {
+    fn from_shards(v: &Value) -> Owners {
+        let mut ranges = Vec::new();
+        let Value::Array(shards) = v else {
+            return Owners(ranges);
+        };
+        for shard in shards {
+            let master = match field(shard, "nodes") {
+                Some(Value::Array(nodes)) => nodes.iter().find_map(|n| {
+                    let text =
+                        |k: &str| field(n, k).and_then(crate::store::text).unwrap_or_default();
+                    let port = int(field(n, "port")).or_else(|| int(field(n, "tls-port")))?;
+                    (text("role") == "master").then(|| format!("{}:{port}", text("ip")))
+                }),
+                _ => None,
+            };
+            let (Some(master), Some(Value::Array(bounds))) = (master, field(shard, "slots")) else {
+                continue;
+            };
+            for b in bounds.chunks(2) {
+                if let (Some(a), Some(z)) = (int(b.first()), int(b.get(1))) {
+                    ranges.push((a as u16, z as u16, master.clone()));
+                }
+            }
+        }
+        Owners(ranges)
+    }
+
+    /// The master serving `key`'s slot, and the slot.
+    pub fn of(&self, key: &str) -> (Option<&str>, u16) {
+        let slot = slot_number(key.as_bytes());
+        let owner = self
+            .0
+            .iter()
+            .find(|(a, z, _)| (*a..=*z).contains(&slot))
+            .map(|(_, _, m)| m.as_str());
+        (owner, slot)
+    }
+}
+
+/// The slot of a key as a number (CRC16/XMODEM of its hash tag, or of the
+/// whole key, modulo 16384): the redis crate's `Slot` does not give it out.
+fn slot_number(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let close = key[open + 1..].iter().position(|b| *b == b'}')?;
+            Some(&key[open + 1..open + 1 + close])
+        })
+        .filter(|tag| !tag.is_empty());
+    let mut crc: u16 = 0;
+    for byte in tagged.unwrap_or(key) {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 /// One line per shard of a `CLUSTER SHARDS` answer: its slot ranges, its
 /// master and replicas with their health.
 fn describe_shards(v: &Value) -> String {
@@ -465,6 +543,26 @@ mod tests {
         // keyless script after it; the marks hash and its stream share a
         // slot.
         assert_eq!(lens, [3, 2, 2]);
+    }
+
+    #[test]
+    fn slot_numbers_agree_with_the_client() {
+        for key in [
+            "ann:mail:outbox",
+            "{mail:outbox}:in-flight",
+            "a{}b",
+            "x{y",
+            "",
+            "approval:1",
+        ] {
+            assert_eq!(
+                Slot::new(slot_number(key.as_bytes())),
+                Some(Slot::for_key(key)),
+                "{key}"
+            );
+        }
+        // The examples of the cluster specification.
+        assert_eq!(slot_number(b"123456789"), 0x31C3 % 16384);
     }
 
     #[test]

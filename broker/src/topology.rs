@@ -190,6 +190,19 @@ impl Conn {
         }
     }
 
+    /// On a cluster, which master serves each slot now; `None` on one
+    /// server or behind Sentinels.
+    pub async fn owners(&mut self) -> Result<Option<crate::cluster::Owners>> {
+        match &mut self.link {
+            Link::Master(_) => Ok(None),
+            Link::Cluster(link) => Ok(Some(
+                link.owners()
+                    .await
+                    .map_err(|e| Error::from_redis("CLUSTER SHARDS", e))?,
+            )),
+        }
+    }
+
     /// `host:port` of the server in use (a cluster: the nodes it was given).
     pub fn address(&self) -> String {
         match &self.link {

@@ -22,6 +22,8 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
     }
     let mut out = store.conn.describe().await;
     out.push('\n');
+    // On a cluster each stream's line says which master holds it.
+    let owners = store.conn.owners().await?;
     for (name, bridge) in &config.bridges {
         let _ = writeln!(out, "bridge {name} ({})", bridge.kind);
         let mut streams = vec![(keys::outbox(name), Some(keys::outbox_group(name)))];
@@ -44,9 +46,16 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
                 Some(g) => group_pending(store, &stream, &g).await?,
                 None => None,
             };
+            let node = owners
+                .as_ref()
+                .map(|o| match o.of(&stream) {
+                    (Some(master), slot) => format!("  on {master} (slot {slot})"),
+                    (None, slot) => format!("  slot {slot} unserved"),
+                })
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {stream:<32} length {len:>6}{}",
+                "  {stream:<32} length {len:>6}{}{node}",
                 pending
                     .map(|(g, p, lag)| format!("  group {g}: pending {p}, lag {lag}"))
                     .unwrap_or_default()

@@ -105,6 +105,23 @@ async fn the_approval_flow_runs_on_a_cluster() {
         .filter(|n| n.get("status").map(String::as_str) == Some("rejected"))
         .count();
     assert_eq!(rejected, 1, "one notice for the one rejection");
+
+    // `cowboy status` says which master holds each stream.
+    let out = d.cowboy(&["status"]);
+    assert!(out.status.success(), "{out:?}");
+    let status = String::from_utf8_lossy(&out.stdout).to_string();
+    for stream in [keys::agent_outbox("ann", "mail"), keys::outbox("desk")] {
+        let line = status
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{stream} ")))
+            .unwrap_or_else(|| panic!("no line for {stream}:\n{status}"));
+        let port = cluster.owner_of(&stream);
+        let slot = cluster.slot_of(&stream);
+        assert!(
+            line.ends_with(&format!(":{port} (slot {slot})")),
+            "{stream} is on {port}, slot {slot}: {line}"
+        );
+    }
 }
 
 /// An approval nobody answers expires into one notice, on a cluster too.

@@ -118,7 +118,19 @@ fn counts(lines: impl Iterator<Item = String>) -> HashMap<String, usize> {
 /// (well before its 30 s sweep), and every message is delivered exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_taken_over_and_each_entry_sent_once() {
-    let d = Deployment::new(&config());
+    killed_worker_taken_over(Deployment::new(&config())).await;
+}
+
+/// The same on a Redis Cluster of three masters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_taken_over_on_a_cluster() {
+    let (first, cluster) = harness::cluster::Cluster::start();
+    let d = Deployment::with_redis_table(first, &cluster.redis_table(), &config());
+    killed_worker_taken_over(d).await;
+    drop(cluster);
+}
+
+async fn killed_worker_taken_over(d: Deployment) {
     let _desk = d.spawn("outbox", "desk");
     let mut store = d.store().await;
     let a_mail = d.process_with("cowboy-console-outbox", "mail", &["--worker", "a"]);
@@ -345,7 +357,20 @@ fn a_bad_worker_name_fails_at_start_up() {
 /// acts on their decisions, and each is delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_is_taken_over_and_fences_itself_when_it_wakes() {
-    let d = Deployment::new(&config());
+    paused_worker_taken_over(Deployment::new(&config())).await;
+}
+
+/// The same on a Redis Cluster of three masters: the claim, the lease and
+/// the fence hold with the streams, marks and records on several nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_is_taken_over_on_a_cluster() {
+    let (first, cluster) = harness::cluster::Cluster::start();
+    let d = Deployment::with_redis_table(first, &cluster.redis_table(), &config());
+    paused_worker_taken_over(d).await;
+    drop(cluster);
+}
+
+async fn paused_worker_taken_over(d: Deployment) {
     let _desk = d.spawn("outbox", "desk");
     let mut store = d.store().await;
     let a = d.process_with("cowboy-console-outbox", "mail", &["--worker", "a"]);
