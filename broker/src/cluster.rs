@@ -58,7 +58,8 @@ pub struct ClusterLink {
     /// LOAD` is sent to all nodes once, not ahead of every run. Forgotten
     /// when a node answers `NOSCRIPT` (restarted, or new to the cluster).
     loaded: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<Vec<u8>>>>,
-    seeds: Vec<String>,
+    /// The nodes it was given, `host:port` each (no credentials).
+    seeds: String,
     wait: Option<(u32, u64)>,
 }
 
@@ -73,7 +74,7 @@ impl ClusterLink {
             blocking: cluster_client(config, Replies::Awaited)?,
             conn,
             loaded: Default::default(),
-            seeds: config.cluster.clone(),
+            seeds: nodes(config),
             wait: (config.wait_replicas > 0)
                 .then_some((config.wait_replicas, config.wait_timeout_ms)),
         })
@@ -81,7 +82,7 @@ impl ClusterLink {
 
     /// The nodes it was given, for messages.
     pub fn seeds(&self) -> String {
-        format!("cluster {}", self.seeds.join(" "))
+        format!("cluster {}", self.seeds)
     }
 
     pub fn wait(&self) -> Option<(u32, u64)> {
@@ -312,12 +313,31 @@ fn refused(config: &RedisConfig, e: redis::RedisError) -> Error {
     } else if crate::topology::refused_certificate(&e) {
         ConfigError::invalid(
             "redis.ca_file",
-            format!("the TLS certificate of a cluster node was refused: {e}"),
+            format!(
+                "the TLS certificate of a cluster node (of {}) was refused: {e}",
+                nodes(config)
+            ),
         )
         .into()
     } else {
         Error::Redis(e)
     }
+}
+
+/// The nodes `redis.cluster` names, as `host:port` (for messages: a URL may
+/// carry a password).
+fn nodes(config: &RedisConfig) -> String {
+    use redis::IntoConnectionInfo;
+    let at = |url: &String| match url
+        .as_str()
+        .into_connection_info()
+        .map(|i| i.addr().clone())
+    {
+        Ok(redis::ConnectionAddr::Tcp(host, port))
+        | Ok(redis::ConnectionAddr::TcpTls { host, port, .. }) => format!("{host}:{port}"),
+        _ => "(an unreadable URL)".to_string(),
+    };
+    config.cluster.iter().map(at).collect::<Vec<_>>().join(" ")
 }
 
 /// Whether a node refused the command before running it.

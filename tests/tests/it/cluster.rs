@@ -270,3 +270,50 @@ async fn an_upgrade_keeps_the_saved_position_and_leftover_marks() {
         "left where it was"
     );
 }
+
+/// A cluster that speaks TLS only, to clients and between its nodes: every
+/// service reaches every node over `rediss://` with the private CA in
+/// `redis.ca_file`; an entry is parked, shown, approved and delivered once.
+/// The same nodes under another CA are refused at once, as a configuration
+/// error naming `redis.ca_file` and a node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_with_a_private_ca() {
+    let (first, cluster) = Cluster::start_tls();
+    let (_, other) = first.ca();
+    let table = cluster.redis_table();
+    assert!(
+        table.contains("rediss://") && table.contains("ca_file"),
+        "{table}"
+    );
+    let d = Deployment::with_redis_table(first, &table, &Setup::approval(3600).toml());
+    let services = approval_services(&d);
+    agent_sends(&d, "over tls, sharded", "r1").await;
+    let (_, external) = notification(&d, 0).await;
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("the approved message delivered", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "over tls, sharded");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+
+    let wrong = broker::config::RedisConfig {
+        ca_file: Some(other),
+        ..d.config.redis.clone()
+    };
+    match broker::Store::connect(&wrong).await {
+        Err(broker::Error::Config(e)) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("redis.ca_file") && text.contains("127.0.0.1"),
+                "{text}"
+            );
+        }
+        Err(e) => panic!("not a configuration error: {e}"),
+        Ok(_) => panic!("an untrusted certificate was accepted"),
+    }
+    drop(cluster);
+}
