@@ -98,10 +98,15 @@ async fn parking(t: Topology) -> f64 {
             .matches('\n')
             .count()
     };
+    while lines() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let first = start.elapsed();
     while lines() < P {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let rate = P as f64 / start.elapsed().as_secs_f64();
+    eprintln!("{t:?}: first card after {first:?}, all {P} after {:?}", start.elapsed());
     outbox.stop().await.unwrap();
     rate
 }

@@ -15,7 +15,7 @@
 //! - No step spans two records, so the protocol works unchanged on Redis Cluster
 //!   (the pending index and the maps are written beside, never inside, a script).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 use redis::AsyncCommands;
@@ -418,20 +418,33 @@ pub struct Approvals<'a> {
     store: &'a mut Store,
 }
 
-/// Puts `r` in its requesting bridge's pending index, and in its agent's
-/// with its size (what the parking limits count).
-fn index_one(pipe: &mut redis::Pipeline, r: &Record) {
-    pipe.zadd(keys::pending(&r.source), &r.id, r.created_at)
-        .ignore();
-    if let Some(agent) = &r.agent {
-        pipe.zadd(keys::agent_pending(&r.source, agent), &r.id, r.created_at)
-            .ignore();
-        pipe.hset(
-            keys::agent_pending_bytes(&r.source, agent),
-            &r.id,
-            r.content_bytes,
-        )
-        .ignore();
+/// Puts `records` in their requesting bridges' pending indexes, and in their
+/// agents' with their sizes (what the parking limits count).
+fn index_all<'a>(pipe: &mut redis::Pipeline, records: impl IntoIterator<Item = &'a Record>) {
+    // One command per index key, whatever the number of records: on a
+    // cluster each key is its own slot, so commands alternating between keys
+    // would be one round trip each.
+    let mut zsets: BTreeMap<String, Vec<(u64, &str)>> = BTreeMap::new();
+    let mut sizes: BTreeMap<String, Vec<(&str, u64)>> = BTreeMap::new();
+    for r in records {
+        let at = (r.created_at, r.id.as_str());
+        zsets.entry(keys::pending(&r.source)).or_default().push(at);
+        if let Some(agent) = &r.agent {
+            zsets
+                .entry(keys::agent_pending(&r.source, agent))
+                .or_default()
+                .push(at);
+            sizes
+                .entry(keys::agent_pending_bytes(&r.source, agent))
+                .or_default()
+                .push((r.id.as_str(), r.content_bytes));
+        }
+    }
+    for (key, members) in zsets {
+        pipe.zadd_multiple(key, &members).ignore();
+    }
+    for (key, fields) in sizes {
+        pipe.cmd("HSET").arg(key).arg(&fields).ignore();
     }
 }
 
@@ -554,10 +567,12 @@ impl<'a> Approvals<'a> {
             .collect();
         let mut pipe = redis::pipe();
         pipe.load_script(&CREATE_SCRIPT).ignore();
-        for (r, inv) in records.iter().zip(&invocations) {
+        // Every record before any index entry: the index is repaired from
+        // the records, never the other way.
+        for inv in &invocations {
             pipe.invoke_script(inv);
-            index_one(&mut pipe, r);
         }
+        index_all(&mut pipe, records);
         let created: Vec<i64> = pipe
             .query_async(&mut self.store.conn)
             .await
@@ -570,12 +585,13 @@ impl<'a> Approvals<'a> {
     /// the records, repaired from them).
     pub async fn index(&mut self, records: &[&Record]) -> Result<()> {
         let mut pipe = redis::pipe();
-        let mut any = false;
-        for r in records.iter().filter(|r| !r.is_settled()) {
-            index_one(&mut pipe, r);
-            any = true;
-        }
-        if any {
+        let unsettled: Vec<&Record> = records
+            .iter()
+            .copied()
+            .filter(|r| !r.is_settled())
+            .collect();
+        index_all(&mut pipe, unsettled.iter().copied());
+        if !unsettled.is_empty() {
             let _: () = pipe
                 .query_async(&mut self.store.conn)
                 .await
@@ -1058,8 +1074,15 @@ impl<'a> Approvals<'a> {
             .collect();
         let mut pipe = redis::pipe();
         pipe.load_script(&SHOWN_SCRIPT).ignore();
-        for ((id, _, external), note) in shown.iter().zip(&notes) {
-            pipe.hset(&map, *external, *id).ignore();
+        // Every map entry (one command) before the notes: on a cluster the
+        // notes, each on its own record, then go side by side.
+        let entries: Vec<(&str, &str)> = shown.iter().map(|(id, _, ext)| (*ext, *id)).collect();
+        if !entries.is_empty() {
+            // HSET with many fields (the crate's `hset_multiple` is HMSET,
+            // which the ACL users are not granted).
+            pipe.cmd("HSET").arg(&map).arg(&entries).ignore();
+        }
+        for note in &notes {
             pipe.invoke_script(note);
         }
         then(&mut pipe);
