@@ -106,7 +106,10 @@ async fn parking(t: Topology) -> f64 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let rate = P as f64 / start.elapsed().as_secs_f64();
-    eprintln!("{t:?}: first card after {first:?}, all {P} after {:?}", start.elapsed());
+    eprintln!(
+        "{t:?}: first card after {first:?}, all {P} after {:?}",
+        start.elapsed()
+    );
     outbox.stop().await.unwrap();
     rate
 }

@@ -285,10 +285,12 @@ async fn a_cluster_over_tls_with_a_private_ca() {
         table.contains("rediss://") && table.contains("ca_file"),
         "{table}"
     );
-    let d = Deployment::with_redis_table(first, &table, &Setup::approval(3600).toml());
+    let d =
+        Deployment::with_redis_table(first, &table, &Setup::approval(3600).with("[web]").toml());
     let services = approval_services(&d);
     agent_sends(&d, "over tls, sharded", "r1").await;
-    let (_, external) = notification(&d, 0).await;
+    let (id, external) = notification(&d, 0).await;
+    crate::servers::the_cli_and_the_page_reach_redis(&d, &id).await;
     react(&d, &external, "✅", "boss", "");
     let sent = wait_until("the approved message delivered", SOON, || async {
         d.delivered("mail.out").first().cloned()
