@@ -13,7 +13,12 @@
 //! - Consecutive one-command runs of the same command (the same script) go
 //!   side by side: each touches its own key and none reads another's write,
 //!   so order among them means nothing; a later kind of command waits for
-//!   them all (a record is created before it is indexed). Anything else reaches the
+//!   them all (a record is created before it is indexed). They go as one
+//!   pipeline per master, on a direct connection to it, by a slot map from
+//!   `CLUSTER SHARDS`; such a pipeline answers each command apart, so one
+//!   refused with a redirect (stale map, slot in migration) is known not to
+//!   have run and is sent again alone through the cluster client; the map
+//!   is fetched again after a redirect or a failed connection. Anything else reaches the
 //!   caller, which retries as after any lost connection. `ASK` is not
 //!   followed to the importing node (`ASKING`): a key already moved out of a
 //!   slot in migration is refused until the slot is handed over, then
@@ -61,6 +66,8 @@ pub struct ClusterLink {
     /// The nodes it was given, `host:port` each (no credentials).
     seeds: String,
     wait: Option<(u32, u64)>,
+    /// Direct connections to the masters, for batches side by side.
+    masters: std::sync::Arc<Masters>,
 }
 
 impl ClusterLink {
@@ -75,6 +82,11 @@ impl ClusterLink {
             conn,
             loaded: Default::default(),
             seeds: nodes(config),
+            masters: std::sync::Arc::new(Masters {
+                config: config.clone(),
+                owners: Default::default(),
+                conns: Default::default(),
+            }),
             wait: (config.wait_replicas > 0)
                 .then_some((config.wait_replicas, config.wait_timeout_ms)),
         })
@@ -117,7 +129,7 @@ impl ClusterLink {
             .arg("SHARDS")
             .query_async(&mut self.conn)
             .await?;
-        Ok(Owners::from_shards(&shards))
+        Ok(Owners::from_shards(&shards, self.masters.tls()))
     }
 
     pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
@@ -160,18 +172,7 @@ impl ClusterLink {
                     }
                     batch.extend(runs.next());
                 }
-                let sent: Vec<_> = batch
-                    .into_iter()
-                    .map(|run| tokio::spawn(send_run(self.conn.clone(), run)))
-                    .collect();
-                for run in sent {
-                    let got = run.await.map_err(|e| {
-                        redis::RedisError::from(std::io::Error::other(format!(
-                            "a pipeline run ended: {e}"
-                        )))
-                    })??;
-                    answers.extend(got);
-                }
+                answers.extend(self.side_by_side(batch).await?);
             }
             let lost = answers
                 .iter()
@@ -186,6 +187,85 @@ impl ClusterLink {
             }
             Ok(answers)
         })
+    }
+
+    /// Sends runs that may go in any order: one pipeline per master on a
+    /// direct connection to it (one round trip per master, not per run).
+    /// Such a pipeline answers each command apart, so a command a node
+    /// refused with a redirect (it did not run) is known and sent again
+    /// alone through the cluster client, which follows it; every other
+    /// answer stands. Without a slot map, or for a run whose key no master
+    /// serves in it, each run goes through the cluster client.
+    async fn side_by_side(&mut self, batch: Vec<Pipeline>) -> redis::RedisResult<Vec<Value>> {
+        let owners = match batch.len() {
+            1 => None,
+            _ => self.masters.owners(&mut self.conn).await,
+        };
+        let nodes: Option<Vec<String>> = owners.as_ref().and_then(|o| {
+            batch
+                .iter()
+                .map(|run| {
+                    let key = run.cmd_iter().find_map(key_of)?;
+                    o.of_key(&key).map(str::to_string)
+                })
+                .collect()
+        });
+        let Some(nodes) = nodes else {
+            let sent: Vec<_> = batch
+                .into_iter()
+                .map(|run| tokio::spawn(send_run(self.conn.clone(), run)))
+                .collect();
+            let mut answers = Vec::new();
+            for run in sent {
+                answers.extend(run.await.map_err(ended)??);
+            }
+            return Ok(answers);
+        };
+        let mut by_node: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
+        for (i, node) in nodes.iter().enumerate() {
+            by_node.entry(node.as_str()).or_default().push(i);
+        }
+        let mut sent = Vec::new();
+        for (node, runs) in by_node {
+            let mut pipe = redis::pipe();
+            for &i in &runs {
+                for cmd in batch[i].cmd_iter() {
+                    pipe.add_command(cmd.clone());
+                }
+            }
+            let masters = self.masters.clone();
+            let node = node.to_string();
+            sent.push((
+                runs,
+                tokio::spawn(async move {
+                    let mut conn = masters.conn(&node).await?;
+                    let got = conn.req_packed_commands(&pipe, 0, pipe.len()).await;
+                    if got.is_err() {
+                        masters.forget(Some(&node)).await;
+                    }
+                    got
+                }),
+            ));
+        }
+        let mut per_run: Vec<Vec<Value>> = vec![Vec::new(); batch.len()];
+        for (runs, task) in sent {
+            let mut got = task.await.map_err(ended)??.into_iter();
+            for i in runs {
+                per_run[i] = got.by_ref().take(batch[i].len()).collect();
+            }
+        }
+        for (i, answers) in per_run.iter_mut().enumerate() {
+            let redirected = answers
+                .iter()
+                .any(|a| matches!(a, Value::ServerError(e) if DID_NOT_RUN.contains(&e.code())));
+            if redirected {
+                // The slot moved: that command did not run. Sent again
+                // alone, through the client that follows redirects.
+                self.masters.forget(None).await;
+                *answers = send_run(self.conn.clone(), batch[i].clone()).await?;
+            }
+        }
+        Ok(per_run.into_iter().flatten().collect())
     }
 
     /// Sends each `SCRIPT LOAD` of `pipeline` not yet known to be everywhere
@@ -226,6 +306,81 @@ async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisRes
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             got => return got,
+        }
+    }
+}
+
+/// Answers by which a node refused a command without running it: moved
+/// slots, a migration under way, a node that is no longer a master or a
+/// cluster not serving.
+const DID_NOT_RUN: [&str; 5] = ["MOVED", "ASK", "TRYAGAIN", "READONLY", "CLUSTERDOWN"];
+
+/// A spawned send that ended without an answer (it panicked).
+fn ended(e: tokio::task::JoinError) -> redis::RedisError {
+    redis::RedisError::from(std::io::Error::other(format!("a pipeline run ended: {e}")))
+}
+
+/// The masters by address, each with a connection of its own once used,
+/// and the slot map that says which serves a key (from `CLUSTER SHARDS`,
+/// fetched again after a redirect or a failed connection).
+struct Masters {
+    config: RedisConfig,
+    owners: tokio::sync::Mutex<Option<std::sync::Arc<Owners>>>,
+    conns: tokio::sync::Mutex<std::collections::HashMap<String, redis::aio::MultiplexedConnection>>,
+}
+
+impl Masters {
+    /// The slot map, fetched if unknown; `None` when the cluster will not
+    /// say (the caller goes through the cluster client).
+    async fn owners(&self, conn: &mut ClusterConnection) -> Option<std::sync::Arc<Owners>> {
+        let mut owners = self.owners.lock().await;
+        if owners.is_none() {
+            let shards: redis::RedisResult<Value> =
+                redis::cmd("CLUSTER").arg("SHARDS").query_async(conn).await;
+            *owners = shards
+                .ok()
+                .map(|s| Owners::from_shards(&s, self.tls()))
+                .filter(|o| !o.0.is_empty())
+                .map(std::sync::Arc::new);
+        }
+        owners.clone()
+    }
+
+    /// The connection to master `node` (`host:port`), made as the cluster
+    /// client's are (user, password, TLS and certificates of `[redis]`).
+    async fn conn(&self, node: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(node) {
+            return Ok(c.clone());
+        }
+        let url = format!("{}://{node}", if self.tls() { "rediss" } else { "redis" });
+        let (client, _) = client_at("redis.cluster", &url, &self.config, Auth::Server)
+            .map_err(|e| redis::RedisError::from(std::io::Error::other(e.to_string())))?;
+        let settings = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_response_timeout(Some(Duration::from_secs(10)));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&settings)
+            .await?;
+        conns.insert(node.to_string(), conn.clone());
+        Ok(conn)
+    }
+
+    /// Whether the nodes speak TLS (`redis.cluster` names `rediss://` URLs:
+    /// all of one scheme, as the config checks).
+    fn tls(&self) -> bool {
+        self.config
+            .cluster
+            .first()
+            .is_some_and(|u| u.starts_with("rediss://"))
+    }
+
+    /// Forgets the slot map and, when given, a master's connection (after a
+    /// redirect or a failed send: the map or the node changed).
+    async fn forget(&self, node: Option<&str>) {
+        *self.owners.lock().await = None;
+        if let Some(node) = node {
+            self.conns.lock().await.remove(node);
         }
     }
 }
@@ -412,7 +567,9 @@ fn is_script_load(cmd: &Cmd) -> bool {
 pub struct Owners(Vec<(u16, u16, String)>);
 
 impl Owners {
-    fn from_shards(v: &Value) -> Owners {
+    /// From a `CLUSTER SHARDS` answer; `tls`: the nodes are reached by
+    /// their TLS port (a node may have a plain one too).
+    fn from_shards(v: &Value, tls: bool) -> Owners {
         let mut ranges = Vec::new();
         let Value::Array(shards) = v else {
             return Owners(ranges);
@@ -422,8 +579,16 @@ impl Owners {
                 Some(Value::Array(nodes)) => nodes.iter().find_map(|n| {
                     let text =
                         |k: &str| field(n, k).and_then(crate::store::text).unwrap_or_default();
-                    let port = int(field(n, "port")).or_else(|| int(field(n, "tls-port")))?;
-                    (text("role") == "master").then(|| format!("{}:{port}", text("ip")))
+                    let (plain, secure) = (int(field(n, "port")), int(field(n, "tls-port")));
+                    let port = match tls {
+                        true => secure.or(plain),
+                        false => plain.or(secure),
+                    }?;
+                    let host = match text("endpoint") {
+                        e if e.is_empty() || e == "?" => text("ip"),
+                        e => e,
+                    };
+                    (text("role") == "master").then(|| format!("{host}:{port}"))
                 }),
                 _ => None,
             };
@@ -437,6 +602,15 @@ impl Owners {
             }
         }
         Owners(ranges)
+    }
+
+    /// The master serving `key`'s slot.
+    fn of_key(&self, key: &[u8]) -> Option<&str> {
+        let slot = slot_number(key);
+        self.0
+            .iter()
+            .find(|(a, z, _)| (*a..=*z).contains(&slot))
+            .map(|(_, _, m)| m.as_str())
     }
 
     /// The master serving `key`'s slot, and the slot.

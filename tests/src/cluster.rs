@@ -148,6 +148,12 @@ impl Cluster {
         panic!("no node owns slot {slot} of {key}");
     }
 
+    /// `INFO section` of the node on `port`.
+    pub fn info(&self, port: u16, section: &str) -> String {
+        let mut c = connect(port, &self.admin);
+        redis::cmd("INFO").arg(section).query(&mut c).unwrap()
+    }
+
     /// The slot of `key` as the cluster computes it.
     pub fn slot_of(&self, key: &str) -> u16 {
         let mut c = connect(self.ports[0], &self.admin);

@@ -319,3 +319,46 @@ async fn a_cluster_over_tls_with_a_private_ca() {
     }
     drop(cluster);
 }
+
+/// A batch of independent commands goes one pipeline per master, by the
+/// slot map the service holds. After every slot of one master moved, that
+/// map is stale: the old owner refuses the moved keys' commands with
+/// `MOVED` (they did not run), which are sent again to the new owner, and
+/// every other command stands. Each `INCR` runs exactly once: every key
+/// reads 2 after two batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_sent_by_a_stale_slot_map_runs_each_command_once() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let mut store = d.store().await;
+    let keys: Vec<String> = (0..30).map(|i| format!("count:{i}")).collect();
+    let batch = || {
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.incr(k, 1);
+        }
+        pipe
+    };
+    let first: Vec<i64> = batch().query_async(&mut store.conn).await.unwrap();
+    assert_eq!(first, vec![1; keys.len()]);
+    let from = cluster.owner_of(&keys[0]);
+    let to = *cluster.ports.iter().find(|&&p| p != from).unwrap();
+    let moved: Vec<&String> = keys
+        .iter()
+        .filter(|k| cluster.owner_of(k) == from)
+        .collect();
+    tokio::task::block_in_place(|| cluster.reshard(from, to, cluster.slots_of(from)));
+    assert!(moved.iter().all(|k| cluster.owner_of(k) == to));
+    let second: Vec<i64> = batch().query_async(&mut store.conn).await.unwrap();
+    assert_eq!(
+        second,
+        vec![2; keys.len()],
+        "{} keys had moved",
+        moved.len()
+    );
+    // The stale map was used: the old owner refused the moved keys.
+    let errors = cluster.info(from, "errorstats");
+    assert!(
+        errors.contains("errorstat_MOVED"),
+        "no MOVED answered: {errors}"
+    );
+}
