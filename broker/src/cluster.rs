@@ -125,11 +125,7 @@ impl ClusterLink {
     /// Which master serves each slot, as the cluster says now (`CLUSTER
     /// SHARDS`), for `cowboy status`.
     pub async fn owners(&mut self) -> redis::RedisResult<Owners> {
-        let shards: Value = redis::cmd("CLUSTER")
-            .arg("SHARDS")
-            .query_async(&mut self.conn)
-            .await?;
-        Ok(Owners::from_shards(&shards, self.masters.tls()))
+        Owners::fetch(&mut self.conn, self.masters.tls()).await
     }
 
     pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
@@ -172,18 +168,24 @@ impl ClusterLink {
                     }
                     batch.extend(runs.next());
                 }
-                answers.extend(self.side_by_side(batch).await?);
+                match self.side_by_side(batch).await {
+                    Ok(got) => answers.extend(got),
+                    Err(e) => {
+                        // A node lost or replaced (a promoted replica has
+                        // an empty script cache): load them all again.
+                        self.forget_scripts();
+                        return Err(e);
+                    }
+                }
             }
             let lost = answers
                 .iter()
                 .any(|a| matches!(a, Value::ServerError(e) if e.code() == "NOSCRIPT"));
             if lost {
-                // A node without the script: load it everywhere next time
-                // (the caller retries its step).
-                self.loaded
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clear();
+                // A node without the script (restarted, or a replica
+                // promoted): load it everywhere next time (the caller
+                // retries its step: `NOSCRIPT` is retriable).
+                self.forget_scripts();
             }
             Ok(answers)
         })
@@ -194,11 +196,16 @@ impl ClusterLink {
     /// Such a pipeline answers each command apart, so a command a node
     /// refused with a redirect (it did not run) is known and sent again
     /// alone through the cluster client, which follows it; every other
-    /// answer stands. Without a slot map, or for a run whose key no master
-    /// serves in it, each run goes through the cluster client.
+    /// answer stands. Without a slot map, for a run whose key no master
+    /// serves in it, or for a master that cannot be reached directly (nothing
+    /// was sent to it), runs go through the cluster client.
+    ///
+    /// Not with `wait_replicas`: `WAIT` counts the writes of the connection
+    /// it is sent on, and is sent on the cluster client's, so writes that
+    /// must be waited for go there.
     async fn side_by_side(&mut self, batch: Vec<Pipeline>) -> redis::RedisResult<Vec<Value>> {
-        let owners = match batch.len() {
-            1 => None,
+        let owners = match (batch.len(), self.wait) {
+            (1, _) | (_, Some(_)) => None,
             _ => self.masters.owners(&mut self.conn).await,
         };
         let nodes: Option<Vec<String>> = owners.as_ref().and_then(|o| {
@@ -221,6 +228,7 @@ impl ClusterLink {
             }
             return Ok(answers);
         };
+        let batch = std::sync::Arc::new(batch);
         let mut by_node: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
         for (i, node) in nodes.iter().enumerate() {
             by_node.entry(node.as_str()).or_default().push(i);
@@ -235,29 +243,56 @@ impl ClusterLink {
             }
             let masters = self.masters.clone();
             let node = node.to_string();
-            sent.push((
-                runs,
-                tokio::spawn(async move {
-                    let mut conn = masters.conn(&node).await?;
-                    let got = conn.req_packed_commands(&pipe, 0, pipe.len()).await;
-                    if got.is_err() {
+            let (batch, shared) = (batch.clone(), self.conn.clone());
+            sent.push(tokio::spawn(async move {
+                let mut conn = match masters.conn(&node).await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Nothing was sent to it: its runs go through the
+                        // cluster client, and the map is asked again.
+                        tracing::debug!(node, error = %e, "a master not reached directly");
                         masters.forget(Some(&node)).await;
+                        let mut answers = Vec::new();
+                        for &i in &runs {
+                            answers.push((i, send_run(shared.clone(), batch[i].clone()).await?));
+                        }
+                        return Ok(answers);
                     }
-                    got
-                }),
-            ));
+                };
+                let got = conn.req_packed_commands(&pipe, 0, pipe.len()).await;
+                let got = match got {
+                    Ok(got) if got.len() == pipe.len() => got,
+                    Ok(got) => {
+                        // Never line answers up with the wrong commands.
+                        masters.forget(Some(&node)).await;
+                        return Err(redis::RedisError::from(std::io::Error::other(format!(
+                            "{node} answered {} of {} commands",
+                            got.len(),
+                            pipe.len()
+                        ))));
+                    }
+                    Err(e) => {
+                        masters.forget(Some(&node)).await;
+                        return Err(e);
+                    }
+                };
+                let mut got = got.into_iter();
+                Ok(runs
+                    .into_iter()
+                    .map(|i| (i, got.by_ref().take(batch[i].len()).collect()))
+                    .collect::<Vec<(usize, Vec<Value>)>>())
+            }));
         }
         let mut per_run: Vec<Vec<Value>> = vec![Vec::new(); batch.len()];
-        for (runs, task) in sent {
-            let mut got = task.await.map_err(ended)??.into_iter();
-            for i in runs {
-                per_run[i] = got.by_ref().take(batch[i].len()).collect();
+        for task in sent {
+            for (i, answers) in task.await.map_err(ended)?? {
+                per_run[i] = answers;
             }
         }
         for (i, answers) in per_run.iter_mut().enumerate() {
             let redirected = answers
                 .iter()
-                .any(|a| matches!(a, Value::ServerError(e) if DID_NOT_RUN.contains(&e.code())));
+                .any(|a| matches!(a, Value::ServerError(e) if did_not_run(e.code())));
             if redirected {
                 // The slot moved: that command did not run. Sent again
                 // alone, through the client that follows redirects.
@@ -266,6 +301,13 @@ impl ClusterLink {
             }
         }
         Ok(per_run.into_iter().flatten().collect())
+    }
+
+    fn forget_scripts(&self) {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Sends each `SCRIPT LOAD` of `pipeline` not yet known to be everywhere
@@ -310,10 +352,15 @@ async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisRes
     }
 }
 
-/// Answers by which a node refused a command without running it: moved
-/// slots, a migration under way, a node that is no longer a master or a
-/// cluster not serving.
-const DID_NOT_RUN: [&str; 5] = ["MOVED", "ASK", "TRYAGAIN", "READONLY", "CLUSTERDOWN"];
+/// Whether an error code says a node refused a command without running it:
+/// moved slots, a migration under way, a node that is no longer a master or
+/// a cluster not serving.
+fn did_not_run(code: &str) -> bool {
+    matches!(
+        code,
+        "MOVED" | "ASK" | "TRYAGAIN" | "READONLY" | "CLUSTERDOWN"
+    )
+}
 
 /// A spawned send that ended without an answer (it panicked).
 fn ended(e: tokio::task::JoinError) -> redis::RedisError {
@@ -335,11 +382,9 @@ impl Masters {
     async fn owners(&self, conn: &mut ClusterConnection) -> Option<std::sync::Arc<Owners>> {
         let mut owners = self.owners.lock().await;
         if owners.is_none() {
-            let shards: redis::RedisResult<Value> =
-                redis::cmd("CLUSTER").arg("SHARDS").query_async(conn).await;
-            *owners = shards
+            *owners = Owners::fetch(conn, self.tls())
+                .await
                 .ok()
-                .map(|s| Owners::from_shards(&s, self.tls()))
                 .filter(|o| !o.0.is_empty())
                 .map(std::sync::Arc::new);
         }
@@ -497,7 +542,7 @@ fn nodes(config: &RedisConfig) -> String {
 
 /// Whether a node refused the command before running it.
 fn not_run(e: &redis::RedisError) -> bool {
-    matches!(e.code(), Some("MOVED" | "ASK" | "TRYAGAIN"))
+    e.code().is_some_and(did_not_run)
 }
 
 /// The key a command routes by: the first key of a script, the first stream
@@ -567,6 +612,15 @@ fn is_script_load(cmd: &Cmd) -> bool {
 pub struct Owners(Vec<(u16, u16, String)>);
 
 impl Owners {
+    /// As the cluster says now (`CLUSTER SHARDS`).
+    async fn fetch(conn: &mut ClusterConnection, tls: bool) -> redis::RedisResult<Owners> {
+        let shards: Value = redis::cmd("CLUSTER")
+            .arg("SHARDS")
+            .query_async(conn)
+            .await?;
+        Ok(Owners::from_shards(&shards, tls))
+    }
+
     /// From a `CLUSTER SHARDS` answer; `tls`: the nodes are reached by
     /// their TLS port (a node may have a plain one too).
     fn from_shards(v: &Value, tls: bool) -> Owners {
@@ -584,11 +638,21 @@ impl Owners {
                         true => secure.or(plain),
                         false => plain.or(secure),
                     }?;
+                    // An unknown endpoint (`?`) is no address: such a
+                    // shard is left out, so its keys go through the client.
                     let host = match text("endpoint") {
-                        e if e.is_empty() || e == "?" => text("ip"),
+                        e if e.is_empty() => text("ip"),
                         e => e,
                     };
-                    (text("role") == "master").then(|| format!("{host}:{port}"))
+                    let host = match host.contains(':') {
+                        true => format!("[{host}]"), // IPv6
+                        false => host,
+                    };
+                    let usable = text("role") == "master"
+                        && !host.is_empty()
+                        && host != "?"
+                        && matches!(text("health").as_str(), "online" | "");
+                    usable.then(|| format!("{host}:{port}"))
                 }),
                 _ => None,
             };
@@ -615,13 +679,7 @@ impl Owners {
 
     /// The master serving `key`'s slot, and the slot.
     pub fn of(&self, key: &str) -> (Option<&str>, u16) {
-        let slot = slot_number(key.as_bytes());
-        let owner = self
-            .0
-            .iter()
-            .find(|(a, z, _)| (*a..=*z).contains(&slot))
-            .map(|(_, _, m)| m.as_str());
-        (owner, slot)
+        (self.of_key(key.as_bytes()), slot_number(key.as_bytes()))
     }
 }
 

@@ -111,6 +111,10 @@ impl Error {
                                 | "MOVED"
                                 | "ASK"
                                 | "CLUSTERDOWN"
+                                // A node whose script cache is empty (a
+                                // promoted replica): the cluster connection
+                                // loads the scripts again before the retry.
+                                | "NOSCRIPT"
                         )
                     )
             }

@@ -29,7 +29,24 @@ impl Cluster {
     /// file: every node loads the same one), managed as `admin`.
     pub fn start_as(extra: &[&str], admin: Option<(&str, &str)>) -> (RedisServer, Cluster) {
         let login = admin.map(|(u, p)| (u.to_string(), p.to_string()));
-        Self::launch(extra, Admin { login, ca: None })
+        Self::launch(extra, Admin { login, ca: None }, 0)
+    }
+
+    /// Three masters, each with one replica (six nodes; `ports` lists all).
+    /// Returns once every replica is in sync.
+    pub fn start_with_replicas() -> (RedisServer, Cluster) {
+        let (first, cluster) = Self::launch(&[], Admin::default(), 1);
+        let mut replicas: Vec<u16> = Vec::new();
+        for &port in &cluster.ports {
+            if cluster.info(port, "replication").contains("role:slave") {
+                replicas.push(port);
+            }
+        }
+        assert_eq!(replicas.len(), 3, "three replicas");
+        for port in replicas {
+            cluster.wait_in_sync(port);
+        }
+        (first, cluster)
     }
 
     /// Three masters that speak TLS only, to clients and to each other
@@ -42,10 +59,11 @@ impl Cluster {
                 login: None,
                 ca: Some(PathBuf::new()),
             },
+            0,
         )
     }
 
-    fn launch(extra: &[&str], mut admin: Admin) -> (RedisServer, Cluster) {
+    fn launch(extra: &[&str], mut admin: Admin, replicas: usize) -> (RedisServer, Cluster) {
         let mut args = vec![
             "--cluster-enabled",
             "yes",
@@ -56,7 +74,7 @@ impl Cluster {
         ];
         args.extend_from_slice(extra);
         let mut nodes: Vec<RedisServer> = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             let node = match (&admin.ca, nodes.first()) {
                 (None, _) => RedisServer::start_on(Engine::under_test(), &args),
                 (Some(_), None) => RedisServer::start_tls_with(&args),
@@ -85,7 +103,7 @@ impl Cluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .args(cli_auth(&admin))
             .output()
             .expect("redis-cli --cluster create (Debian: apt-get install -y redis-tools)");
@@ -127,7 +145,10 @@ impl Cluster {
     pub fn owner_of(&self, key: &str) -> u16 {
         let slot = self.slot_of(key);
         for &port in &self.ports {
-            let mut c = connect(port, &self.admin);
+            // A node killed by the test does not answer.
+            let Some(mut c) = try_connect(port, &self.admin) else {
+                continue;
+            };
             // Each node about itself: its `myself` line of CLUSTER NODES.
             let nodes: String = redis::cmd("CLUSTER").arg("NODES").query(&mut c).unwrap();
             for line in nodes.lines().filter(|l| l.contains("myself")) {
@@ -146,6 +167,60 @@ impl Cluster {
             }
         }
         panic!("no node owns slot {slot} of {key}");
+    }
+
+    /// Kills (`SIGKILL`) the node on `port` (not the first: the
+    /// deployment holds that one) and waits until the others serve every
+    /// slot again (its replica promoted).
+    pub fn kill(&mut self, port: u16) {
+        let node = self.rest.iter_mut().find(|n| n.port == port);
+        node.expect("a node of the cluster, not the first").kill();
+        self.wait_ok_without(port);
+    }
+
+    /// Starts the killed node on `port` again (it rejoins as its promoted
+    /// replica's replica) and waits until it is a replica in sync.
+    pub fn restart(&mut self, port: u16) {
+        let node = self.rest.iter_mut().find(|n| n.port == port);
+        node.expect("a node of the cluster, not the first")
+            .restart();
+        self.wait_in_sync(port);
+    }
+
+    /// Waits until the nodes but the one on `port` serve every slot
+    /// themselves (its slots taken over by its replica) and say the
+    /// cluster is ok.
+    pub fn wait_ok_without(&self, port: u16) {
+        let others: Vec<u16> = self.ports.iter().copied().filter(|&p| p != port).collect();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while others.iter().map(|&p| self.slots_of(p)).sum::<u32>() < 16384 {
+            assert!(
+                Instant::now() < deadline,
+                "no replica took over the slots of 127.0.0.1:{port}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        wait_ok(&others, &self.admin);
+    }
+
+    /// Waits until the node on `port` is a replica whose link to its master
+    /// is up, and the whole cluster is ok.
+    pub fn wait_in_sync(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info: String = try_connect(port, &self.admin)
+                .and_then(|mut c| redis::cmd("INFO").arg("replication").query(&mut c).ok())
+                .unwrap_or_default();
+            if info.contains("role:slave") && info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "127.0.0.1:{port} not in sync: {info}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_ok();
     }
 
     /// `INFO section` of the node on `port`.
@@ -258,6 +333,11 @@ fn cli_auth(admin: &Admin) -> Vec<String> {
 
 /// A connection to one node (as the admin, or the default user).
 fn connect(port: u16, admin: &Admin) -> redis::Connection {
+    try_connect(port, admin).unwrap_or_else(|| panic!("no connection to 127.0.0.1:{port}"))
+}
+
+/// [`connect`], or `None` when the node does not answer.
+fn try_connect(port: u16, admin: &Admin) -> Option<redis::Connection> {
     let login = match &admin.login {
         Some((u, p)) => format!("{u}:{p}@"),
         None => String::new(),
@@ -278,5 +358,5 @@ fn connect(port: u16, admin: &Admin) -> redis::Connection {
     };
     client
         .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap()
+        .ok()
 }

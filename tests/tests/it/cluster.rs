@@ -362,3 +362,70 @@ async fn a_batch_sent_by_a_stale_slot_map_runs_each_command_once() {
         "no MOVED answered: {errors}"
     );
 }
+
+/// Three masters with a replica each, `wait_replicas = 1`. The master that
+/// holds the agent's stream (and so the parked entry's pending state) is
+/// killed (`SIGKILL`) while an approval waits; the other masters promote its
+/// replica. The services follow the new map without a restart: the parked
+/// entry is approved and delivered once; once the old master is back as a
+/// replica (until then nothing that must wait for a replica goes on), an
+/// entry written after the failover is parked, shown and delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_loses_and_doubles_nothing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    let (first, mut cluster) = Cluster::start_with_replicas();
+    let table = format!("{}\nwait_replicas = 1", cluster.redis_table());
+    let mut d = Deployment::with_redis_table(first, &table, &Setup::approval(3600).toml());
+    let services = approval_services(&d);
+    agent_sends(&d, "before the failover", "r1").await;
+    let (_, card) = notification(&d, 0).await;
+
+    let victim = cluster.owner_of(&keys::agent_outbox("ann", "mail"));
+    if victim == d.redis.port {
+        d.redis.kill();
+        tokio::task::block_in_place(|| cluster.wait_ok_without(victim));
+    } else {
+        tokio::task::block_in_place(|| cluster.kill(victim));
+    }
+    assert_ne!(
+        cluster.owner_of(&keys::agent_outbox("ann", "mail")),
+        victim,
+        "the replica took the slot over"
+    );
+    react(&d, &card, "✅", "boss", "");
+    if victim == d.redis.port {
+        d.redis.restart();
+        tokio::task::block_in_place(|| cluster.wait_in_sync(victim));
+    } else {
+        tokio::task::block_in_place(|| cluster.restart(victim));
+    }
+    // Steps that waited for a replica while none was back are retried on
+    // the reader's back-off: bounded as the Sentinel tests are.
+    agent_sends(&d, "after the failover", "r2").await;
+    let (_, card) = crate::servers::card_showing(&d, "after the failover").await;
+    react(&d, &card, "✅", "boss", "");
+    wait_until(
+        "both messages delivered",
+        crate::servers::FAILOVER,
+        || async { (d.delivered("mail.out").len() >= 2).then_some(()) },
+    )
+    .await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    let contents: Vec<String> = d
+        .delivered("mail.out")
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(contents, ["before the failover", "after the failover"]);
+    assert_eq!(d.delivered("desk.out").len(), 2, "one card per entry");
+    let mut store = d.store().await;
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+}
