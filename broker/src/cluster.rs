@@ -42,7 +42,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::Slot;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::RedisConfig;
@@ -122,6 +122,46 @@ impl ClusterLink {
         }
     }
 
+    /// `WAIT replicas timeout_ms` on every master, the fewest
+    /// acknowledgements counting. First as the client routes it (to each
+    /// master of its slot map, on the connections that carried this
+    /// service's writes). When that fails, the client's map may name a node
+    /// that is no longer a master (a failover its own commands have not met:
+    /// `WAIT` on a replica is an error, and no redirect ever corrects the
+    /// map), so each master the cluster names now is asked, on the client's
+    /// connection to it. A master this service has not written to since it
+    /// was promoted has nothing of its to wait for.
+    pub async fn wait_replicas(
+        &mut self,
+        replicas: u32,
+        timeout_ms: u64,
+    ) -> redis::RedisResult<i64> {
+        let wait = || {
+            let mut cmd = redis::cmd("WAIT");
+            cmd.arg(replicas).arg(timeout_ms);
+            cmd
+        };
+        let first: redis::RedisResult<i64> = match self.conn.req_packed_command(&wait()).await {
+            Ok(v) => redis::from_redis_value(v).map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        let Err(e) = first else {
+            return first;
+        };
+        self.masters.forget(None).await;
+        let Some(owners) = self.masters.owners(&mut self.conn).await else {
+            return Err(e);
+        };
+        let mut fewest = i64::MAX;
+        for (host, port) in owners.masters() {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let got = self.conn.route_command(wait(), routing).await?;
+            fewest = fewest.min(redis::from_redis_value(got)?);
+        }
+        tracing::info!(error = %e, "WAIT asked of each master the cluster names now");
+        Ok(fewest)
+    }
+
     /// Which master serves each slot, as the cluster says now (`CLUSTER
     /// SHARDS`), for `cowboy status`.
     pub async fn owners(&mut self) -> redis::RedisResult<Owners> {
@@ -135,6 +175,10 @@ impl ClusterLink {
                 match self.conn.req_packed_command(cmd).await {
                     Err(e) if not_run(&e) && tokio::time::Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) if e.is_timeout() => {
+                        tracing::warn!(command = %name_of(cmd), "a cluster command timed out");
+                        return Err(e);
                     }
                     answer => return answer,
                 }
@@ -174,6 +218,11 @@ impl ClusterLink {
                         // A node lost or replaced (a promoted replica has
                         // an empty script cache): load them all again.
                         self.forget_scripts();
+                        if e.is_timeout() {
+                            // Which step waited: the caller only says that
+                            // Redis did not answer.
+                            tracing::warn!(commands = %summary(pipeline), "a cluster pipeline timed out");
+                        }
                         return Err(e);
                     }
                 }
@@ -324,7 +373,11 @@ impl ClusterLink {
                 .unwrap_or_else(|p| p.into_inner())
                 .contains(&body);
             if !known {
-                let _: Value = self.conn.req_packed_command(cmd).await?;
+                let _: Value = self.conn.req_packed_command(cmd).await.inspect_err(|e| {
+                    if e.is_timeout() {
+                        tracing::warn!("SCRIPT LOAD on every node timed out");
+                    }
+                })?;
                 self.loaded
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -597,6 +650,31 @@ fn runs(pipeline: &Pipeline) -> Vec<Pipeline> {
     runs.into_iter().map(|(_, run)| run).collect()
 }
 
+/// A command's name, for messages.
+fn name_of(cmd: &Cmd) -> String {
+    match cmd.args_iter().next() {
+        Some(redis::Arg::Simple(a)) => String::from_utf8_lossy(a).to_ascii_uppercase(),
+        _ => "?".into(),
+    }
+}
+
+/// A pipeline's commands by name, for messages (`EVALSHA x3, XACK`).
+fn summary(pipeline: &Pipeline) -> String {
+    let mut counted: Vec<(String, usize)> = Vec::new();
+    for cmd in pipeline.cmd_iter() {
+        let name = name_of(cmd);
+        match counted.last_mut() {
+            Some((last, n)) if *last == name => *n += 1,
+            _ => counted.push((name, 1)),
+        }
+    }
+    counted
+        .into_iter()
+        .map(|(name, n)| if n > 1 { format!("{name} x{n}") } else { name })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn is_script_load(cmd: &Cmd) -> bool {
     let mut args = cmd.args_iter().filter_map(|a| match a {
         redis::Arg::Simple(a) => Some(a),
@@ -617,7 +695,12 @@ impl Owners {
         let shards: Value = redis::cmd("CLUSTER")
             .arg("SHARDS")
             .query_async(conn)
-            .await?;
+            .await
+            .inspect_err(|e| {
+                if e.is_timeout() {
+                    tracing::warn!("CLUSTER SHARDS timed out");
+                }
+            })?;
         Ok(Owners::from_shards(&shards, tls))
     }
 
@@ -666,6 +749,22 @@ impl Owners {
             }
         }
         Owners(ranges)
+    }
+
+    /// Every master once, as `(host, port)`.
+    fn masters(&self) -> Vec<(String, u16)> {
+        let mut all: Vec<(String, u16)> = self
+            .0
+            .iter()
+            .filter_map(|(_, _, at)| {
+                let (host, port) = at.rsplit_once(':')?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                Some((host.to_string(), port.parse().ok()?))
+            })
+            .collect();
+        all.sort();
+        all.dedup();
+        all
     }
 
     /// The master serving `key`'s slot.

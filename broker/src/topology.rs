@@ -294,12 +294,17 @@ impl Conn {
         let Some((replicas, timeout_ms)) = wait else {
             return Ok(());
         };
-        let acknowledged: i64 = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout_ms)
-            .query_async(self)
-            .await
-            .map_err(|e| Error::from_redis("WAIT", e))?;
+        let acknowledged: i64 = match &mut self.link {
+            Link::Cluster(link) => link.wait_replicas(replicas, timeout_ms).await,
+            Link::Master(_) => {
+                redis::cmd("WAIT")
+                    .arg(replicas)
+                    .arg(timeout_ms)
+                    .query_async(self)
+                    .await
+            }
+        }
+        .map_err(|e| Error::from_redis("WAIT", e))?;
         if acknowledged < i64::from(replicas) {
             return Err(gone(format!(
                 "{what}: {acknowledged} of {replicas} replicas acknowledged within {timeout_ms} ms"

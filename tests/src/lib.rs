@@ -201,16 +201,23 @@ impl RedisServer {
     /// Kills the server and starts it again on the same port and folder (what
     /// it persisted, if its arguments asked for persistence, comes back).
     pub fn restart(&mut self) {
+        self.restart_with(&[]);
+    }
+
+    /// Like [`Self::restart`], as a replica of the server on `port` (what a
+    /// Sentinel would make of it, a few seconds later).
+    pub fn restart_as_replica_of(&mut self, port: u16) {
+        self.restart_with(&["--replicaof".into(), "127.0.0.1".into(), port.to_string()]);
+    }
+
+    fn restart_with(&mut self, more: &[String]) {
         self.kill();
+        let args: Vec<String> = self.extra.iter().chain(more).cloned().collect();
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Some(child) = spawn_redis(
-                self.engine,
-                self.port,
-                self.dir.path(),
-                &self.extra,
-                self.tls,
-            ) {
+            if let Some(child) =
+                spawn_redis(self.engine, self.port, self.dir.path(), &args, self.tls)
+            {
                 self.child = child;
                 return;
             }

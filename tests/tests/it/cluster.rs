@@ -32,6 +32,32 @@ fn owners(cluster: &Cluster, keys: &[String]) -> BTreeMap<u16, Vec<String>> {
     by
 }
 
+/// Stops `services`, then checks the end of a flow: `delivered` sent in
+/// that order, `cards` cards shown in all (one per entry), nothing left
+/// pending on ann's stream.
+async fn settled(
+    d: &Deployment,
+    services: impl IntoIterator<Item = harness::Running>,
+    delivered: &[&str],
+    cards: usize,
+) {
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    let contents: Vec<String> = d
+        .delivered("mail.out")
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(contents, delivered);
+    assert_eq!(d.delivered("desk.out").len(), cards, "one card per entry");
+    let mut store = d.store().await;
+    assert_eq!(
+        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
+        0
+    );
+}
+
 /// Park, notify on another bridge, approve by reaction, reject with a
 /// reason, restart the requesting outbox while an entry is parked: each
 /// message is shown once, delivered once or refused with one notice.
@@ -84,21 +110,13 @@ async fn the_approval_flow_runs_on_a_cluster() {
         (d.delivered("mail.out").len() == 2).then_some(())
     })
     .await;
-    for s in [mail, desk_out, desk_in] {
-        s.stop().await.unwrap();
-    }
-    let contents: Vec<String> = d
-        .delivered("mail.out")
-        .into_iter()
-        .map(|m| m.content)
-        .collect();
-    assert_eq!(contents, ["approve me", "after the restart"]);
-    assert_eq!(d.delivered("desk.out").len(), 3, "one card per entry");
-    let mut store = d.store().await;
-    assert_eq!(
-        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
-        0
-    );
+    settled(
+        &d,
+        [mail, desk_out, desk_in],
+        &["approve me", "after the restart"],
+        3,
+    )
+    .await;
     let rejected = inbox_notices(&d, "ann:mail:inbox")
         .await
         .into_iter()
@@ -302,21 +320,7 @@ async fn a_cluster_over_tls_with_a_private_ca() {
     }
     assert_eq!(d.delivered("mail.out").len(), 1);
 
-    let wrong = broker::config::RedisConfig {
-        ca_file: Some(other),
-        ..d.config.redis.clone()
-    };
-    match broker::Store::connect(&wrong).await {
-        Err(broker::Error::Config(e)) => {
-            let text = e.to_string();
-            assert!(
-                text.contains("redis.ca_file") && text.contains("127.0.0.1"),
-                "{text}"
-            );
-        }
-        Err(e) => panic!("not a configuration error: {e}"),
-        Ok(_) => panic!("an untrusted certificate was accepted"),
-    }
+    crate::servers::refused_under(&d, other).await;
     drop(cluster);
 }
 
@@ -413,19 +417,11 @@ async fn a_cluster_failover_loses_and_doubles_nothing() {
         || async { (d.delivered("mail.out").len() >= 2).then_some(()) },
     )
     .await;
-    for s in services {
-        s.stop().await.unwrap();
-    }
-    let contents: Vec<String> = d
-        .delivered("mail.out")
-        .into_iter()
-        .map(|m| m.content)
-        .collect();
-    assert_eq!(contents, ["before the failover", "after the failover"]);
-    assert_eq!(d.delivered("desk.out").len(), 2, "one card per entry");
-    let mut store = d.store().await;
-    assert_eq!(
-        pending(&mut store, "ann:mail:outbox", "mail-outbox").await,
-        0
-    );
+    settled(
+        &d,
+        services,
+        &["before the failover", "after the failover"],
+        2,
+    )
+    .await;
 }
