@@ -257,13 +257,11 @@ impl ClusterLink {
             (1, _) | (_, Some(_)) => None,
             _ => self.masters.owners(&mut self.conn).await,
         };
-        let nodes: Option<Vec<String>> = owners.as_ref().and_then(|o| {
+        // Each run's master, borrowed from the map (no copy per run).
+        let nodes: Option<Vec<&str>> = owners.as_deref().and_then(|o| {
             batch
                 .iter()
-                .map(|run| {
-                    let key = run.cmd_iter().find_map(key_of)?;
-                    o.of_key(&key).map(str::to_string)
-                })
+                .map(|run| o.of_key(&run.cmd_iter().find_map(key_of)?))
                 .collect()
         });
         let Some(nodes) = nodes else {
@@ -279,8 +277,8 @@ impl ClusterLink {
         };
         let batch = std::sync::Arc::new(batch);
         let mut by_node: std::collections::BTreeMap<&str, Vec<usize>> = Default::default();
-        for (i, node) in nodes.iter().enumerate() {
-            by_node.entry(node.as_str()).or_default().push(i);
+        for (i, node) in nodes.into_iter().enumerate() {
+            by_node.entry(node).or_default().push(i);
         }
         let mut sent = Vec::new();
         for (node, runs) in by_node {
