@@ -176,6 +176,21 @@ impl Ingest {
         user: &str,
         reason: &str,
     ) -> Result<Outcome> {
+        self.answer_seeing(external_id, verdict, user, reason, "")
+            .await
+    }
+
+    /// [`Self::answer`], bound to the digest the card showed the approver
+    /// (a button that carries it): an answer to another version is late.
+    /// An empty digest binds to the record's current version.
+    pub async fn answer_seeing(
+        &mut self,
+        external_id: &str,
+        verdict: Verdict,
+        user: &str,
+        reason: &str,
+        digest: &str,
+    ) -> Result<Outcome> {
         if !self.is_approval_surface() {
             return Ok(Outcome::Unknown);
         }
@@ -202,8 +217,11 @@ impl Ingest {
         }
         // The version on the card: the card itself binds it too (an edit
         // lists the old card as superseded).
-        let answer =
-            Answer::new(&self.clock, verdict, &approver, reason).seeing(&record.message_sha256);
+        let shown = match digest {
+            "" => record.message_sha256.as_str(),
+            d => d,
+        };
+        let answer = Answer::new(&self.clock, verdict, &approver, reason).seeing(shown);
         let requester = crate::request::Requester::surface_of(&self.config, record.source())?;
         crate::request::answer_card(
             &mut self.store,

@@ -61,6 +61,7 @@ pub mod service;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;
+pub mod text;
 pub mod timing;
 pub mod topology;
 

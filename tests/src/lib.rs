@@ -12,6 +12,7 @@ pub mod dns;
 pub mod mail;
 pub mod sentinel;
 pub mod setup;
+pub mod slack;
 pub mod web;
 
 use std::net::TcpListener;
@@ -515,7 +516,12 @@ impl Deployment {
     /// A deployment whose `[redis]` table is `table` as given (Sentinels, say);
     /// `redis` is the server the test holds (the first master).
     pub fn with_redis_table(redis: RedisServer, table: &str, body: &str) -> Deployment {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let mut dir = tempfile::tempdir().expect("temp dir");
+        // `COWBOY_TEST_KEEP=1`: the services' logs stay for a post-mortem.
+        if std::env::var_os("COWBOY_TEST_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("deployment kept in {}", dir.path().display());
+        }
         let text = format!(
             "[redis]\n{table}\n\n{}",
             body.replace("{dir}", &dir.path().display().to_string())

@@ -10,45 +10,10 @@ fn units(s: &str) -> usize {
     s.encode_utf16().count()
 }
 
-/// Splits `content` into messages of at most `limit` units, on line boundaries,
-/// else on word boundaries, else between characters. Nothing is dropped: the
-/// parts joined with the separators they were split at give back `content`.
+/// Splits `content` into messages of at most `limit` UTF-16 units (see
+/// [`broker::text::split`]).
 pub fn split(content: &str, limit: usize) -> Vec<String> {
-    if units(content) <= limit {
-        return vec![content.to_string()];
-    }
-    let mut parts = Vec::new();
-    let mut rest = content;
-    while units(rest) > limit {
-        // The longest prefix within the limit, by characters.
-        let mut end = 0;
-        let mut count = 0;
-        for (i, c) in rest.char_indices() {
-            if count + c.len_utf16() > limit {
-                break;
-            }
-            count += c.len_utf16();
-            end = i + c.len_utf8();
-        }
-        let window = &rest[..end];
-        let cut = window
-            .rfind('\n')
-            .or_else(|| window.rfind(' '))
-            .filter(|i| *i > 0);
-        match cut {
-            // Split at the separator and drop it (it is implied between messages).
-            Some(i) => {
-                parts.push(rest[..i].to_string());
-                rest = &rest[i + 1..];
-            }
-            None => {
-                parts.push(window.to_string());
-                rest = &rest[end..];
-            }
-        }
-    }
-    parts.push(rest.to_string());
-    parts
+    broker::text::split(content, limit, char::len_utf16)
 }
 
 /// A nonce for part `part` of a delivery: derived, so a retry reuses it, and at
@@ -211,41 +176,11 @@ pub fn reaction_verdict(emoji: &str, approve: &[String], reject: &[String]) -> O
     }
 }
 
-/// A text reply to the card: `approve ...` or `reject <reason>`.
-pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
-    let text = text.trim();
-    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
-    match word
-        .trim_end_matches([':', ',', '.', '!'])
-        .to_ascii_lowercase()
-        .as_str()
-    {
-        "approve" | "approved" => Some((Verdict::Approved, String::new())),
-        "reject" | "rejected" => Some((Verdict::Rejected, rest.trim().to_string())),
-        _ => None,
-    }
-}
+pub use broker::text::reply_verdict;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn splitting_keeps_everything() {
-        let text = format!("{}\n{}", "word ".repeat(700), "x".repeat(4500));
-        let parts = split(&text, 2000);
-        assert!(parts.iter().all(|p| units(p) <= 2000));
-        // Rejoin: words were split at spaces, the line at its newline, the long word nowhere.
-        let joined: String = parts.concat();
-        let original: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        let rejoined: String = joined.chars().filter(|c| !c.is_whitespace()).collect();
-        assert_eq!(original, rejoined);
-        assert_eq!(split("short", 2000), vec!["short"]);
-        let emoji = "😀".repeat(1500); // 3000 UTF-16 units
-        let parts = split(&emoji, 2000);
-        assert_eq!(parts.len(), 2);
-        assert_eq!(parts.concat(), emoji);
-    }
 
     #[test]
     fn nonces_are_short_and_stable() {
@@ -263,15 +198,6 @@ mod tests {
         assert_eq!(reaction_verdict("✅", &a, &r), Some(Verdict::Approved));
         assert_eq!(reaction_verdict("❌", &a, &r), Some(Verdict::Rejected));
         assert_eq!(reaction_verdict("🎉", &a, &r), None);
-        assert_eq!(
-            reply_verdict("reject too early"),
-            Some((Verdict::Rejected, "too early".into()))
-        );
-        assert_eq!(
-            reply_verdict("Approve!"),
-            Some((Verdict::Approved, String::new()))
-        );
-        assert_eq!(reply_verdict("maybe"), None);
     }
 
     #[test]

@@ -222,9 +222,13 @@ impl Late {
     }
 
     /// Whether the card stops taking answers: not when the record was
-    /// tampered with (it stays answerable once put right) or busy.
+    /// tampered with (it stays answerable once put right) or busy, and not
+    /// for an answer bound to another version: an edit disarms the old card
+    /// itself, so a card still armed shows the current version, and an
+    /// answer naming another digest (a forged button value) must not stop
+    /// the real approvers answering on it.
     pub fn disarms(self) -> bool {
-        !matches!(self, Late::Tampered | Late::Busy)
+        !matches!(self, Late::Tampered | Late::Busy | Late::Superseded)
     }
 }
 

@@ -96,6 +96,7 @@ fn rendered_examples_load() {
         "approval-via-another-bridge",
         "per-agent",
         "discord-approved-by-email",
+        "slack",
         "effects",
         "sentinels",
         "cluster",
@@ -142,6 +143,11 @@ const SETTINGS: &[(&str, SettingsCheck)] = &[
     }),
     (<discord::Discord as Bridge>::TYPE, |c, name| {
         discord::settings(c, name)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }),
+    (<slack::Slack as Bridge>::TYPE, |c, name| {
+        slack::settings(c, name)
             .map(|_| ())
             .map_err(|e| e.to_string())
     }),

@@ -16,6 +16,7 @@ mod ledger;
 mod ping;
 mod retention;
 mod servers;
+mod slack;
 mod soak;
 mod supervisor;
 mod web;

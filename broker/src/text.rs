@@ -1,0 +1,100 @@
+//! Text rules every chat surface shares: cutting long content into messages
+//! without losing a character, and reading a typed answer to a card.
+//!
+//! Invariant: [`split`] drops only the separators it cut at (one newline or
+//! one space per cut), so the parts joined with them give the content back.
+
+use crate::approval::Verdict;
+
+/// Splits `content` into messages of at most `limit` units (as `width`
+/// counts a character: UTF-16 units on Discord, characters on Slack), on line
+/// boundaries, else on word boundaries, else between characters.
+pub fn split(content: &str, limit: usize, width: fn(char) -> usize) -> Vec<String> {
+    let units = |s: &str| s.chars().map(width).sum::<usize>();
+    if units(content) <= limit {
+        return vec![content.to_string()];
+    }
+    let mut parts = Vec::new();
+    let mut rest = content;
+    while units(rest) > limit {
+        // The longest prefix within the limit, by characters.
+        let mut end = 0;
+        let mut count = 0;
+        for (i, c) in rest.char_indices() {
+            if count + width(c) > limit {
+                break;
+            }
+            count += width(c);
+            end = i + c.len_utf8();
+        }
+        let window = &rest[..end];
+        let cut = window
+            .rfind('\n')
+            .or_else(|| window.rfind(' '))
+            .filter(|i| *i > 0);
+        match cut {
+            // Split at the separator and drop it (it is implied between messages).
+            Some(i) => {
+                parts.push(rest[..i].to_string());
+                rest = &rest[i + 1..];
+            }
+            None => {
+                parts.push(window.to_string());
+                rest = &rest[end..];
+            }
+        }
+    }
+    parts.push(rest.to_string());
+    parts
+}
+
+/// A typed answer to a card (a reply, a thread message): `approve ...` or
+/// `reject <reason>`; anything else is not an answer.
+pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
+    let text = text.trim();
+    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    match word
+        .trim_end_matches([':', ',', '.', '!'])
+        .to_ascii_lowercase()
+        .as_str()
+    {
+        "approve" | "approved" => Some((Verdict::Approved, String::new())),
+        "reject" | "rejected" => Some((Verdict::Rejected, rest.trim().to_string())),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splitting_keeps_everything() {
+        let text = format!("{}\n{}", "word ".repeat(700), "x".repeat(4500));
+        let parts = split(&text, 2000, char::len_utf16);
+        assert!(parts.iter().all(|p| p.encode_utf16().count() <= 2000));
+        // Words were split at spaces, the line at its newline, the long word nowhere.
+        let joined: String = parts.concat();
+        let original: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+        let rejoined: String = joined.chars().filter(|c| !c.is_whitespace()).collect();
+        assert_eq!(original, rejoined);
+        assert_eq!(split("short", 2000, char::len_utf16), vec!["short"]);
+        let emoji = "😀".repeat(1500); // 3000 UTF-16 units, 1500 characters
+        assert_eq!(split(&emoji, 2000, char::len_utf16).len(), 2);
+        assert_eq!(split(&emoji, 2000, |_| 1).len(), 1);
+        assert_eq!(split(&emoji, 2000, char::len_utf16).concat(), emoji);
+    }
+
+    #[test]
+    fn typed_answers() {
+        assert_eq!(
+            reply_verdict("reject too early"),
+            Some((Verdict::Rejected, "too early".into()))
+        );
+        assert_eq!(
+            reply_verdict("Approve!"),
+            Some((Verdict::Approved, String::new()))
+        );
+        assert_eq!(reply_verdict("maybe"), None);
+    }
+}

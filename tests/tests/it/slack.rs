@@ -1,0 +1,557 @@
+//! The Slack bridge: the real client crate (slack-morphism, in the real
+//! binaries) against a local Slack that speaks the Web API and Socket Mode
+//! (harness::slack).
+
+use std::time::Duration;
+
+use broker::{approval, keys};
+use harness::slack::{FakeSlack, Msg, APP_TOKEN, BOT_TOKEN, BOT_USER, OTHER_TEAM, TEAM};
+use harness::{inbox, stream, wait_until, Deployment};
+use serde_json::Value;
+
+/// Bounded wait on the local Slack (a Socket Mode round trip, and the
+/// client's own pacing of each method's tier).
+const PLATFORM_SOON: Duration = Duration::from_secs(30);
+const TALK: &str = "C0TALK001";
+const OPS: &str = "C0OPS0001";
+const BOSS: &str = "U0BOSS001";
+const STRANGER: &str = "U0STRANGE";
+
+const GATED: &str = "approval = { required = true, notify = \"sl\", notify_channel = \"C0OPS0001\", timeout = 0, approvers = [\"slack:U0BOSS001\"] }";
+
+fn deployment(fake: &FakeSlack, approval: &str) -> Deployment {
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.sl]
+type = "slack"
+bot_token_file = "{{dir}}/bot"
+app_token_file = "{{dir}}/app"
+team_id = "{TEAM}"
+api_base = "{api}"
+channels = ["{TALK}"]
+destinations = ["*"]
+{approval}
+"#,
+        api = fake.api_base(),
+    ));
+    std::fs::write(d.path("bot"), format!("{BOT_TOKEN}\n")).unwrap();
+    std::fs::write(d.path("app"), format!("{APP_TOKEN}\n")).unwrap();
+    d
+}
+
+async fn connected(fake: &FakeSlack) {
+    wait_until(
+        "the ingest connected over Socket Mode",
+        PLATFORM_SOON,
+        || async { fake.connected().then_some(()) },
+    )
+    .await;
+}
+
+async fn send(d: &Deployment, fields: &[(&str, &str)]) -> String {
+    let mut store = d.store().await;
+    let fields: Vec<(&str, &[u8])> = fields.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+    store.xadd("ann:sl:outbox", &fields).await.unwrap()
+}
+
+/// The bot's messages in `channel`.
+fn posted(fake: &FakeSlack, channel: &str) -> Vec<Msg> {
+    fake.with(|r| r.posted(channel).into_iter().cloned().collect())
+}
+
+/// The text of a delivered message's rich-text blocks, and its elements.
+fn elements(m: &Msg) -> Vec<Value> {
+    m.blocks[0]["elements"][0]["elements"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The `n`th card in OPS, once it is recorded as shown (answerable).
+async fn card(fake: &FakeSlack, d: &Deployment, n: usize) -> Msg {
+    let card = wait_until("an approval card", PLATFORM_SOON, || async {
+        posted(fake, OPS).get(n).cloned()
+    })
+    .await;
+    let store = d.store().await;
+    let external = format!("{OPS}:{}", card.ts);
+    wait_until("the card recorded as shown", PLATFORM_SOON, || {
+        let (mut store, external) = (store.clone(), external.clone());
+        async move {
+            let map = harness::hash(&mut store, &keys::approval_map("sl")).await;
+            map.contains_key(&external).then_some(())
+        }
+    })
+    .await;
+    card
+}
+
+fn external(m: &Msg) -> String {
+    format!("{}:{}", m.channel, m.ts)
+}
+
+/// The digest the card's buttons carry.
+fn digest(card: &Msg) -> String {
+    let blocks = card.blocks.as_array().unwrap();
+    blocks.last().unwrap()["elements"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn acked(fake: &FakeSlack, envelope: &str) {
+    wait_until("the envelope acknowledged", PLATFORM_SOON, || async {
+        fake.acked(envelope).then_some(())
+    })
+    .await;
+}
+
+/// The card's closing edit, as its status line.
+async fn closed(fake: &FakeSlack, card: &Msg) -> String {
+    wait_until("the card closed", PLATFORM_SOON, || async {
+        let m = fake.with(|r| r.at(&external(card)).cloned())?;
+        let last = m.edits.last()?;
+        last[0]["text"]["text"].as_str().map(String::from)
+    })
+    .await
+}
+
+async fn status_of(d: &Deployment) -> String {
+    let mut store = d.store().await;
+    let ids = approval::list_ids(&mut store).await.unwrap();
+    harness::hash(&mut store, &keys::approval(&ids[0])).await["status"].clone()
+}
+
+/// Agent text arrives as written: rich text Slack does not interpret
+/// (`*bold*`, links and `<!channel>` inert, a user mention real, as
+/// `mentions` allows by default), links not unfurled; `reply_to` threads it;
+/// 7,000 characters arrive whole in three messages, in order. A person's
+/// message in a listened channel reaches the inbox; another app's does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_verbatim_threaded_and_split_and_carries_inbound() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "");
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    let text = "hi <@U0ANN0001>, *ship* it <!channel> <https://evil.example|safe> & more";
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", text),
+            ("request_id", "r1"),
+        ],
+    )
+    .await;
+    let first = wait_until("a message", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    let els = elements(&first);
+    assert_eq!(els[0], serde_json::json!({"type": "text", "text": "hi "}));
+    assert_eq!(
+        els[1],
+        serde_json::json!({"type": "user", "user_id": "U0ANN0001"})
+    );
+    assert_eq!(
+        els[2]["text"], ", *ship* it <!channel> <https://evil.example|safe> & more",
+        "shown as written"
+    );
+    assert_eq!(els.len(), 3);
+    assert!(
+        !first.text.contains('<'),
+        "the fallback is escaped: {}",
+        first.text
+    );
+    assert_eq!(first.request["unfurl_links"], false);
+    assert_eq!(first.request["unfurl_media"], false);
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "in the thread"),
+            ("reply_to", &first.ts),
+        ],
+    )
+    .await;
+    let long: String = (0..1000).map(|i| format!("w{i:05} ")).collect();
+    send(&d, &[("channel_id", TALK), ("content", &long)]).await;
+    let all = wait_until(
+        "the thread reply and three parts",
+        PLATFORM_SOON,
+        || async {
+            let all = posted(&fake, TALK);
+            (all.len() == 5).then_some(all)
+        },
+    )
+    .await;
+    assert_eq!(all[1].thread_ts.as_deref(), Some(first.ts.as_str()));
+    let parts: Vec<String> = all[2..]
+        .iter()
+        .map(|m| elements(m)[0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert!(parts.iter().all(|p| p.chars().count() <= 3000));
+    assert_eq!(
+        parts.join(" "),
+        long.trim_end_matches(' ').to_string() + " ",
+        "whole, in order"
+    );
+
+    connected(&fake).await;
+    let (ts, env) = fake.say(TALK, "U0ANN0001", "a &lt;b&gt; c", None);
+    acked(&fake, &env).await;
+    let other = fake.app_says(TALK, "from another app");
+    acked(&fake, &other).await;
+    let inbound = inbox(&d, "sl:inbox").await;
+    assert_eq!(inbound.len(), 1, "{inbound:?}");
+    assert_eq!(
+        (
+            inbound[0]["content"].as_str(),
+            inbound[0]["message_id"].as_str(),
+            inbound[0]["author_id"].as_str()
+        ),
+        ("a <b> c", ts.as_str(), "U0ANN0001")
+    );
+    assert!(fake.with(|r| r.unexpected.is_empty()));
+}
+
+/// A card with Approve / Reject buttons carrying the version's digest. A
+/// press by a stranger, by the bot, from another workspace or with another
+/// digest decides nothing; the approver's Approve delivers once and closes
+/// the card. Reject opens a modal, and its reason reaches the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buttons_approve_and_the_modal_rejects_with_a_reason() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    let content = "Dear all,\n*the release* ships <!here>";
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", content),
+            ("request_id", "r1"),
+        ],
+    )
+    .await;
+    let first = card(&fake, &d, 0).await;
+    let sha = digest(&first);
+    let message = broker::entry::Message {
+        channel_id: TALK.to_string(),
+        content: content.to_string(),
+        ..Default::default()
+    };
+    assert_eq!(
+        sha,
+        message.sha256(),
+        "the buttons carry the whole-message digest"
+    );
+    let shown = first.blocks.to_string();
+    assert!(
+        shown.contains("rich_text_preformatted") && shown.contains("ships <!here>"),
+        "{shown}"
+    );
+    for (user, team, value) in [
+        (STRANGER, TEAM, sha.as_str()),
+        (BOT_USER, TEAM, sha.as_str()),
+        (BOSS, OTHER_TEAM, sha.as_str()),
+        (
+            BOSS,
+            TEAM,
+            "0000000000000000000000000000000000000000000000000000000000000000",
+        ),
+    ] {
+        let env = fake.press(&external(&first), user, team, slack::render::APPROVE, value);
+        acked(&fake, &env).await;
+    }
+    // The stranger's and the bot's are turned away by the ingest, the other
+    // workspace's ignored; the one with another digest reaches the asking
+    // outbox, which answers it (late) without deciding.
+    let store = d.store().await;
+    wait_until("the outbox answered the stale press", PLATFORM_SOON, || {
+        let mut store = store.clone();
+        async move {
+            let replies = stream(&mut store, &keys::replies("sl", "surface:sl")).await;
+            (!replies.is_empty()).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        status_of(&d).await,
+        "pending",
+        "nobody but the approver decides"
+    );
+    assert!(posted(&fake, TALK).is_empty());
+    let env = fake.press(&external(&first), BOSS, TEAM, slack::render::APPROVE, &sha);
+    acked(&fake, &env).await;
+    let delivered = wait_until("delivery", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    assert_eq!(
+        elements(&delivered)[0]["text"],
+        "Dear all,\n*the release* ships <!here>"
+    );
+    let status = closed(&fake, &first).await;
+    assert!(
+        status.contains("Approved") && status.contains(&format!("<@{BOSS}>")),
+        "{status}"
+    );
+
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "two"),
+            ("request_id", "r2"),
+        ],
+    )
+    .await;
+    let second = card(&fake, &d, 1).await;
+    let env = fake.press(
+        &external(&second),
+        BOSS,
+        TEAM,
+        slack::render::REJECT,
+        &digest(&second),
+    );
+    acked(&fake, &env).await;
+    wait_until("the reason modal opened", PLATFORM_SOON, || async {
+        fake.with(|r| (!r.views.is_empty()).then_some(()))
+    })
+    .await;
+    let env = fake.submit(0, BOSS, TEAM, "not before Monday");
+    acked(&fake, &env).await;
+    let notice = wait_until("the rejection notice", PLATFORM_SOON, || async {
+        inbox(&d, "ann:sl:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["request_id"] == "r2")
+    })
+    .await;
+    assert_eq!(
+        (
+            notice["status"].as_str(),
+            notice["reason"].as_str(),
+            notice["approver"].as_str()
+        ),
+        ("rejected", "not before Monday", "slack:U0BOSS001")
+    );
+    let status = closed(&fake, &second).await;
+    assert!(
+        status.contains("Rejected") && status.contains("not before Monday"),
+        "{status}"
+    );
+    assert_eq!(
+        posted(&fake, TALK).len(),
+        1,
+        "delivered once, the rejected one never"
+    );
+    assert!(stream(&mut d.store().await, &keys::dead("sl"))
+        .await
+        .is_empty());
+}
+
+/// A ✅ reaction approves, and `reject <reason>` in the card's thread
+/// rejects; the thread reply is an answer, not agent mail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reaction_approves_and_a_thread_reply_rejects() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "one"),
+            ("request_id", "r1"),
+        ],
+    )
+    .await;
+    let first = card(&fake, &d, 0).await;
+    let env = fake.react(&external(&first), STRANGER, "white_check_mark", TEAM);
+    acked(&fake, &env).await;
+    assert_eq!(status_of(&d).await, "pending");
+    let env = fake.react(&external(&first), BOSS, "white_check_mark", TEAM);
+    acked(&fake, &env).await;
+    wait_until("delivery", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "two"),
+            ("request_id", "r2"),
+        ],
+    )
+    .await;
+    let second = card(&fake, &d, 1).await;
+    let (_, env) = fake.say(OPS, BOSS, "reject too early", Some(&second.ts));
+    acked(&fake, &env).await;
+    let notice = wait_until("the rejection notice", PLATFORM_SOON, || async {
+        inbox(&d, "ann:sl:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["request_id"] == "r2")
+    })
+    .await;
+    assert_eq!(
+        (notice["status"].as_str(), notice["reason"].as_str()),
+        ("rejected", "too early")
+    );
+    assert!(
+        inbox(&d, "sl:inbox").await.is_empty(),
+        "answers are not agent mail"
+    );
+    assert_eq!(posted(&fake, TALK).len(), 1);
+}
+
+/// While the ingest is down: the approver reacts ✅ on one card, replies
+/// `reject not now` in another's thread, a stranger reacts on a third, and
+/// three messages are written in a listened channel. When the ingest
+/// connects, the first is delivered, the second rejected with its reason,
+/// the third still waits, and the three messages reach the inbox in order.
+/// Restarted again, nothing is carried or decided twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    for (content, request) in [("one", "r1"), ("two", "r2"), ("three", "r3")] {
+        send(
+            &d,
+            &[
+                ("channel_id", TALK),
+                ("content", content),
+                ("request_id", request),
+            ],
+        )
+        .await;
+    }
+    let (first, second, third) = (
+        card(&fake, &d, 0).await,
+        card(&fake, &d, 1).await,
+        card(&fake, &d, 2).await,
+    );
+    // A saved position: the ingest carried one message before it stopped.
+    let (_, env) = fake.say(TALK, "U0ANN0001", "before", None);
+    acked(&fake, &env).await;
+    assert_eq!(ingest.stop(), Some(0));
+    wait_until("the connection closed", PLATFORM_SOON, || async {
+        (!fake.connected()).then_some(())
+    })
+    .await;
+    fake.react(&external(&first), BOSS, "white_check_mark", TEAM);
+    fake.say(OPS, BOSS, "reject not now", Some(&second.ts));
+    fake.react(&external(&third), STRANGER, "white_check_mark", TEAM);
+    for text in ["m1", "m2", "m3"] {
+        fake.say(TALK, "U0ANN0001", text, None);
+    }
+    assert!(fake.with(|r| r.dropped) >= 6, "nobody listened");
+    let ingest = d.process("cowboy-slack-ingest", "sl");
+    wait_until("the approved message delivered", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    let rejected = wait_until("the rejection notice", PLATFORM_SOON, || async {
+        inbox(&d, "ann:sl:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["request_id"] == "r2")
+    })
+    .await;
+    assert_eq!(
+        (rejected["status"].as_str(), rejected["reason"].as_str()),
+        ("rejected", "not now")
+    );
+    let carried = wait_until("the three messages carried", PLATFORM_SOON, || async {
+        let all = inbox(&d, "sl:inbox").await;
+        (all.len() == 4).then_some(all)
+    })
+    .await;
+    let texts: Vec<&str> = carried.iter().map(|m| m["content"].as_str()).collect();
+    assert_eq!(texts, ["before", "m1", "m2", "m3"]);
+    assert_eq!(ingest.stop(), Some(0));
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    let (_, env) = fake.say(TALK, "U0ANN0001", "after", None);
+    acked(&fake, &env).await;
+    let texts: Vec<String> = inbox(&d, "sl:inbox")
+        .await
+        .iter()
+        .map(|m| m["content"].clone())
+        .collect();
+    assert_eq!(
+        texts,
+        ["before", "m1", "m2", "m3", "after"],
+        "nothing twice"
+    );
+    assert_eq!(posted(&fake, TALK).len(), 1, "delivered once");
+    let mut store = d.store().await;
+    let ids = approval::list_ids(&mut store).await.unwrap();
+    assert_eq!(
+        ids.len(),
+        1,
+        "the stranger decided nothing: the third waits"
+    );
+}
+
+/// A revoked bot token or a token of another workspace stops the services
+/// with a configuration error naming the key (exit 78), and nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_token_stops_the_bridge_naming_the_key() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "");
+    std::fs::write(d.path("bot"), "xoxb-revoked\n").unwrap();
+    send(&d, &[("channel_id", TALK), ("content", "kept")]).await;
+    let outbox = d.process("cowboy-slack-outbox", "sl");
+    assert_eq!(outbox.wait_code(PLATFORM_SOON), Some(78));
+    let ingest = d.process("cowboy-slack-ingest", "sl");
+    assert_eq!(ingest.wait_code(PLATFORM_SOON), Some(78));
+    let log = std::fs::read_to_string(d.path("cowboy-slack-ingest-sl.log")).unwrap();
+    assert!(log.contains("`bridges.sl.bot_token_file`"), "{log}");
+    std::fs::write(d.path("bot"), format!("{BOT_TOKEN}\n")).unwrap();
+    std::fs::write(d.path("app"), "xapp-wrong\n").unwrap();
+    let ingest = d.process("cowboy-slack-ingest", "sl");
+    assert_eq!(ingest.wait_code(PLATFORM_SOON), Some(78));
+    let log = std::fs::read_to_string(d.path("cowboy-slack-ingest-sl.log")).unwrap();
+    assert!(log.contains("`bridges.sl.app_token_file`"), "{log}");
+    let outbox = d.process("cowboy-slack-outbox", "sl");
+    wait_until("the waiting message delivered", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    assert_eq!(outbox.stop(), Some(0));
+    assert_eq!(posted(&fake, TALK).len(), 1);
+    assert_eq!(elements(&posted(&fake, TALK)[0])[0]["text"], "kept");
+}
+
+/// A 429 on `chat.postMessage` is waited out (its `Retry-After`) and the
+/// message is posted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_post_is_waited_out_and_posted_once() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "");
+    fake.rate_limit("chat.postMessage", 2);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    send(&d, &[("channel_id", TALK), ("content", "patience")]).await;
+    wait_until("delivery", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    assert_eq!(
+        fake.with(|r| r.rate_limited.get("chat.postMessage").copied()),
+        Some(2)
+    );
+    assert_eq!(posted(&fake, TALK).len(), 1);
+}
