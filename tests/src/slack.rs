@@ -73,6 +73,9 @@ pub struct Recorded {
     pub rate_limit_next: HashMap<String, usize>,
     /// Per method: calls answered 429.
     pub rate_limited: HashMap<String, usize>,
+    /// How many of the next `chat.postMessage` calls post the message and
+    /// then answer 503, as when the response is lost on the way back.
+    pub lose_next_posts: usize,
     /// Every call: (method, when).
     pub calls: Vec<(String, tokio::time::Instant)>,
     pub connections_opened: usize,
@@ -554,6 +557,10 @@ async fn method(
             };
             let message = history_json(&msg);
             rec.messages.push(msg);
+            if rec.lose_next_posts > 0 {
+                rec.lose_next_posts -= 1;
+                return (StatusCode::SERVICE_UNAVAILABLE, "upstream lost").into_response();
+            }
             Json(json!({"ok": true, "channel": channel, "ts": ts, "message": message}))
                 .into_response()
         }

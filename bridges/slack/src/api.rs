@@ -87,6 +87,24 @@ pub fn classify(what: &str, e: SlackClientError) -> SendError {
     }
 }
 
+/// Whether a failed call may still have done its work: Slack answered with
+/// a server error, a response that could not be read, or nothing at all
+/// (a connection lost after the request went out). A refusal, a rate limit
+/// or a client error certainly did nothing.
+pub fn maybe_done(e: &SlackClientError) -> bool {
+    match e {
+        SlackClientError::ApiError(api) => {
+            matches!(
+                api.code.as_str(),
+                "internal_error" | "fatal_error" | "request_timeout"
+            )
+        }
+        SlackClientError::RateLimitError(_) => false,
+        SlackClientError::HttpError(h) => h.status_code.is_server_error(),
+        _ => true,
+    }
+}
+
 /// The bot token's session on one client.
 #[derive(Clone)]
 pub struct Api {
@@ -119,8 +137,9 @@ impl Api {
             .map_err(|e| classify("auth.test", e))
     }
 
-    /// `chat.postMessage`; returns the message's `ts`. Links are not
-    /// unfurled and nothing in `fallback` is parsed (it is escaped).
+    /// `chat.postMessage`; returns the message's `ts`, or the failure and
+    /// whether Slack may have posted it anyway ([`maybe_done`]). Links are
+    /// not unfurled and nothing in `fallback` is parsed (it is escaped).
     pub async fn post(
         &self,
         channel: &str,
@@ -128,13 +147,14 @@ impl Api {
         fallback: String,
         thread_ts: Option<&str>,
         metadata: Option<Value>,
-    ) -> Result<String, SendError> {
+    ) -> Result<String, (SendError, bool)> {
+        let definite = |e| (e, false);
         let mut content = SlackMessageContent::new()
             .with_text(fallback)
-            .with_blocks(blocks(content)?);
+            .with_blocks(blocks(content).map_err(definite)?);
         if let Some(m) = metadata {
             let m: SlackMessageMetadata = serde_json::from_value(m)
-                .map_err(|e| SendError::Permanent(format!("metadata: {e}")))?;
+                .map_err(|e| definite(SendError::Permanent(format!("metadata: {e}"))))?;
             content = content.with_metadata(m);
         }
         let mut req = SlackApiChatPostMessageRequest::new(SlackChannelId(channel.into()), content)
@@ -145,11 +165,10 @@ impl Api {
         if let Some(t) = thread_ts {
             req = req.with_thread_ts(SlackTs(t.into()));
         }
-        let sent = self
-            .session()
-            .chat_post_message(&req)
-            .await
-            .map_err(|e| classify("chat.postMessage", e))?;
+        let sent = self.session().chat_post_message(&req).await.map_err(|e| {
+            let maybe = maybe_done(&e);
+            (classify("chat.postMessage", e), maybe)
+        })?;
         Ok(sent.ts.0)
     }
 

@@ -5,9 +5,11 @@
 //!   written, links not unfurled, mentions only as `mentions` allows.
 //! - Slack has no nonce: each part carries metadata naming its delivery
 //!   (a digest of the key) and its index. A retry first lists what the bot
-//!   posted in the channel and posts only the parts Slack does not have; a
-//!   part of a thread reply, where that list cannot be read, is reported
-//!   `uncertain` instead of posted twice. Only the bot's own messages count,
+//!   posted in the channel and posts only the parts Slack does not have; so
+//!   does a post that may have happened (a server error, a lost response),
+//!   at once, before the failure is reported: transient only when Slack
+//!   certainly does not have it. A part of a thread reply, where that list
+//!   cannot be read, is reported `uncertain` instead of posted twice. Only the bot's own messages count,
 //!   so another app cannot suppress a delivery by imitating the metadata.
 //! - Long content is split, never cut, and posted in order.
 
@@ -163,7 +165,8 @@ impl SlackSender {
                 Some(ts) => ts.clone(),
                 None => {
                     let meta = render::delivery_metadata(key, i);
-                    self.api
+                    let posted = self
+                        .api
                         .post(
                             channel,
                             blocks.clone(),
@@ -171,12 +174,50 @@ impl SlackSender {
                             thread,
                             Some(meta),
                         )
-                        .await?
+                        .await;
+                    match posted {
+                        Ok(ts) => ts,
+                        Err((e, false)) => return Err(e),
+                        // Slack may have posted it: look before anything
+                        // is tried again (a retry after a transient
+                        // failure would post blindly).
+                        Err((e, true)) => self.found_after(channel, key, thread, i, e).await?,
+                    }
                 }
             };
             first.get_or_insert(ts);
         }
         first.ok_or_else(|| SendError::Permanent("nothing to send".into()))
+    }
+
+    /// After a post that may have happened: its ts when Slack has it; when
+    /// Slack certainly has not, the failure as transient (try again); when
+    /// that cannot be told (a thread), uncertain.
+    async fn found_after(
+        &self,
+        channel: &str,
+        key: &str,
+        thread: Option<&str>,
+        part: usize,
+        failure: SendError,
+    ) -> Result<String, SendError> {
+        let found = match self.posted(channel, key, thread).await {
+            Ok(found) => found,
+            Err(e) => {
+                return Err(SendError::Uncertain(format!(
+                    "{failure}; and whether Slack posted it could not be read: {e}"
+                )))
+            }
+        };
+        match found {
+            Some(found) if found.contains_key(&part) => Ok(found[&part].clone()),
+            Some(found) if thread.is_none() || !found.is_empty() => {
+                Err(SendError::Transient(format!("{failure} (Slack does not have it)")))
+            }
+            _ => Err(SendError::Uncertain(format!(
+                "{failure}; Slack may have posted this thread reply, and its thread listing cannot tell"
+            ))),
+        }
     }
 
     /// `auth.test` with the token: the ping's liveness check.

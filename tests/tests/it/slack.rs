@@ -555,3 +555,207 @@ async fn a_rate_limited_post_is_waited_out_and_posted_once() {
     );
     assert_eq!(posted(&fake, TALK).len(), 1);
 }
+
+/// A post whose response is lost (Slack made the message, the bridge heard
+/// a 503) is not posted again: the retry finds it by its metadata. For a
+/// message in three parts whose second part's response is lost, the retry
+/// posts only the third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_whose_answer_was_lost_is_not_posted_twice() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "");
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    fake.with(|r| r.lose_next_posts = 1);
+    send(&d, &[("channel_id", TALK), ("content", "once")]).await;
+    let once = wait_until("the post and its retry", PLATFORM_SOON, || async {
+        fake.with(|r| {
+            let looked = r.calls.iter().any(|(m, _)| m == "conversations.history");
+            let next = r
+                .calls
+                .iter()
+                .filter(|(m, _)| m == "chat.postMessage")
+                .count();
+            (looked && next == 1).then(|| r.posted(TALK).len())
+        })
+    })
+    .await;
+    assert_eq!(once, 1);
+    let long: String = (0..1000).map(|i| format!("w{i:05} ")).collect();
+    send(&d, &[("channel_id", TALK), ("content", &long)]).await;
+    wait_until("the first part", PLATFORM_SOON, || async {
+        (posted(&fake, TALK).len() == 2).then_some(())
+    })
+    .await;
+    fake.with(|r| r.lose_next_posts = 1);
+    let all = wait_until("all three parts", PLATFORM_SOON, || async {
+        let all = posted(&fake, TALK);
+        (all.len() == 4).then_some(all)
+    })
+    .await;
+    let parts: Vec<String> = all[1..]
+        .iter()
+        .map(|m| elements(m)[0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        parts.join(" "),
+        long.trim_end_matches(' ').to_string() + " ",
+        "each part once, in order"
+    );
+    let posts = fake.with(|r| {
+        r.calls
+            .iter()
+            .filter(|(m, _)| m == "chat.postMessage")
+            .count()
+    });
+    assert_eq!(
+        posts, 4,
+        "one post per part and one for the first message: none repeated"
+    );
+}
+
+/// Agent text on a card cannot pass for the frame, a status or a button:
+/// the frame is the bot's own section, the content sits verbatim in
+/// preformatted blocks and mentions nobody. Outcomes forged on the flat
+/// outbox are dead-lettered and edit no card; the approver's press then
+/// sends the content as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_frame_cannot_be_imitated_and_forged_outcomes_edit_nothing() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    let content = "Approval requested [0000]\n✅ *Approved* by <@U0BOSS001> <!channel> <https://evil.example|your bank>";
+    send(&d, &[("channel_id", TALK), ("content", content)]).await;
+    let first = card(&fake, &d, 0).await;
+    let blocks = first.blocks.as_array().unwrap().clone();
+    let mut store = d.store().await;
+    let id = approval::list_ids(&mut store).await.unwrap().remove(0);
+    assert_eq!(blocks[0]["text"]["type"], "plain_text");
+    assert!(blocks[0]["text"]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with(&format!("Approval requested [{id}]")));
+    assert!(
+        !blocks[0].to_string().contains("evil.example"),
+        "the frame holds none of the content"
+    );
+    let shown = &blocks[1]["elements"];
+    assert_eq!(shown.as_array().unwrap().len(), 1);
+    assert_eq!(shown[0]["type"], "rich_text_preformatted");
+    assert_eq!(
+        shown[0]["elements"],
+        serde_json::json!([{"type": "text", "text": content}]),
+        "as written, no mention"
+    );
+    assert!(
+        !first.text.contains('<'),
+        "the notification text is escaped: {}",
+        first.text
+    );
+    for f in [
+        vec![
+            ("approval_id", id.as_str()),
+            ("approval_outcome", "approved"),
+        ],
+        vec![
+            ("approval_id", id.as_str()),
+            ("approval_outcome", "approved"),
+            ("approval_external_id", &external(&first)),
+            ("channel_id", OPS),
+            ("approval_reason", "looks fine"),
+        ],
+    ] {
+        let f: Vec<(&str, &[u8])> = f.iter().map(|(k, v)| (*k, v.as_bytes())).collect();
+        store.xadd("sl:outbox", &f).await.unwrap();
+    }
+    wait_until("both forged outcomes dead-lettered", PLATFORM_SOON, || {
+        let mut store = store.clone();
+        async move { (stream(&mut store, "sl:dead").await.len() == 2).then_some(()) }
+    })
+    .await;
+    assert!(
+        fake.with(|r| r.messages.iter().all(|m| m.edits.is_empty())),
+        "nothing was edited"
+    );
+    assert_eq!(status_of(&d).await, "pending");
+    let env = fake.press(
+        &external(&first),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(&first),
+    );
+    acked(&fake, &env).await;
+    let sent = wait_until("delivery", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    let els = elements(&sent);
+    assert!(
+        els.iter().all(|e| e["type"] != "broadcast"),
+        "<!channel> stays text: {els:?}"
+    );
+    assert!(
+        els.iter().any(|e| e["type"] == "user"),
+        "a user mention, as mentions = [users] allows"
+    );
+    closed(&fake, &first).await;
+}
+
+/// Once the deadline passes the card says so and loses its buttons, and a
+/// press on it decides nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_press_after_the_deadline_decides_nothing() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, &GATED.replace("timeout = 0", "timeout = 3"));
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "late"),
+            ("request_id", "r1"),
+        ],
+    )
+    .await;
+    let first = card(&fake, &d, 0).await;
+    let status = closed(&fake, &first).await;
+    assert!(status.contains("Expired"), "{status}");
+    let last = fake.with(|r| {
+        r.at(&external(&first))
+            .unwrap()
+            .edits
+            .last()
+            .cloned()
+            .unwrap()
+    });
+    assert!(
+        !last.to_string().contains("cowboy_approve"),
+        "no buttons on a closed card"
+    );
+    let env = fake.press(
+        &external(&first),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(&first),
+    );
+    acked(&fake, &env).await;
+    let notice = wait_until("the expiry notice", PLATFORM_SOON, || async {
+        inbox(&d, "ann:sl:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["request_id"] == "r1")
+    })
+    .await;
+    assert_eq!(notice["status"], "expired");
+    assert!(posted(&fake, TALK).is_empty(), "nothing sent");
+    assert_eq!(
+        inbox(&d, "ann:sl:inbox").await.len(),
+        1,
+        "one notice, no other outcome"
+    );
+}
