@@ -118,6 +118,8 @@ destinations = ["*"]
             approval_extra = self.approval_extra,
             channel = if self.desk.contains("discord") {
                 "222222222222222222"
+            } else if self.desk.contains("slack") {
+                "C0OPS0001"
             } else {
                 "ops"
             },
@@ -566,6 +568,92 @@ async fn discord_services_run_under_their_acl_users() {
     let logs: String = [
         "cowboy-discord-outbox-desk.log",
         "cowboy-discord-ingest-desk.log",
+    ]
+    .iter()
+    .map(|f| std::fs::read_to_string(d.path(f)).unwrap_or_default())
+    .collect();
+    assert!(
+        !logs.contains("NOPERM") && !logs.contains("refused"),
+        "{logs}"
+    );
+    assert!(stream(&mut admin, "desk:dead").await.is_empty());
+}
+
+/// The Slack bridge's services (the real binaries) work under exactly the
+/// rules `cowboy acl` renders: a console bridge's message is approved by a
+/// press on a Slack card, and a message in a listened channel reaches the
+/// inbox (the ingest's position saved with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_services_run_under_their_acl_users() {
+    use harness::slack::{FakeSlack, APP_TOKEN, BOT_TOKEN, TEAM};
+    let fake = FakeSlack::start(&["C0OPS0001"]).await;
+    let desk = format!(
+        "type = \"slack\"\nbot_token_file = \"{{dir}}/bot\"\napp_token_file = \"{{dir}}/app\"\nteam_id = \"{TEAM}\"\napi_base = \"{}\"\nchannels = [\"C0OPS0001\"]",
+        fake.api_base(),
+    );
+    let secrets = Secrets::with_desk(&desk, "slack:U0BOSS001");
+    let (d, _) = secrets.deployment();
+    std::fs::write(d.path("bot"), BOT_TOKEN).unwrap();
+    std::fs::write(d.path("app"), APP_TOKEN).unwrap();
+    let _procs: Vec<harness::Process> = [
+        ("cowboy-console-outbox", "mail"),
+        ("cowboy-slack-outbox", "desk"),
+        ("cowboy-slack-ingest", "desk"),
+        ("cowboy-slack-ping", "desk"),
+    ]
+    .iter()
+    .map(|(b, n)| d.process(b, n))
+    .collect();
+    wait_until("the Socket Mode connection", SOON, || async {
+        fake.connected().then_some(())
+    })
+    .await;
+    ann_writes(&d, &secrets, "under ACL").await;
+    let mut admin = d.store().await;
+    let card = wait_until("a card recorded as shown", SOON, || {
+        let mut admin = admin.clone();
+        let card = fake.with(|r| r.posted("C0OPS0001").first().map(|m| (*m).clone()));
+        async move {
+            let card = card?;
+            let map = harness::hash(&mut admin, &keys::approval_map("desk")).await;
+            map.contains_key(&format!("C0OPS0001:{}", card.ts))
+                .then_some(card)
+        }
+    })
+    .await;
+    let digest = card.blocks.as_array().unwrap().last().unwrap()["elements"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fake.press(
+        &format!("C0OPS0001:{}", card.ts),
+        "U0BOSS001",
+        TEAM,
+        slack::render::APPROVE,
+        &digest,
+    );
+    let sent = wait_until("delivery", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "under ACL");
+    let (_, env) = fake.say("C0OPS0001", "U0ANN0001", "hello desk", None);
+    wait_until("the message carried", SOON, || async {
+        fake.acked(&env).then_some(())
+    })
+    .await;
+    assert_eq!(stream(&mut admin, "desk:inbox").await.len(), 1);
+    wait_until("the ping's auth.test under its ACL user", SOON, || {
+        let mut admin = admin.clone();
+        async move {
+            let b = harness::hash(&mut admin, &keys::heartbeat("desk")).await;
+            (b.get("platform").map(String::as_str) == Some("ok")).then_some(())
+        }
+    })
+    .await;
+    let logs: String = [
+        "cowboy-slack-outbox-desk.log",
+        "cowboy-slack-ingest-desk.log",
     ]
     .iter()
     .map(|f| std::fs::read_to_string(d.path(f)).unwrap_or_default())
