@@ -48,8 +48,11 @@ pub fn split(content: &str, limit: usize, width: fn(char) -> usize) -> Vec<Strin
     parts
 }
 
-/// A typed answer to a card (a reply, a thread message): `approve ...` or
-/// `reject <reason>`; anything else is not an answer.
+/// A typed answer to a card (a reply, a thread message): `approve` alone
+/// (trailing punctuation allowed), or `reject <reason>`; anything else is
+/// not an answer. An approval carries no words after it: "approve once CI
+/// is green" or "approved by legal?" is a condition or a question, and a
+/// condition the broker cannot check must not pass for a yes.
 pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
     let text = text.trim();
     let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
@@ -58,7 +61,9 @@ pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
         .to_ascii_lowercase()
         .as_str()
     {
-        "approve" | "approved" => Some((Verdict::Approved, String::new())),
+        "approve" | "approved" if rest.trim().is_empty() => {
+            Some((Verdict::Approved, String::new()))
+        }
         "reject" | "rejected" => Some((Verdict::Rejected, rest.trim().to_string())),
         _ => None,
     }
@@ -96,5 +101,16 @@ mod tests {
             Some((Verdict::Approved, String::new()))
         );
         assert_eq!(reply_verdict("maybe"), None);
+        for conditional in [
+            "approve once CI is green",
+            "Approved by legal yet?",
+            "approve?",
+        ] {
+            assert_eq!(reply_verdict(conditional), None, "{conditional}");
+        }
+        assert_eq!(
+            reply_verdict("  approved. "),
+            Some((Verdict::Approved, String::new()))
+        );
     }
 }

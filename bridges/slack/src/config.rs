@@ -14,9 +14,13 @@ pub struct SlackSettings {
     /// File holding the app-level token (`xapp-…`, scope
     /// `connections:write`): Socket Mode, so no public endpoint is needed.
     pub app_token_file: PathBuf,
-    /// The workspace (`T…`) the app is installed in. Events and button
-    /// presses from any other workspace (a Slack Connect channel, say) decide
-    /// nothing and carry nothing; the bot token must belong to it.
+    /// The workspace (`T…`) the app is installed in; the bot token must
+    /// belong to it. Events and presses Slack delivers for another workspace
+    /// are ignored, and a press or a modal from a person of another
+    /// workspace decides nothing. In a Slack Connect channel shared with
+    /// another workspace its people's messages are still carried (Slack
+    /// delivers them as this workspace's events), and only configured
+    /// approvers can decide.
     pub team_id: String,
     /// Channel ids (`C…`, `G…`) the ingest listens in: messages there become
     /// inbox entries.
@@ -72,6 +76,23 @@ pub fn is_slack_id(id: &str, prefixes: &[char]) -> bool {
         && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
 }
 
+/// Whether `url` is plain http to this machine: its host (no user part,
+/// which would make what follows `@` the host) is a loopback address.
+pub fn is_loopback_http(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return false;
+    }
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    matches!(host, "127.0.0.1" | "localhost" | "::1")
+}
+
 impl SlackSettings {
     /// Checks what serde cannot, naming the key.
     pub fn validate(&self, bridge: &str) -> Result<(), ConfigError> {
@@ -91,13 +112,7 @@ impl SlackSettings {
             }
         }
         if let Some(v) = &self.api_base {
-            let loopback = ["http://127.0.0.1", "http://[::1]", "http://localhost"]
-                .iter()
-                .any(|p| {
-                    v.strip_prefix(p)
-                        .is_some_and(|rest| rest.is_empty() || rest.starts_with([':', '/']))
-                });
-            if !(v.starts_with("https://") || loopback) {
+            if !(v.starts_with("https://") || is_loopback_http(v)) {
                 return invalid(
                     format!("bridges.{bridge}.api_base"),
                     format!("`{v}` is not an https:// URL (plain http only to loopback: the token travels with each request)"),
@@ -138,6 +153,26 @@ mod tests {
             "C0123ABCD\n",
         ] {
             assert!(!is_slack_id(bad, &['C', 'G']), "{bad}");
+        }
+    }
+
+    #[test]
+    fn plain_http_only_to_this_machine() {
+        for ok in [
+            "http://127.0.0.1:8080/api",
+            "http://localhost/api",
+            "http://[::1]:9/api",
+        ] {
+            assert!(is_loopback_http(ok), "{ok}");
+        }
+        for bad in [
+            "http://127.0.0.1:@proxy.example.net/api",
+            "http://127.0.0.1.example.net/api",
+            "http://localhost@evil/api",
+            "https://127.0.0.1/api",
+            "http://example.org/api",
+        ] {
+            assert!(!is_loopback_http(bad), "{bad}");
         }
     }
 }

@@ -119,6 +119,8 @@ pub struct Handler {
     bot_user: String,
     bot_id: Option<String>,
     carried: std::sync::Mutex<Carried>,
+    /// (card, user, verdict) answers a catch-up handed on.
+    handed: std::sync::Mutex<HashSet<(String, String, bool)>>,
 }
 
 /// Slack's text of a message with its three entities decoded, so the agent
@@ -152,6 +154,7 @@ impl Handler {
             bot_user,
             bot_id,
             carried: Default::default(),
+            handed: Default::default(),
         }
     }
 
@@ -503,72 +506,13 @@ impl Handler {
         };
         let mut answers = 0;
         for (card, approval_id) in cards {
-            let Ok((channel, ts)) = crate::send::parse_external(&card) else {
-                continue;
-            };
-            let record = self
-                .ingest
-                .lock()
-                .await
-                .approvals()
-                .load(&approval_id)
-                .await?;
-            let Some(record) = record.filter(|r| !r.is_settled()) else {
-                continue;
-            };
-            let counted = |user: &str| {
-                let who = broker::identity::Identity::on("slack", user);
-                record.approvals.iter().any(|a| a == who.as_str())
-            };
-            let mut said: Vec<(Verdict, String, String)> = Vec::new();
-            let reactions = self
-                .api
-                .reactions(channel, ts)
-                .await
-                .map_err(|e| failed("reactions.get", e))?;
-            for r in reactions {
-                let Some(verdict) = render::reaction_verdict(
-                    &r.name.0,
-                    &self.settings.approve_emoji,
-                    &self.settings.reject_emoji,
-                ) else {
-                    continue;
-                };
-                for u in r.users.iter().filter(|u| u.0 != self.bot_user) {
-                    said.push((verdict, u.0.clone(), String::new()));
+            // Each card on its own: one that cannot be read (deleted by an
+            // admin, say) holds up no other.
+            match self.catch_up_card(&card, &approval_id).await {
+                Ok(n) => answers += n,
+                Err(e) => {
+                    tracing::warn!(card = %card, error = %e, "answers given meanwhile on this card were not caught up")
                 }
-            }
-            let mut cursor = None;
-            loop {
-                let (page, next) = self
-                    .api
-                    .replies(channel, ts, cursor)
-                    .await
-                    .map_err(|e| failed("conversations.replies", e))?;
-                for m in page
-                    .iter()
-                    .filter(|m| m.origin.ts.0 != ts && !self.by_app(&m.sender))
-                {
-                    let (Some(user), Some(text)) = (&m.sender.user, &m.content.text) else {
-                        continue;
-                    };
-                    if let Some((verdict, reason)) = broker::text::reply_verdict(&unescape(text)) {
-                        said.push((verdict, user.0.clone(), reason));
-                    }
-                }
-                match next {
-                    Some(n) => cursor = Some(n),
-                    None => break,
-                }
-            }
-            // One rejection rejects, whatever order Slack lists them in.
-            said.sort_by_key(|(verdict, ..)| *verdict != Verdict::Rejected);
-            for (verdict, user, reason) in said {
-                if verdict == Verdict::Approved && counted(&user) {
-                    continue;
-                }
-                answers += 1;
-                self.answer(&card, verdict, &user, &reason, "").await?;
             }
         }
         if answers > 0 {
@@ -578,6 +522,95 @@ impl Handler {
             );
         }
         Ok(())
+    }
+
+    /// One card's reactions and thread replies, answered as if heard live;
+    /// returns how many answers were handed on.
+    async fn catch_up_card(&self, card: &str, approval_id: &str) -> Result<usize> {
+        let Ok((channel, ts)) = crate::send::parse_external(card) else {
+            return Ok(0);
+        };
+        let record = self
+            .ingest
+            .lock()
+            .await
+            .approvals()
+            .load(approval_id)
+            .await?;
+        let Some(record) = record.filter(|r| !r.is_settled()) else {
+            return Ok(0);
+        };
+        let counted = |user: &str| {
+            let who = broker::identity::Identity::on("slack", user);
+            record.approvals.iter().any(|a| a == who.as_str())
+        };
+        let mut said: Vec<(Verdict, String, String)> = Vec::new();
+        let reactions = self
+            .api
+            .reactions(channel, ts)
+            .await
+            .map_err(|e| failed("reactions.get", e))?;
+        for r in reactions {
+            let Some(verdict) = render::reaction_verdict(
+                &r.name.0,
+                &self.settings.approve_emoji,
+                &self.settings.reject_emoji,
+            ) else {
+                continue;
+            };
+            for u in r.users.iter().filter(|u| u.0 != self.bot_user) {
+                said.push((verdict, u.0.clone(), String::new()));
+            }
+        }
+        // As live: no edited reply, none with a subtype (a file, a reply
+        // also sent to the channel), no app's.
+        let plain = |m: &&SlackHistoryMessage| {
+            m.origin.ts.0 != ts
+                && !self.by_app(&m.sender)
+                && m.subtype.is_none()
+                && m.edited.is_none()
+        };
+        let mut cursor = None;
+        loop {
+            let (page, next) = self
+                .api
+                .replies(channel, ts, cursor)
+                .await
+                .map_err(|e| failed("conversations.replies", e))?;
+            for m in page.iter().filter(plain) {
+                let (Some(user), Some(text)) = (&m.sender.user, &m.content.text) else {
+                    continue;
+                };
+                if let Some((verdict, reason)) = broker::text::reply_verdict(&unescape(text)) {
+                    said.push((verdict, user.0.clone(), reason));
+                }
+            }
+            match next {
+                Some(n) => cursor = Some(n),
+                None => break,
+            }
+        }
+        // One rejection rejects, whatever order Slack lists them in.
+        said.sort_by_key(|(verdict, ..)| *verdict != Verdict::Rejected);
+        let mut answers = 0;
+        for (verdict, user, reason) in said {
+            if verdict == Verdict::Approved && counted(&user) {
+                continue;
+            }
+            // Handed on once per process: a stranger's reaction is not
+            // audited again on every reconnection.
+            let key = (card.to_string(), user.clone(), verdict == Verdict::Approved);
+            if !self.handed().insert(key) {
+                continue;
+            }
+            answers += 1;
+            self.answer(card, verdict, &user, &reason, "").await?;
+        }
+        Ok(answers)
+    }
+
+    fn handed(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String, bool)>> {
+        self.handed.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

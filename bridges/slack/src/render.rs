@@ -22,8 +22,11 @@ pub const LIMIT: usize = 3000;
 pub const CARD_CHUNK: usize = 2900;
 /// Preformatted blocks on one card (Slack takes 50 blocks per message).
 pub const CARD_CHUNKS: usize = 40;
-/// The most characters of the frame's section (Slack's limit is 3,000).
-const FRAME_CHARS: usize = 2900;
+/// The most characters of one frame line: twelve lines stay under the
+/// section's 3,000, so a long value (a subject of escaped invisible
+/// characters) is cut on its own line and never pushes the lines after it
+/// (size, digest, deadline, quorum) off the card.
+const LINE_CHARS: usize = 230;
 
 /// `action_id` of the approve button.
 pub const APPROVE: &str = "cowboy_approve";
@@ -165,11 +168,14 @@ fn deadline(record: &Record) -> String {
 
 /// The frame and the content (when given), as the card's blocks (no buttons).
 fn card_body(record: &Record, content: Option<&str>, how: &str) -> Vec<Value> {
-    let frame = frame_head(record, how).join("\n");
+    let frame: Vec<String> = frame_head(record, how)
+        .iter()
+        .map(|line| cut(line, LINE_CHARS, &record.id))
+        .collect();
     let mut blocks = vec![json!({
         "type": "section",
         "block_id": "cowboy_frame",
-        "text": plain(&cut(&frame, FRAME_CHARS, &record.id)),
+        "text": plain(&frame.join("\n")),
     })];
     if let Some(content) = content {
         blocks.push(content_block(record, content));
@@ -213,7 +219,7 @@ fn context_line(record: &Record) -> Value {
     }
     json!({
         "type": "context",
-        "elements": [{"type": "mrkdwn", "text": context.join(" · ")}],
+        "elements": [{"type": "mrkdwn", "text": context.join(" · "), "verbatim": true}],
     })
 }
 
@@ -251,13 +257,9 @@ pub fn card_fallback(record: &Record) -> String {
 pub fn status_line(record: &Record, outcome: &str) -> String {
     match outcome {
         "approved" => format!("✅ *Approved* by {} — sent.", who(record.approver())),
-        "rejected" => {
-            let reason = match record.reason() {
-                "" => String::new(),
-                r => format!(": {}", escape(r)),
-            };
-            format!("❌ *Rejected* by {}{reason}", who(record.approver()))
-        }
+        // The reason is shown below, as plain text: an approver's words
+        // (from any surface, an email body included) are never mrkdwn.
+        "rejected" => format!("❌ *Rejected* by {}", who(record.approver())),
         "expired" => "⌛ *Expired* — nobody decided in time; not sent.".to_string(),
         "superseded" => {
             "✏️ *Edited* by an approver — this version is void; decide on the new card.".to_string()
@@ -276,8 +278,16 @@ pub fn closed_blocks(record: &Record, outcome: &str) -> Value {
     let mut blocks = vec![json!({
         "type": "section",
         "block_id": "cowboy_status",
-        "text": {"type": "mrkdwn", "text": status_line(record, outcome)},
+        "text": {"type": "mrkdwn", "text": status_line(record, outcome), "verbatim": true},
     })];
+    if outcome == "rejected" && !record.reason().is_empty() {
+        let reason = format!("Reason: {}", display_safe(record.reason()));
+        blocks.push(json!({
+            "type": "section",
+            "block_id": "cowboy_reason",
+            "text": plain(&cut(&reason, 2900, &record.id)),
+        }));
+    }
     blocks.extend(card_body(record, None, "this approval is closed"));
     Value::Array(blocks)
 }
@@ -395,6 +405,23 @@ mod tests {
         );
         let frame = blocks[0]["text"]["text"].as_str().unwrap();
         assert!(frame.chars().count() <= 3000 && frame.starts_with("Approval requested"));
+        let invisible = Record {
+            subject: Some("\u{AD}".repeat(499)),
+            ..record.clone()
+        };
+        let card = card_blocks(&invisible, "c");
+        let frame = card[0]["text"]["text"].as_str().unwrap();
+        assert!(frame.chars().count() <= 3000, "{}", frame.chars().count());
+        for label in [
+            "Size:",
+            "Digest:",
+            "Deadline:",
+            "Edited:",
+            "Approvals:",
+            "To decide:",
+        ] {
+            assert!(frame.contains(label), "{label} kept: {frame}");
+        }
         let long = card_blocks(&record, &"z".repeat(CARD_CHUNK * (CARD_CHUNKS + 2)));
         parses(&long);
         assert!(long.as_array().unwrap().len() <= 50);

@@ -22,8 +22,11 @@ use tokio::sync::OnceCell;
 use crate::api::Api;
 use crate::render;
 
-/// How far back a retry looks for parts already posted.
-const LOOKBACK_SECS: u64 = 2 * 24 * 3600;
+/// How long before its stream entry was written a delivery's first part can
+/// be (clocks differ): the lookup reads history from then.
+const CLOCK_SLACK_SECS: u64 = 300;
+/// How far back the lookup reads when the key names no entry time.
+const LOOKBACK_SECS: u64 = 7 * 24 * 3600;
 /// Pages of history a retry reads at most (200 messages each).
 const LOOKBACK_PAGES: usize = 10;
 
@@ -58,6 +61,25 @@ pub fn parse_external(id: &str) -> Result<(&str, &str), SendError> {
     id.split_once(':')
         .filter(|(c, ts)| canonical_channel(c).is_ok() && is_ts(ts))
         .ok_or_else(|| SendError::Permanent(format!("`{id}` is not a Slack message (channel:ts)")))
+}
+
+/// When delivery `key` (`{stream}/{entry id}`, `#card` for a card) could
+/// first have been posted: its stream entry's time, less the clocks' slack;
+/// a week ago when the key names no time.
+fn since(key: &str) -> u64 {
+    let entry = key
+        .trim_end_matches("#card")
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    match entry
+        .split('-')
+        .next()
+        .and_then(|ms| ms.parse::<u64>().ok())
+    {
+        Some(ms) => (ms / 1000).saturating_sub(CLOCK_SLACK_SECS),
+        None => broker::now_secs().saturating_sub(LOOKBACK_SECS),
+    }
 }
 
 impl SlackSender {
@@ -106,7 +128,7 @@ impl SlackSender {
             let (page, next) = match thread {
                 Some(ts) => self.api.replies(channel, ts, cursor).await?,
                 None => {
-                    let oldest = broker::now_secs().saturating_sub(LOOKBACK_SECS);
+                    let oldest = since(key);
                     self.api
                         .history(channel, &format!("{oldest}.000000"), cursor)
                         .await?
@@ -122,7 +144,8 @@ impl SlackSender {
                 None => return Ok(Some(found)),
             }
         }
-        Ok((!found.is_empty()).then_some(found))
+        // More history than is read: what was posted cannot be told.
+        Ok(None)
     }
 
     /// Posts the parts of one delivery in order, skipping those a retry
@@ -327,5 +350,8 @@ mod tests {
         assert!(!is_ts("1700000000") && !is_ts(".1") && !is_ts("1.a"));
         assert!(parse_external("C0123ABCD:1700000000.000100").is_ok());
         assert!(parse_external("C0123ABCD").is_err());
+        assert_eq!(since("ann:sl:outbox/1796323365368-0"), 1796323365 - 300);
+        assert_eq!(since("sl:outbox/1796323365368-0#card"), 1796323365 - 300);
+        assert!(since("weird") > 1_700_000_000);
     }
 }
