@@ -71,6 +71,8 @@ pub struct Recorded {
     pub dropped: usize,
     /// Per method: how many of the next calls answer 429.
     pub rate_limit_next: HashMap<String, usize>,
+    /// Per method: the `Retry-After` of its 429s, in seconds (default 1).
+    pub retry_after: HashMap<String, u64>,
     /// Per method: calls answered 429.
     pub rate_limited: HashMap<String, usize>,
     /// How many of the next `chat.postMessage` calls post the message and
@@ -485,9 +487,10 @@ async fn method(
         if let Some(n) = rec.rate_limit_next.get_mut(&method).filter(|n| **n > 0) {
             *n -= 1;
             *rec.rate_limited.entry(method.clone()).or_default() += 1;
+            let after = rec.retry_after.get(&method).copied().unwrap_or(1).to_string();
             return (
                 StatusCode::TOO_MANY_REQUESTS,
-                [("retry-after", "1")],
+                [("retry-after", after)],
                 Json(json!({"ok": false, "error": "ratelimited"})),
             )
                 .into_response();

@@ -439,15 +439,7 @@ impl<S: Sender> OutboxService<S> {
         };
         if claimed == SUPERSEDED {
             for card in &record.superseded {
-                let update = CardUpdate {
-                    outcome: SUPERSEDED,
-                    external_id: card,
-                    channel_id: &record.notify_channel,
-                    record: &record,
-                };
-                if let Err(e) = self.sender.update(update).await {
-                    tracing::warn!(approval = %record.id, error = %e, "could not mark a card superseded");
-                }
+                self.update_beside(&record, SUPERSEDED, card);
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
@@ -462,17 +454,29 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         if let Some(external) = &record.notify_external_id {
-            let update = CardUpdate {
-                outcome: record.outcome.as_deref().unwrap_or(""),
-                external_id: external,
-                channel_id: &record.notify_channel,
-                record: &record,
-            };
-            if let Err(e) = self.sender.update(update).await {
-                tracing::warn!(approval = %record.id, error = %e, "could not show the outcome on the notification");
-            }
+            self.update_beside(&record, record.outcome.as_deref().unwrap_or(""), external);
         }
         Approvals::on(&mut self.store).delete_shown(&record).await?;
         self.ack(&self.sources[src].key.clone(), &entry.id).await
+    }
+
+    /// Shows `outcome` on card `external` beside the loop: the edit is
+    /// cosmetic (failures are logged, never retried by the broker), and a
+    /// platform that rate-limits its edits (Slack's `chat.update`, waited
+    /// out for its `Retry-After`) must not hold up this bridge's deliveries.
+    fn update_beside(&self, record: &approval::Record, outcome: &str, external: &str) {
+        let (sender, record) = (self.sender.clone(), record.clone());
+        let (outcome, external) = (outcome.to_string(), external.to_string());
+        tokio::spawn(async move {
+            let update = CardUpdate {
+                outcome: &outcome,
+                external_id: &external,
+                channel_id: &record.notify_channel,
+                record: &record,
+            };
+            if let Err(e) = sender.update(update).await {
+                tracing::warn!(approval = %record.id, outcome, error = %e, "could not show the outcome on the card");
+            }
+        });
     }
 }

@@ -758,3 +758,35 @@ async fn a_press_after_the_deadline_decides_nothing() {
         "one notice, no other outcome"
     );
 }
+
+/// A 429 storm on `chat.update` (every card edit refused, `Retry-After: 5`)
+/// holds up nothing else: while the closing edit of an approved card is
+/// still being waited out, a message to another channel is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_on_card_edits_delays_no_delivery() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, GATED);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    fake.with(|r| {
+        r.rate_limit_next.insert("chat.update".into(), 1000);
+        r.retry_after.insert("chat.update".into(), 5);
+    });
+    send(&d, &[("channel_id", TALK), ("content", "approved one")]).await;
+    let first = card(&fake, &d, 0).await;
+    let env = fake.press(&external(&first), BOSS, TEAM, slack::render::APPROVE, &digest(&first));
+    acked(&fake, &env).await;
+    wait_until("the closing edit refused", PLATFORM_SOON, || async {
+        fake.with(|r| r.rate_limited.contains_key("chat.update")).then_some(())
+    })
+    .await;
+    // The flat outbox's approval notifications and plain messages alike:
+    // a second card, then a plain message on another bridge's behalf.
+    send(&d, &[("channel_id", TALK), ("content", "second")]).await;
+    let second = card(&fake, &d, 1).await;
+    let refused = fake.with(|r| r.rate_limited["chat.update"]);
+    assert!(refused < 4, "the second card came while the first edit was still waited out ({refused} refusals)");
+    assert_ne!(second.ts, first.ts);
+    assert!(fake.with(|r| r.at(&external(&first)).unwrap().edits.is_empty()));
+}
