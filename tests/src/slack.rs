@@ -487,7 +487,12 @@ async fn method(
         if let Some(n) = rec.rate_limit_next.get_mut(&method).filter(|n| **n > 0) {
             *n -= 1;
             *rec.rate_limited.entry(method.clone()).or_default() += 1;
-            let after = rec.retry_after.get(&method).copied().unwrap_or(1).to_string();
+            let after = rec
+                .retry_after
+                .get(&method)
+                .copied()
+                .unwrap_or(1)
+                .to_string();
             return (
                 StatusCode::TOO_MANY_REQUESTS,
                 [("retry-after", after)],

@@ -775,18 +775,27 @@ async fn a_storm_on_card_edits_delays_no_delivery() {
     });
     send(&d, &[("channel_id", TALK), ("content", "approved one")]).await;
     let first = card(&fake, &d, 0).await;
-    let env = fake.press(&external(&first), BOSS, TEAM, slack::render::APPROVE, &digest(&first));
+    let env = fake.press(
+        &external(&first),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(&first),
+    );
     acked(&fake, &env).await;
     wait_until("the closing edit refused", PLATFORM_SOON, || async {
-        fake.with(|r| r.rate_limited.contains_key("chat.update")).then_some(())
+        fake.with(|r| r.rate_limited.contains_key("chat.update"))
+            .then_some(())
     })
     .await;
-    // The flat outbox's approval notifications and plain messages alike:
-    // a second card, then a plain message on another bridge's behalf.
+    // Another delivery of this bridge (a second card) goes out meanwhile.
     send(&d, &[("channel_id", TALK), ("content", "second")]).await;
     let second = card(&fake, &d, 1).await;
     let refused = fake.with(|r| r.rate_limited["chat.update"]);
-    assert!(refused < 4, "the second card came while the first edit was still waited out ({refused} refusals)");
+    assert!(
+        refused < 4,
+        "the second card came while the first edit was still waited out ({refused} refusals)"
+    );
     assert_ne!(second.ts, first.ts);
     assert!(fake.with(|r| r.at(&external(&first)).unwrap().edits.is_empty()));
 }
