@@ -75,9 +75,11 @@ pub struct Recorded {
     pub retry_after: HashMap<String, u64>,
     /// Per method: calls answered 429.
     pub rate_limited: HashMap<String, usize>,
-    /// How many of the next `chat.postMessage` calls post the message and
+    /// Which `chat.postMessage` calls (counted from 1) post the message and
     /// then answer 503, as when the response is lost on the way back.
-    pub lose_next_posts: usize,
+    pub lose_posts: HashSet<usize>,
+    /// `chat.postMessage` calls so far.
+    pub post_calls: usize,
     /// Every call: (method, when).
     pub calls: Vec<(String, tokio::time::Instant)>,
     pub connections_opened: usize,
@@ -565,8 +567,8 @@ async fn method(
             };
             let message = history_json(&msg);
             rec.messages.push(msg);
-            if rec.lose_next_posts > 0 {
-                rec.lose_next_posts -= 1;
+            rec.post_calls += 1;
+            if rec.lose_posts.contains(&rec.post_calls) {
                 return (StatusCode::SERVICE_UNAVAILABLE, "upstream lost").into_response();
             }
             Json(json!({"ok": true, "channel": channel, "ts": ts, "message": message}))

@@ -1,13 +1,16 @@
-//! Every Web API call the bridge makes, over slack-morphism's client with its
-//! rate control on (Slack's per-method tiers, `chat.postMessage`'s per-channel
-//! limit, and `Retry-After` on a 429 honoured before the call is made again),
-//! and every failure classified for the retry policy.
+//! Every Web API call the bridge makes, over slack-morphism's client, paced
+//! by the bridge's own buckets ([`crate::limits`]: per method, and per
+//! channel for posts) and waiting out a 429's `Retry-After` on its own bucket
+//! before the call is made again; and every failure classified for the retry
+//! policy.
 //!
 //! Invariant: a failure is [`SendError::Credentials`] only when Slack refused
 //! the bridge's own token, so a revoked token stops the service (exit 78)
 //! instead of dead-lettering messages for the deployment's fault.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use broker::bridge::SendError;
 use serde_json::Value;
@@ -21,8 +24,15 @@ pub type Client = SlackClient<Connector>;
 
 /// Retries of one call after a 429, each after Slack's `Retry-After`.
 const RATE_LIMIT_RETRIES: usize = 3;
+/// The longest `Retry-After` waited out inside one call; a longer one holds
+/// the bucket and fails the call (the broker's back-off takes over).
+const LONGEST_WAIT: Duration = Duration::from_secs(60);
 
-/// The client for `api_base` (or slack.com), with rate control.
+use crate::limits::{self, Limits};
+
+/// The client for `api_base` (or slack.com). slack-morphism's rate control
+/// stays off: it paces every post of a workspace as one, so one busy channel
+/// would hold up the others ([`crate::limits`] keeps the buckets instead).
 pub fn client(api_base: Option<&str>) -> Result<Arc<Client>, String> {
     broker::topology::install_tls_provider();
     let https = hyper_rustls::HttpsConnectorBuilder::new()
@@ -31,8 +41,7 @@ pub fn client(api_base: Option<&str>) -> Result<Arc<Client>, String> {
         .https_or_http()
         .enable_http1()
         .build();
-    let mut connector = SlackClientHyperConnector::with_connector(https)
-        .with_rate_control(SlackApiRateControlConfig::new().with_max_retries(RATE_LIMIT_RETRIES));
+    let mut connector = SlackClientHyperConnector::with_connector(https);
     if let Some(base) = api_base {
         connector = connector.with_slack_api_url(base.trim_end_matches('/'));
     }
@@ -110,6 +119,7 @@ pub fn maybe_done(e: &SlackClientError) -> bool {
 pub struct Api {
     pub client: Arc<Client>,
     token: SlackApiToken,
+    limits: Arc<Limits>,
 }
 
 fn blocks(value: Value) -> Result<Vec<SlackBlock>, SendError> {
@@ -122,6 +132,35 @@ impl Api {
         Api {
             client,
             token: SlackApiToken::new(SlackApiTokenValue(token.to_string())),
+            limits: Arc::new(Limits::default()),
+        }
+    }
+
+    /// Makes one call of `method` (about `channel`, for posts) once its
+    /// bucket allows; after a 429, holds that bucket for the `Retry-After`
+    /// and calls again, [`RATE_LIMIT_RETRIES`] times at most.
+    async fn call<T, F, Fut>(&self, method: &str, channel: &str, f: F) -> ClientResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = ClientResult<T>>,
+    {
+        let key = limits::key(method, channel);
+        let rate = limits::rate(method);
+        let mut attempt = 0;
+        loop {
+            self.limits.take(&key, rate).await;
+            match f().await {
+                Err(SlackClientError::RateLimitError(r)) => {
+                    let wait = r.retry_after.unwrap_or(Duration::from_secs(1));
+                    self.limits.hold(&key, wait);
+                    attempt += 1;
+                    if attempt > RATE_LIMIT_RETRIES || wait > LONGEST_WAIT {
+                        return Err(SlackClientError::RateLimitError(r));
+                    }
+                    tracing::debug!(method, ?wait, "rate limited; waiting it out");
+                }
+                other => return other,
+            }
         }
     }
 
@@ -131,8 +170,8 @@ impl Api {
 
     /// `auth.test`: who the bot is, in which workspace.
     pub async fn whoami(&self) -> Result<SlackApiAuthTestResponse, SendError> {
-        self.session()
-            .auth_test()
+        let session = &self.session();
+        self.call("auth.test", "", || session.auth_test())
             .await
             .map_err(|e| classify("auth.test", e))
     }
@@ -165,10 +204,15 @@ impl Api {
         if let Some(t) = thread_ts {
             req = req.with_thread_ts(SlackTs(t.into()));
         }
-        let sent = self.session().chat_post_message(&req).await.map_err(|e| {
-            let maybe = maybe_done(&e);
-            (classify("chat.postMessage", e), maybe)
-        })?;
+        let (session, req) = (&self.session(), &req);
+        let post = || session.chat_post_message(req);
+        let sent = self
+            .call("chat.postMessage", channel, post)
+            .await
+            .map_err(|e| {
+                let maybe = maybe_done(&e);
+                (classify("chat.postMessage", e), maybe)
+            })?;
         Ok(sent.ts.0)
     }
 
@@ -190,8 +234,8 @@ impl Api {
         )
         .with_link_names(false)
         .with_parse("none".into());
-        self.session()
-            .chat_update(&req)
+        let (session, req) = (&self.session(), &req);
+        self.call("chat.update", channel, || session.chat_update(req))
             .await
             .map(|_| ())
             .map_err(|e| classify("chat.update", e))
@@ -213,9 +257,11 @@ impl Api {
         if let Some(c) = cursor {
             req = req.with_cursor(SlackCursorId(c));
         }
+        let (session, req) = (&self.session(), &req);
         let page = self
-            .session()
-            .conversations_history(&req)
+            .call("conversations.history", channel, || {
+                session.conversations_history(req)
+            })
             .await
             .map_err(|e| classify("conversations.history", e))?;
         let next = page
@@ -241,9 +287,11 @@ impl Api {
         if let Some(c) = cursor {
             req = req.with_cursor(SlackCursorId(c));
         }
+        let (session, req) = (&self.session(), &req);
         let page = self
-            .session()
-            .conversations_replies(&req)
+            .call("conversations.replies", channel, || {
+                session.conversations_replies(req)
+            })
             .await
             .map_err(|e| classify("conversations.replies", e))?;
         let next = page
@@ -264,9 +312,9 @@ impl Api {
             .with_channel(SlackChannelId(channel.into()))
             .with_timestamp(SlackTs(ts.into()))
             .with_full(true);
+        let (session, req) = (&self.session(), &req);
         let got = self
-            .session()
-            .reactions_get(&req)
+            .call("reactions.get", channel, || session.reactions_get(req))
             .await
             .map_err(|e| classify("reactions.get", e))?;
         Ok(match got {
@@ -283,8 +331,8 @@ impl Api {
         let view: SlackView = serde_json::from_value(view)
             .map_err(|e| SendError::Permanent(format!("cannot build the modal: {e}")))?;
         let req = SlackApiViewsOpenRequest::new(SlackTriggerId(trigger_id.into()), view);
-        self.session()
-            .views_open(&req)
+        let (session, req) = (&self.session(), &req);
+        self.call("views.open", "", || session.views_open(req))
             .await
             .map(|_| ())
             .map_err(|e| classify("views.open", e))

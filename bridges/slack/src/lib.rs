@@ -8,13 +8,14 @@
 //!
 //! - [`config`]: the bridge's own keys (tokens, workspace, channels, reactions).
 //! - [`render`]: pure logic: agent text as rich text, the card, the modal.
-//! - [`api`]: every Web API call, under Slack's rate limits.
+//! - [`api`]: every Web API call, under Slack's rate limits ([`limits`]).
 //! - [`send`]: the [`broker::bridge::Sender`].
 //! - [`ingest`]: the Socket Mode event handler.
 
 pub mod api;
 pub mod config;
 pub mod ingest;
+pub mod limits;
 pub mod render;
 pub mod send;
 

@@ -481,6 +481,12 @@ async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
     let texts: Vec<&str> = carried.iter().map(|m| m["content"].as_str()).collect();
     assert_eq!(texts, ["before", "m1", "m2", "m3"]);
     assert_eq!(ingest.stop(), Some(0));
+    // The old connection must be gone first: the local Slack sends to
+    // every open one, and a dying one never acknowledges.
+    wait_until("the connection closed", PLATFORM_SOON, || async {
+        (!fake.connected()).then_some(())
+    })
+    .await;
     let _ingest = d.process("cowboy-slack-ingest", "sl");
     connected(&fake).await;
     let (_, env) = fake.say(TALK, "U0ANN0001", "after", None);
@@ -564,7 +570,8 @@ async fn a_post_whose_answer_was_lost_is_not_posted_twice() {
     let fake = FakeSlack::start(&[TALK, OPS]).await;
     let d = deployment(&fake, "");
     let _outbox = d.process("cowboy-slack-outbox", "sl");
-    fake.with(|r| r.lose_next_posts = 1);
+    // Lost: the first post (a message), and the third (the middle part of the next).
+    fake.with(|r| r.lose_posts = [1, 3].into());
     send(&d, &[("channel_id", TALK), ("content", "once")]).await;
     let once = wait_until("the post and its retry", PLATFORM_SOON, || async {
         fake.with(|r| {
@@ -581,11 +588,6 @@ async fn a_post_whose_answer_was_lost_is_not_posted_twice() {
     assert_eq!(once, 1);
     let long: String = (0..1000).map(|i| format!("w{i:05} ")).collect();
     send(&d, &[("channel_id", TALK), ("content", &long)]).await;
-    wait_until("the first part", PLATFORM_SOON, || async {
-        (posted(&fake, TALK).len() == 2).then_some(())
-    })
-    .await;
-    fake.with(|r| r.lose_next_posts = 1);
     let all = wait_until("all three parts", PLATFORM_SOON, || async {
         let all = posted(&fake, TALK);
         (all.len() == 4).then_some(all)
@@ -798,4 +800,48 @@ async fn a_storm_on_card_edits_delays_no_delivery() {
     );
     assert_ne!(second.ts, first.ts);
     assert!(fake.with(|r| r.at(&external(&first)).unwrap().edits.is_empty()));
+}
+
+/// With `dms = true`, a direct message to the bot reaches the inbox with
+/// its DM channel, the agent answers by sending there, and a DM written
+/// while the ingest was away is caught up (the channel is known from the
+/// first one carried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_messages_in_and_out() {
+    const DM: &str = "D0ANN0001";
+    let fake = FakeSlack::start(&[TALK, OPS, DM]).await;
+    let d = deployment(&fake, "dms = true");
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    let (ts, env) = fake.say(DM, "U0ANN0001", "hi bot", None);
+    acked(&fake, &env).await;
+    let carried = inbox(&d, "sl:inbox").await;
+    assert_eq!(carried.len(), 1, "{carried:?}");
+    assert_eq!(
+        (
+            carried[0]["channel_id"].as_str(),
+            carried[0]["message_id"].as_str()
+        ),
+        (DM, ts.as_str())
+    );
+    send(&d, &[("channel_id", DM), ("content", "hello back")]).await;
+    let answer = wait_until("the answer in the DM", PLATFORM_SOON, || async {
+        posted(&fake, DM).first().cloned()
+    })
+    .await;
+    assert_eq!(elements(&answer)[0]["text"], "hello back");
+    assert_eq!(ingest.stop(), Some(0));
+    wait_until("the connection closed", PLATFORM_SOON, || async {
+        (!fake.connected()).then_some(())
+    })
+    .await;
+    fake.say(DM, "U0ANN0001", "while you were away", None);
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    let carried = wait_until("the DM caught up", PLATFORM_SOON, || async {
+        let all = inbox(&d, "sl:inbox").await;
+        (all.len() == 2).then_some(all)
+    })
+    .await;
+    assert_eq!(carried[1]["content"], "while you were away");
 }
