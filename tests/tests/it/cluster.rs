@@ -407,7 +407,15 @@ async fn a_cluster_failover_loses_and_doubles_nothing() {
         tokio::task::block_in_place(|| cluster.restart(victim));
     }
     // Steps that waited for a replica while none was back are retried on
-    // the reader's back-off: bounded as the Sentinel tests are.
+    // the reader's back-off: bounded as the Sentinel tests are. Approved
+    // entries keep no order between them, so the first is delivered before
+    // the second is written (the flow's order is then the test's to check).
+    wait_until(
+        "the approved entry delivered after the failover",
+        crate::servers::FAILOVER,
+        || async { (!d.delivered("mail.out").is_empty()).then_some(()) },
+    )
+    .await;
     agent_sends(&d, "after the failover", "r2").await;
     let (_, card) = crate::servers::card_showing(&d, "after the failover").await;
     react(&d, &card, "✅", "boss", "");
