@@ -114,6 +114,13 @@ pub fn maybe_done(e: &SlackClientError) -> bool {
     }
 }
 
+/// The cursor of the page after this one, if Slack says there is one.
+fn next_cursor(meta: Option<SlackResponseMetadata>, has_more: Option<bool>) -> Option<String> {
+    meta.and_then(|m| m.next_cursor)
+        .map(|c| c.0)
+        .filter(|c| !c.is_empty() && has_more != Some(false))
+}
+
 /// The bot token's session on one client.
 #[derive(Clone)]
 pub struct Api {
@@ -264,11 +271,7 @@ impl Api {
             })
             .await
             .map_err(|e| classify("conversations.history", e))?;
-        let next = page
-            .response_metadata
-            .and_then(|m| m.next_cursor)
-            .map(|c| c.0)
-            .filter(|c| !c.is_empty() && page.has_more != Some(false));
+        let next = next_cursor(page.response_metadata, page.has_more);
         Ok((page.messages, next))
     }
 
@@ -294,11 +297,7 @@ impl Api {
             })
             .await
             .map_err(|e| classify("conversations.replies", e))?;
-        let next = page
-            .response_metadata
-            .and_then(|m| m.next_cursor)
-            .map(|c| c.0)
-            .filter(|c| !c.is_empty() && page.has_more != Some(false));
+        let next = next_cursor(page.response_metadata, page.has_more);
         Ok((page.messages, next))
     }
 

@@ -13,7 +13,7 @@
 //! - Each button carries the digest of the version the card shows; a press
 //!   is answered for that version only.
 
-use broker::approval::{display_safe, frame_head, normalize_emoji, Record, Verdict};
+use broker::approval::{display_safe, frame_head, Record, Verdict};
 use serde_json::{json, Value};
 
 /// The most characters of agent content in one delivered message.
@@ -326,13 +326,13 @@ fn reaction_name(name: &str) -> &str {
     name.split("::").next().unwrap_or(name)
 }
 
-/// What a reaction means, given the configured names (names or the emoji
-/// themselves, so `✅` in the config means `white_check_mark`).
+/// What a reaction means, given the configured reaction names (`x` or
+/// `:x:`; Slack names reactions, it never sends the emoji itself).
 pub fn reaction_verdict(name: &str, approve: &[String], reject: &[String]) -> Option<Verdict> {
     let name = reaction_name(name);
     let is = |set: &[String]| {
         set.iter()
-            .any(|s| reaction_name(s.trim_matches(':')) == name || normalize_emoji(s) == name)
+            .any(|s| reaction_name(s.trim_matches(':')) == name)
     };
     if is(approve) {
         Some(Verdict::Approved)
@@ -438,7 +438,7 @@ mod tests {
 
     #[test]
     fn reactions() {
-        let a = vec!["white_check_mark".to_string(), "👍".to_string()];
+        let a = vec!["white_check_mark".to_string(), "+1".to_string()];
         let r = vec![":x:".to_string()];
         assert_eq!(
             reaction_verdict("white_check_mark", &a, &r),
@@ -446,5 +446,9 @@ mod tests {
         );
         assert_eq!(reaction_verdict("x", &a, &r), Some(Verdict::Rejected));
         assert_eq!(reaction_verdict("tada", &a, &r), None);
+        assert_eq!(
+            reaction_verdict("+1::skin-tone-3", &a, &r),
+            Some(Verdict::Approved)
+        );
     }
 }
