@@ -18,5 +18,6 @@ bash scripts/install.sh \
   chromium=chromium \
   chromedriver=chromium-driver
 bash scripts/install-valkey.sh
+bash scripts/install-mcp.sh
 cargo test --workspace "$@"
 COWBOY_TEST_ENGINE=valkey cargo test -p cowboy-tests --test it "$@"

@@ -8,7 +8,20 @@ use crate::config::BridgeConfig;
 use crate::store::Entry;
 
 /// Fields an agent may write.
-pub const AGENT_FIELDS: &[&str] = &["channel_id", "content", "subject", "reply_to", "request_id"];
+pub const AGENT_FIELDS: &[&str] = &[
+    "channel_id",
+    "content",
+    "subject",
+    "reply_to",
+    "request_id",
+    "notices",
+];
+
+/// `notices` values: `outcomes` (the default: told only what went wrong or
+/// was changed) or `all` (also `parked` and `delivered`, so an agent can
+/// follow each request; `cowboy mcp` asks for this).
+pub const NOTICES_ALL: &str = "all";
+pub const NOTICES_OUTCOMES: &str = "outcomes";
 
 /// Fields only the broker writes, on approval notifications in a flat outbox.
 pub const NOTIFICATION_FIELDS: &[&str] = &[
@@ -41,6 +54,9 @@ pub struct Message {
     /// finding, never an agent field, and not part of [`Message::sha256`]: what
     /// is bound is the content.
     pub context: Option<String>,
+    /// The agent asked for progress notices too (`notices = all`). Not part
+    /// of the digest: it changes what the agent hears, never what is sent.
+    pub progress: bool,
 }
 
 impl Message {
@@ -86,6 +102,16 @@ impl Message {
         let subject = text(entry, "subject")?.filter(|s| !s.is_empty());
         let reply_to = text(entry, "reply_to")?.filter(|s| !s.is_empty());
         let request_id = text(entry, "request_id")?;
+        let progress = match text(entry, "notices")?.as_deref() {
+            None | Some(NOTICES_OUTCOMES) => false,
+            Some(NOTICES_ALL) => true,
+            Some(other) => {
+                return Err(format!(
+                    "field `notices` is `{}`; it may be `{NOTICES_ALL}` or `{NOTICES_OUTCOMES}`",
+                    other.escape_debug()
+                ))
+            }
+        };
         for (name, value, max) in [
             ("channel_id", Some(&channel_id), MAX_REPLY_TO_BYTES),
             ("subject", subject.as_ref(), MAX_SUBJECT_BYTES),
@@ -127,6 +153,7 @@ impl Message {
             approval_id: None,
             approval_content: None,
             context,
+            progress,
         })
     }
 
@@ -183,10 +210,14 @@ pub enum NoticeStatus {
     Done,
     /// A declared action ran past its time limit.
     TimedOut,
+    /// Progress (`notices = all` only): parked, waiting for approval.
+    Parked,
+    /// Progress (`notices = all` only): delivered, with its external id.
+    Delivered,
 }
 
 impl NoticeStatus {
-    pub const ALL: [NoticeStatus; 9] = [
+    pub const ALL: [NoticeStatus; 11] = [
         NoticeStatus::Rejected,
         NoticeStatus::Expired,
         NoticeStatus::Invalid,
@@ -196,6 +227,8 @@ impl NoticeStatus {
         NoticeStatus::Edited,
         NoticeStatus::Done,
         NoticeStatus::TimedOut,
+        NoticeStatus::Parked,
+        NoticeStatus::Delivered,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -209,6 +242,8 @@ impl NoticeStatus {
             NoticeStatus::Edited => "edited",
             NoticeStatus::Done => "done",
             NoticeStatus::TimedOut => "timed_out",
+            NoticeStatus::Parked => "parked",
+            NoticeStatus::Delivered => "delivered",
         }
     }
 }
@@ -234,6 +269,13 @@ pub struct Notice {
     /// On `edited`: the digest of the agent's version and of the one sent.
     pub original_sha256: Option<String>,
     pub sent_sha256: Option<String>,
+    /// On `delivered`: the platform's id of what was sent.
+    pub external_id: Option<String>,
+    /// On `parked`: when it was parked and its deadline (unix seconds; 0 =
+    /// none), and how many approvals it needs.
+    pub parked_at: Option<String>,
+    pub expires_at: Option<String>,
+    pub quorum: Option<String>,
 }
 
 impl Notice {
@@ -288,6 +330,10 @@ impl Notice {
             ("output", &self.output),
             ("original_sha256", &self.original_sha256),
             ("sent_sha256", &self.sent_sha256),
+            ("external_id", &self.external_id),
+            ("parked_at", &self.parked_at),
+            ("expires_at", &self.expires_at),
+            ("quorum", &self.quorum),
         ] {
             if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
                 f.push((name, v.as_bytes()));

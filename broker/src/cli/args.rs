@@ -67,6 +67,12 @@ pub enum Command {
     },
     /// Serve `/metrics` alone, for hosts without the page; runs `cowboy-web exporter`.
     Exporter,
+    /// An MCP server over stdio for one agent (`cowboy mcp --agent NAME`),
+    /// connected as that agent's Redis user; runs `cowboy-mcp`.
+    Mcp {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Run one service of a bridge (exec's `cowboy-{type}-{service}`), for unit templates.
     Service {
         service: Service,

@@ -15,12 +15,20 @@ use crate::store::Store;
 /// Runs `cowboy-web` (beside this binary, else on `PATH`) with `args`;
 /// returns only if it cannot.
 pub fn exec_web(config: &Path, args: &[String]) -> Error {
+    exec_companion("cowboy-web", config, args)
+}
+
+/// Runs companion binary `name` (`cowboy-web`, `cowboy-mcp`: beside this
+/// binary, else on `PATH`) with `--config` and `args`; returns only if it
+/// cannot. Companions are their own crates: they need what `broker` must not
+/// depend on (a web server, the MCP SDK).
+pub fn exec_companion(name: &str, config: &Path, args: &[String]) -> Error {
     use std::os::unix::process::CommandExt;
     let beside = std::env::current_exe()
         .ok()
-        .and_then(|p| p.parent().map(|d| d.join("cowboy-web")))
+        .and_then(|p| p.parent().map(|d| d.join(name)))
         .filter(|p| p.exists());
-    let program = beside.unwrap_or_else(|| "cowboy-web".into());
+    let program = beside.unwrap_or_else(|| name.into());
     let err = std::process::Command::new(&program)
         .arg("--config")
         .arg(config)
@@ -56,6 +64,7 @@ async fn execute(path: &Path, command: Command) -> Result<String> {
         // The page and the exporter load the config themselves.
         Command::Web { args } => return Err(exec_web(path, &args)),
         Command::Exporter => return Err(exec_web(path, &["exporter".to_string()])),
+        Command::Mcp { args } => return Err(exec_companion("cowboy-mcp", path, &args)),
         other => other,
     };
     let config = Config::load(path)?;
@@ -233,6 +242,7 @@ async fn connected(config: &Config, command: Command) -> Result<String> {
         | Command::Acl { command: None, .. }
         | Command::Service { .. }
         | Command::Web { .. }
-        | Command::Exporter => Err(Error::internal("a command reached the wrong runner")),
+        | Command::Exporter
+        | Command::Mcp { .. } => Err(Error::internal("a command reached the wrong runner")),
     }
 }

@@ -340,6 +340,14 @@ impl<S: Sender> OutboxService<S> {
         match self.outcome_of(&f.key, f.unreplicated, result) {
             Delivery::Sent(external_id, _) => {
                 tracing::debug!(entry = %f.entry.id, external_id, "delivered");
+                if f.message.progress {
+                    let n = Notice {
+                        external_id: Some(external_id),
+                        ..Notice::new(NoticeStatus::Delivered, "delivered")
+                    };
+                    self.notice(f.source, &f.entry.id, Some(&f.entry), n)
+                        .await?;
+                }
                 // Acked with the rest of the batch, then its mark cleared. A
                 // taken-over one was proven on the platform: a restart before
                 // its ack finds it there again, so the other's mark can go now.
@@ -350,6 +358,7 @@ impl<S: Sender> OutboxService<S> {
                 self.forget_taken_mark(&taken, &f.key).await?;
             }
             Delivery::Failed(n) => {
+                let n = *n;
                 if n.status == NoticeStatus::Uncertain {
                     let reason = n.reason.clone();
                     self.record_uncertain(f.source, &f.entry, &f.message, None, &reason)
@@ -402,7 +411,7 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(SendError::Ran(report)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(Notice::ran(report))
+                Delivery::Failed(Box::new(Notice::ran(report)))
             }
             // Credentials stop the service before this ([`Self::stop_if_refused`]).
             Err(SendError::Transient(why) | SendError::Credentials(why)) => {
@@ -412,25 +421,25 @@ impl<S: Sender> OutboxService<S> {
                         tracing::warn!(error = %why, retry_in = ?wait, "send failed; deferred");
                         Delivery::Deferred(now + wait)
                     }
-                    Err((attempts, over)) => Delivery::Failed(Notice::new(
+                    Err((attempts, over)) => Delivery::Failed(Box::new(Notice::new(
                         NoticeStatus::Failed,
                         format!(
                             "gave up after {attempts} attempts over {} s: {why}",
                             over.as_secs()
                         ),
-                    )),
+                    ))),
                 }
             }
             Err(SendError::Permanent(why)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(Notice::new(NoticeStatus::Failed, why))
+                Delivery::Failed(Box::new(Notice::new(NoticeStatus::Failed, why)))
             }
             Err(SendError::Uncertain(why)) => {
                 self.mem.sched.finished(&key);
-                Delivery::Failed(Notice::new(
+                Delivery::Failed(Box::new(Notice::new(
                     NoticeStatus::Uncertain,
                     format!("delivery uncertain, not retried: {why}"),
-                ))
+                )))
             }
         }
     }
@@ -636,7 +645,7 @@ pub(super) enum Purpose {
 pub(super) enum Delivery {
     /// Delivered: its external id, and what the send reported.
     Sent(String, Option<Report>),
-    Failed(Notice),
+    Failed(Box<Notice>),
     /// Not delivered (transient): retry at this time; the entry stays pending.
     Deferred(tokio::time::Instant),
 }

@@ -330,6 +330,27 @@ fn refused_by_stream(e: &redis::RedisError) -> bool {
     e.code() == Some("ERR") && e.to_string().contains(" ID")
 }
 
+/// Refuses a destination (in the sender's canonical form) where bridge
+/// `name`'s approval requests are shown: agents may not post there. Also used
+/// by `cowboy mcp` before it writes, so both refuse with these words.
+pub fn not_an_approval_channel(
+    config: &crate::config::Config,
+    name: &str,
+    destination: &str,
+    canonical: impl Fn(&str) -> std::result::Result<String, String>,
+) -> std::result::Result<(), String> {
+    let shown_there = config.approval_channels(name).any(|c| {
+        let c = canonical(c).unwrap_or_else(|_| c.to_string());
+        same_destination(&c, destination)
+    });
+    match shown_there {
+        true => Err(format!(
+            "destination `{destination}` is where approval requests are shown; agents may not post there"
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Whether a destination names an approval channel: compared without case,
 /// without an email display name (`Boss <boss@example.org>`) and without a
 /// subaddress (`boss+x@example.org` reaches `boss@example.org` on most mail

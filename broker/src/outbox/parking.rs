@@ -59,6 +59,30 @@ impl<S: Sender> OutboxService<S> {
         self.ack(&source.key, entry_id).await
     }
 
+    /// A `parked` notice, when the agent asked for progress (`notices =
+    /// all`): written once its card is asked for (again after a lost card,
+    /// which the agent may hear twice; it says the same).
+    async fn tell_parked(
+        &mut self,
+        src: SourceId,
+        entry: &Entry,
+        message: &Message,
+        record: &Record,
+    ) -> Result<()> {
+        if !message.progress {
+            return Ok(());
+        }
+        let n = Notice {
+            parked_at: Some(record.created_at.to_string()),
+            expires_at: Some(record.expires_at.to_string()),
+            quorum: Some(record.quorum().to_string()),
+            ..Notice::new(NoticeStatus::Parked, "waiting for approval")
+                .approval(&record.id)
+                .request(message.request_id.as_deref())
+        };
+        self.notice(src, &entry.id, Some(entry), n).await
+    }
+
     pub(super) async fn park(
         &mut self,
         src: SourceId,
@@ -142,6 +166,7 @@ impl<S: Sender> OutboxService<S> {
                 self.audit_failed(&id, &reason, None).await?;
                 return self.finish(src, &entry.id, &record, Some("failed")).await;
             }
+            self.tell_parked(src, entry, message, &record).await?;
         }
         self.mem
             .parked
@@ -221,6 +246,8 @@ impl<S: Sender> OutboxService<S> {
             .await?;
         for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
+            self.tell_parked(p.source, &p.entry, &p.message, &record)
+                .await?;
             self.mem
                 .parked
                 .track(p.id, p.source, p.entry.id, record.expires_at);

@@ -387,21 +387,11 @@ impl<S: Sender> OutboxService<S> {
         let stream = self.sources[src].key.clone();
         let message = self.requested(&stream, &entry).await.and_then(|m| {
             // Both sides as the platform reads them: `+123` is channel 123.
-            if self.config.approval_channels(&self.name).any(|c| {
-                let c = self
-                    .sender
-                    .canonical_destination(c)
-                    .unwrap_or_else(|_| c.to_string());
-                same_destination(&c, &m.channel_id)
-            })
-            {
-                Err(format!(
-                    "destination `{}` is where approval requests are shown; agents may not post there",
-                    m.channel_id
-                ))
-            } else {
-                Ok(m)
-            }
+            let sender = &self.sender;
+            not_an_approval_channel(&self.config, &self.name, &m.channel_id, |c| {
+                sender.canonical_destination(c)
+            })?;
+            Ok(m)
         });
         let message = match message {
             Ok(m) => m,

@@ -226,6 +226,16 @@ impl<S: Sender> OutboxService<S> {
                         report.as_ref().map(|r| r.status.as_str()),
                     );
                 self.audit(&[delivered]).await?;
+                if f.message.progress {
+                    let n = Notice {
+                        external_id: Some(external_id.clone()),
+                        ..Notice::new(NoticeStatus::Delivered, "delivered")
+                            .approval(&id)
+                            .approver(record.approver())
+                            .request(record.request_id.as_deref())
+                    };
+                    self.notice(src, &entry_id, Some(&f.entry), n).await?;
+                }
                 // A declared action tells the agent how its run went.
                 if let Some(r) = report {
                     let n = Notice::ran(r)
@@ -255,6 +265,7 @@ impl<S: Sender> OutboxService<S> {
                     .await?;
             }
             Delivery::Failed(n) => {
+                let n = *n;
                 let n = n.approval(&id);
                 self.dead_letter_only(src, &f.entry, &n).await?;
                 if n.status == NoticeStatus::Uncertain {

@@ -249,6 +249,7 @@ impl<S: Sender> OutboxService<S> {
                 }
             }
             Delivery::Failed(n) => {
+                let n = *n;
                 approval::reject_unshown(
                     &mut self.store,
                     &self.config,

@@ -15,12 +15,12 @@ use crate::SOON;
 
 /// Password files for the operator, two agents and every service of two bridges,
 /// and the config body that names them.
-struct Secrets {
+pub(crate) struct Secrets {
     dir: tempfile::TempDir,
     /// The `desk` bridge's own lines (type and settings); console by default.
     desk: String,
     /// The `mail` bridge's own lines (type and settings); console by default.
-    mail: String,
+    pub(crate) mail: String,
     /// Who may approve `mail`'s messages.
     approvers: String,
     /// More config (e.g. `[operators]` tables).
@@ -32,7 +32,7 @@ struct Secrets {
 }
 
 impl Secrets {
-    fn new() -> Secrets {
+    pub(crate) fn new() -> Secrets {
         Secrets::with_desk(
             "type = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"",
             "console:boss",
@@ -66,7 +66,7 @@ impl Secrets {
         }
     }
 
-    fn file(&self, user: &str) -> String {
+    pub(crate) fn file(&self, user: &str) -> String {
         self.dir.path().join(user).display().to_string()
     }
 
@@ -149,7 +149,7 @@ destinations = ["*"]
         (redis, aclfile)
     }
 
-    fn deployment(&self) -> (Deployment, String) {
+    pub(crate) fn deployment(&self) -> (Deployment, String) {
         let (redis, aclfile) = self.start_redis();
         (
             Deployment::build(redis, &self.redis_extra(), &self.body()),

@@ -13,6 +13,7 @@ mod email;
 mod email_corpus;
 mod invalid;
 mod ledger;
+mod mcp;
 mod ping;
 mod retention;
 mod servers;
