@@ -284,6 +284,7 @@ in
     agents = mkOption {
       type = types.attrsOf (types.submodule {
         options.passwordFile = mkOption { type = types.nullOr types.path; default = null; description = "The agent's Redis password file."; };
+        options.mcp = mkOption { type = types.bool; default = true; description = "Render /etc/cowboy/mcp/<name>.json: the mcpServers entry that runs `cowboy mcp --agent <name>` (Claude Code, Claude Desktop, Cursor; Codex takes the same command and args). The agent's Unix user needs to read its passwordFile."; };
       });
       default = { };
       description = "Agents whose per-agent streams ({agent}:{bridge}:outbox|inbox) every bridge serves.";
@@ -329,7 +330,15 @@ in
     users.groups.cowboy = { };
 
     environment.systemPackages = [ cfg.package ];
-    environment.etc."cowboy/cowboy.toml".source = operatorConfigFile;
+    environment.etc = { "cowboy/cowboy.toml".source = operatorConfigFile; }
+      // mapAttrs' (name: _: nameValuePair "cowboy/mcp/${name}.json" {
+        text = builtins.toJSON {
+          mcpServers.cowboy = {
+            command = "${cfg.package}/bin/cowboy";
+            args = [ "--config" "/etc/cowboy/cowboy.toml" "mcp" "--agent" name ];
+          };
+        };
+      }) (filterAttrs (_: a: a.mcp) cfg.agents);
 
     services.redis.servers.cowboy = mkIf cfg.redis.createLocally {
       enable = true;
