@@ -9,6 +9,8 @@ per line of standard input and prints one JSON line per answer:
       -> {"is_error": bool, "text": "...", "structured": {...}}
       or {"mcp_error": code, "message": "..."} when the server answers with a
          JSON-RPC error instead of a result
+    {"parallel": [command, ...]}
+      -> {"answers": [answer, ...]}, the calls made at once
 
 It judges nothing: the Rust test asserts on what it prints.
 """
@@ -45,19 +47,25 @@ async def main():
             if not line:
                 return
             cmd = json.loads(line)
-            try:
-                r = await client.call_tool(
-                    cmd["call"], cmd.get("args", {}), read_timeout_seconds=cmd.get("timeout", 60)
-                )
-                say(
-                    {
-                        "is_error": bool(r.is_error),
-                        "text": "".join(getattr(c, "text", "") for c in r.content),
-                        "structured": r.structured_content,
-                    }
-                )
-            except MCPError as e:
-                say({"mcp_error": e.code, "message": e.message})
+            if "parallel" in cmd:
+                answers = await asyncio.gather(*(call(client, c) for c in cmd["parallel"]))
+                say({"answers": answers})
+            else:
+                say(await call(client, cmd))
+
+
+async def call(client, cmd):
+    try:
+        r = await client.call_tool(
+            cmd["call"], cmd.get("args", {}), read_timeout_seconds=cmd.get("timeout", 60)
+        )
+        return {
+            "is_error": bool(r.is_error),
+            "text": "".join(getattr(c, "text", "") for c in r.content),
+            "structured": r.structured_content,
+        }
+    except MCPError as e:
+        return {"mcp_error": e.code, "message": e.message}
 
 
 asyncio.run(main())

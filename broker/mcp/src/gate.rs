@@ -33,6 +33,9 @@ pub const MAX_WAIT_SECONDS: u64 = 50;
 pub const MAX_INBOX: usize = 100;
 /// The consumer name `inbox` reads the agent's group as.
 const CONSUMER: &str = "mcp";
+/// `wait`s and `inbox` reads under way at once: each holds a connection of
+/// its own, and a client calling them in a loop must not take Redis's.
+pub const MAX_READERS: usize = 8;
 
 /// A refusal the client is told as a tool error.
 #[derive(Debug)]
@@ -63,6 +66,8 @@ pub struct Gate {
     /// Request ids this server wrote, with their bridge (so `status` can say
     /// `queued` rather than `unknown`, and `wait` knows which inbox to watch).
     written: Mutex<HashMap<String, String>>,
+    /// Permits for [`MAX_READERS`].
+    readers: tokio::sync::Semaphore,
 }
 
 impl Gate {
@@ -98,11 +103,21 @@ impl Gate {
             config,
             store,
             written: Mutex::new(HashMap::new()),
+            readers: tokio::sync::Semaphore::new(MAX_READERS),
         })
     }
 
     pub fn agent(&self) -> &str {
         &self.agent
+    }
+
+    /// One of the [`MAX_READERS`] permits, or a refusal saying why.
+    fn reader(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refused> {
+        self.readers.try_acquire().map_err(|_| {
+            Refused(format!(
+                "{MAX_READERS} waits or inbox reads are under way already; call again when one returns"
+            ))
+        })
     }
 
     /// Validates and writes one message to `{agent}:{bridge}:outbox`, asking
@@ -232,6 +247,7 @@ impl Gate {
     /// The status once it differs from what it was when asked, or after
     /// `seconds` (at most [`MAX_WAIT_SECONDS`]) with `changed: false`.
     pub async fn wait(&self, request_id: &str, seconds: u64) -> Result<Value, Refused> {
+        let _permit = self.reader()?;
         let seconds = seconds.min(MAX_WAIT_SECONDS);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
         let first = self.status(request_id).await?;
@@ -288,6 +304,7 @@ impl Gate {
     /// through its consumer group: each is handed out once and acknowledged
     /// as it is returned.
     pub async fn inbox(&self, max: usize) -> Result<Value, Refused> {
+        let _permit = self.reader()?;
         let max = max.clamp(1, MAX_INBOX);
         let group = keys::agent_group(&self.agent);
         let mut blocking = self.store.blocking().await?;

@@ -314,6 +314,29 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
         out.push(c.call("wait", json!({"request_id": "r1", "timeout_seconds": 3600})));
         out
     });
+    // Waits at once beyond the bound: the extra one is refused, the rest run.
+    let waits: Vec<Value> = (0..=mcp::gate::MAX_READERS)
+        .map(|_| json!({"call": "wait", "args": {"request_id": "r1", "timeout_seconds": 2}, "timeout": 60}))
+        .collect();
+    let parallel = tokio::task::block_in_place(|| {
+        writeln!(c.stdin, "{}", json!({ "parallel": waits })).unwrap();
+        c.stdin.flush().unwrap();
+        c.answer()
+    });
+    let refused: Vec<&Value> = parallel["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["is_error"] == true)
+        .collect();
+    assert_eq!(refused.len(), 1, "{parallel}");
+    assert!(
+        refused[0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("under way already"),
+        "{parallel}"
+    );
     for ((_, want), got) in refusals.iter().zip(&answers) {
         assert_eq!(got["is_error"], true, "{got}");
         let text = got["text"].as_str().unwrap();
