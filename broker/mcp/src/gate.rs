@@ -5,12 +5,21 @@
 //!   file; nothing else is tried): whatever a tool does, the agent's ACL
 //!   allows, so this server is never a way around the gate.
 //! - A send is validated before anything is written, with the broker's own
-//!   check (`Message::from_entry`, then the approval channels) and so its
-//!   words; the one write is a single `XADD`, so a refused or interrupted
-//!   send leaves nothing half-written. The bridge checks again (it alone
-//!   knows its platform's spelling of a destination).
-//! - `status` and `wait` read inboxes without a group (`XREVRANGE`, `XREAD`):
-//!   they never consume what `inbox` hands out.
+//!   checks (`Message::from_entry`, then the approval channels) and so in
+//!   their words; the one write is a single `XADD`, so a refused or
+//!   interrupted send leaves nothing half-written. The bridge checks again:
+//!   it alone knows its platform's spelling of a destination.
+//! - A request id is sent once: one this server wrote, or one a notice on the
+//!   bridge's inbox names, is refused (a retried call never delivers twice).
+//! - `status` and `wait` read inboxes without a group (`XRANGE`), in pages
+//!   of [`PAGE`] entries: a flood of inbound messages costs time, never
+//!   Redis memory, and never hides the notices about an entry this server
+//!   wrote (read from its entry id on). An outcome once seen is remembered,
+//!   so retention trimming its notice does not turn it back into `queued`.
+//! - `inbox` hands each entry out at least once: only what is returned is
+//!   acknowledged, and what was read but not returned (over the size budget,
+//!   or an acknowledgement that failed) is handed out again first.
+//! - At most [`MAX_READERS`] calls that read Redis run at once.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -25,16 +34,21 @@ use tokio::sync::Mutex;
 
 use crate::status::{self, Fields};
 
-/// Notices read back per inbox when a status is asked for (newest first).
-const NOTICES_READ: usize = 5000;
+/// Entries read per round trip when inboxes are searched.
+const PAGE: usize = 100;
+/// Newest entries searched per inbox for a request this server did not write.
+const SEARCHED: usize = 2000;
 /// Longest `wait` (clients' tool calls time out after about a minute).
 pub const MAX_WAIT_SECONDS: u64 = 50;
 /// Most inbox entries one `inbox` call returns.
 pub const MAX_INBOX: usize = 100;
+/// Most bytes of entries one `inbox` answer carries (hosts truncate large
+/// tool results); what does not fit comes with the next call.
+const INBOX_BYTES: usize = 256 * 1024;
 /// The consumer name `inbox` reads the agent's group as.
 const CONSUMER: &str = "mcp";
-/// `wait`s and `inbox` reads under way at once: each holds a connection of
-/// its own, and a client calling them in a loop must not take Redis's.
+/// Calls that read Redis (`status`, `wait`, `inbox`) under way at once: a
+/// client calling them in a loop must not take Redis's memory or connections.
 pub const MAX_READERS: usize = 8;
 
 /// A refusal the client is told as a tool error.
@@ -45,6 +59,16 @@ impl From<Error> for Refused {
     fn from(e: Error) -> Refused {
         Refused(e.to_string())
     }
+}
+
+/// A request this server wrote.
+#[derive(Debug, Clone)]
+struct Written {
+    bridge: String,
+    /// Its entry id; `None` when the write's answer was lost.
+    entry_id: Option<String>,
+    /// Its outcome once seen (see the module invariants).
+    outcome: Option<Value>,
 }
 
 /// What `send` is given.
@@ -65,7 +89,7 @@ pub struct Gate {
     store: Store,
     /// Request ids this server wrote, with their bridge (so `status` can say
     /// `queued` rather than `unknown`, and `wait` knows which inbox to watch).
-    written: Mutex<HashMap<String, String>>,
+    written: Mutex<HashMap<String, Written>>,
     /// Permits for [`MAX_READERS`].
     readers: tokio::sync::Semaphore,
 }
@@ -115,7 +139,7 @@ impl Gate {
     fn reader(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Refused> {
         self.readers.try_acquire().map_err(|_| {
             Refused(format!(
-                "{MAX_READERS} waits or inbox reads are under way already; call again when one returns"
+                "{MAX_READERS} status, wait or inbox calls are under way already; call again when one returns"
             ))
         })
     }
@@ -157,12 +181,44 @@ impl Gate {
             |c| Ok(c.to_string()),
         )
         .map_err(refuse)?;
+        // Held across the check and the write: two calls with one request id
+        // at once write one entry.
+        let mut written = self.written.lock().await;
+        if let Some(w) = written.get(&request_id) {
+            return Err(refuse(format!(
+                "request id `{request_id}` was sent already (entry {} on bridge `{}`): follow it with `status`, or send with a new request id",
+                w.entry_id.as_deref().unwrap_or("not confirmed"),
+                w.bridge
+            )));
+        }
+        let inbox = keys::agent_inbox(&self.agent, &r.bridge);
+        let known = self
+            .search(&inbox, |f| f.get("request_id") == Some(&request_id))
+            .await?;
+        if !known.is_empty() {
+            return Err(refuse(format!(
+                "request id `{request_id}` was sent already (the inbox has notices about it): follow it with `status`, or send with a new request id"
+            )));
+        }
         let stream = keys::agent_outbox(&self.agent, &r.bridge);
-        let id = self.store.clone().xadd(&stream, &fields).await?;
-        self.written
-            .lock()
-            .await
-            .insert(request_id.clone(), r.bridge.clone());
+        let mut w = Written {
+            bridge: r.bridge.clone(),
+            entry_id: None,
+            outcome: None,
+        };
+        let id = match self.store.clone().xadd(&stream, &fields).await {
+            Ok(id) => id,
+            Err(e) => {
+                // It may be written all the same (a lost answer): the id is
+                // kept, so `status` follows it and a retry is refused.
+                written.insert(request_id.clone(), w);
+                return Err(Refused(format!(
+                    "the write's answer was lost ({e}); request id `{request_id}` may be queued: follow it with `status` before sending again"
+                )));
+            }
+        };
+        w.entry_id = Some(id.clone());
+        written.insert(request_id.clone(), w);
         Ok(json!({
             "entry_id": id,
             "request_id": request_id,
@@ -206,42 +262,132 @@ impl Gate {
             .collect()
     }
 
-    /// The notices about `request_id` on the inboxes it may be on, oldest first.
-    async fn notices(&self, request_id: &str) -> Result<Vec<Fields>, Refused> {
-        let streams: Vec<String> = match self.written.lock().await.get(request_id) {
-            Some(bridge) => vec![keys::agent_inbox(&self.agent, bridge)],
-            None => self.inboxes().into_values().collect(),
-        };
-        let mut found: Vec<(String, Fields)> = Vec::new();
+    /// The entries of `stream` that `matches` keeps, oldest first: the newest
+    /// [`SEARCHED`], read a page at a time.
+    async fn search(
+        &self,
+        stream: &str,
+        matches: impl Fn(&Fields) -> bool,
+    ) -> Result<Vec<(String, Fields)>, Refused> {
         let mut store = self.store.clone();
-        for stream in streams {
+        let mut found = Vec::new();
+        let mut end = "+".to_string();
+        let mut read = 0;
+        while read < SEARCHED {
             let v: redis::Value = redis::cmd("XREVRANGE")
-                .arg(&stream)
-                .arg("+")
+                .arg(stream)
+                .arg(&end)
                 .arg("-")
                 .arg("COUNT")
-                .arg(NOTICES_READ)
+                .arg(PAGE)
                 .query_async(&mut store.conn)
                 .await
                 .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
-            for (id, fields) in broker::store::parse_entries(v) {
-                let Some(fields) = fields else { continue };
-                let f = text_fields(fields);
-                let ours = f.get("kind").map(String::as_str) == Some("notice")
-                    && f.get("request_id").map(String::as_str) == Some(request_id);
-                if ours {
+            let page = broker::store::parse_entries(v);
+            let Some((last, _)) = page.last() else { break };
+            end = format!("({last}");
+            read += page.len();
+            let short = page.len() < PAGE;
+            for (id, fields) in page {
+                let f = text_fields(fields.unwrap_or_default());
+                if matches(&f) {
                     found.push((id, f));
                 }
             }
+            if short {
+                break;
+            }
+        }
+        found.reverse();
+        Ok(found)
+    }
+
+    /// The notices about the entry `entry_id` of `{agent}:{bridge}:outbox`,
+    /// oldest first: every inbox entry from that id on, a page at a time
+    /// (notices are written after their entry), matched on the entry itself.
+    async fn notices_of_entry(&self, bridge: &str, entry_id: &str) -> Result<Vec<Fields>, Refused> {
+        let inbox = keys::agent_inbox(&self.agent, bridge);
+        let outbox = keys::agent_outbox(&self.agent, bridge);
+        let mut store = self.store.clone();
+        let mut found = Vec::new();
+        let mut start = entry_id.to_string();
+        loop {
+            let page = store.range(&inbox, &start, "+", PAGE).await?;
+            let Some(last) = page.last() else { break };
+            start = format!("({}", last.id);
+            let short = page.len() < PAGE;
+            for e in page {
+                let is = |name: &str, want: &str| e.text(name) == Some(want);
+                if is("kind", "notice") && is("stream", &outbox) && is("entry_id", entry_id) {
+                    found.push(text_fields(e.fields));
+                }
+            }
+            if short {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    /// The status of `request_id` (no permit taken: callers hold one).
+    async fn status_now(&self, request_id: &str) -> Result<Value, Refused> {
+        let mine = self.written.lock().await.get(request_id).cloned();
+        let notices = match &mine {
+            Some(Written {
+                bridge,
+                entry_id: Some(entry_id),
+                ..
+            }) => self.notices_of_entry(bridge, entry_id).await?,
+            Some(Written { bridge, .. }) => {
+                let inbox = keys::agent_inbox(&self.agent, bridge);
+                self.notices_named(&[inbox], request_id).await?
+            }
+            None => {
+                let inboxes: Vec<String> = self.inboxes().into_values().collect();
+                self.notices_named(&inboxes, request_id).await?
+            }
+        };
+        let now = status::status(request_id, &notices, mine.is_some());
+        let decided = !matches!(
+            now["state"].as_str(),
+            Some(status::state::QUEUED | status::state::AWAITING_APPROVAL | status::state::UNKNOWN)
+        );
+        let mut written = self.written.lock().await;
+        let Some(w) = written.get_mut(request_id) else {
+            return Ok(now);
+        };
+        match (decided, &w.outcome) {
+            (true, _) => w.outcome = Some(now.clone()),
+            // Its notice is gone (retention): the outcome seen stands.
+            (false, Some(seen)) => return Ok(seen.clone()),
+            (false, None) => {}
+        }
+        Ok(now)
+    }
+
+    /// Notices naming `request_id` among the newest entries of `inboxes`.
+    async fn notices_named(
+        &self,
+        inboxes: &[String],
+        request_id: &str,
+    ) -> Result<Vec<Fields>, Refused> {
+        let mut found = Vec::new();
+        for inbox in inboxes {
+            found.extend(
+                self.search(inbox, |f| {
+                    f.get("kind").map(String::as_str) == Some("notice")
+                        && f.get("request_id").map(String::as_str) == Some(request_id)
+                })
+                .await?,
+            );
         }
         found.sort_by_key(|(id, _)| stream_id(id));
         Ok(found.into_iter().map(|(_, f)| f).collect())
     }
 
     pub async fn status(&self, request_id: &str) -> Result<Value, Refused> {
-        let notices = self.notices(request_id).await?;
-        let written = self.written.lock().await.contains_key(request_id);
-        Ok(status::status(request_id, &notices, written))
+        let _permit = self.reader()?;
+        self.status_now(request_id).await
     }
 
     /// The status once it differs from what it was when asked, or after
@@ -250,35 +396,39 @@ impl Gate {
         let _permit = self.reader()?;
         let seconds = seconds.min(MAX_WAIT_SECONDS);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
-        let first = self.status(request_id).await?;
         let streams: Vec<String> = match self.written.lock().await.get(request_id) {
-            Some(bridge) => vec![keys::agent_inbox(&self.agent, bridge)],
+            Some(w) => vec![keys::agent_inbox(&self.agent, &w.bridge)],
             None => self.inboxes().into_values().collect(),
         };
-        // From what exists now: nothing written after the status above is missed.
+        // From what exists now: nothing written after the status below is missed.
         let mut last = Vec::new();
         for s in &streams {
             last.push(self.last_id(s).await?);
         }
+        let first = self.status_now(request_id).await?;
         let mut blocking = self.store.blocking().await?;
         loop {
-            let now = self.status(request_id).await?;
-            if now != first {
-                return Ok(with_changed(now, true));
-            }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             if left.is_zero() {
-                return Ok(with_changed(now, false));
+                return Ok(with_changed(first, false));
             }
             // Woken by any new inbox entry; the status is read again after.
             let batch = blocking
-                .tail(&streams, &last, 100, left.min(Duration::from_secs(5)))
+                .tail(&streams, &last, PAGE, left.min(Duration::from_secs(5)))
                 .await?;
+            let mut woken = false;
             for (stream, entries) in batch {
                 if let (Some(i), Some((id, _))) =
                     (streams.iter().position(|s| *s == stream), entries.last())
                 {
                     last[i] = id.clone();
+                    woken = true;
+                }
+            }
+            if woken {
+                let now = self.status_now(request_id).await?;
+                if now != first {
+                    return Ok(with_changed(now, true));
                 }
             }
         }
@@ -300,52 +450,68 @@ impl Gate {
             .map_or_else(|| "0-0".to_string(), |(id, _)| id))
     }
 
-    /// The agent's new inbox entries (messages and notices), at most `max`,
-    /// through its consumer group: each is handed out once and acknowledged
-    /// as it is returned.
+    /// The agent's inbox entries (messages and notices) not yet handed out,
+    /// at most `max` and [`INBOX_BYTES`], through its consumer group: first
+    /// what was read before and not returned, then new ones. Only what is
+    /// returned is acknowledged.
     pub async fn inbox(&self, max: usize) -> Result<Value, Refused> {
         let _permit = self.reader()?;
         let max = max.clamp(1, MAX_INBOX);
         let group = keys::agent_group(&self.agent);
         let mut blocking = self.store.blocking().await?;
-        let mut store = self.store.clone();
         let mut out = Vec::new();
-        for (bridge, stream) in self.inboxes() {
-            if out.len() >= max {
-                break;
-            }
-            let batch = match blocking
-                .read_group(
-                    &group,
-                    CONSUMER,
-                    std::slice::from_ref(&stream),
-                    &[">"],
-                    max - out.len(),
-                    None,
-                )
-                .await
-            {
-                Ok(b) => b,
-                // No group yet: the bridge's ping service creates it (the
-                // agent's ACL cannot); nothing was ever written there.
-                Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => continue,
-                Err(e) => return Err(e.into()),
-            };
-            for (_, entries) in batch {
-                let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
-                store.ack(&stream, &group, &ids).await?;
-                for (id, fields) in &entries {
-                    let Some(fields) = fields else { continue };
-                    let mut f = text_fields(fields.clone());
+        let mut bytes = 0;
+        let mut acks: Vec<(String, Vec<String>)> = Vec::new();
+        'streams: for (bridge, stream) in self.inboxes() {
+            let mut ids = Vec::new();
+            for from in ["0", ">"] {
+                if out.len() >= max {
+                    acks.push((stream, ids));
+                    break 'streams;
+                }
+                let batch = match blocking
+                    .read_group(
+                        &group,
+                        CONSUMER,
+                        std::slice::from_ref(&stream),
+                        &[from],
+                        max - out.len(),
+                        None,
+                    )
+                    .await
+                {
+                    Ok(b) => b,
+                    // No group yet: the bridge's ping service creates it (the
+                    // agent's ACL cannot); nothing was ever written there.
+                    Err(Error::Redis(e)) if e.code() == Some("NOGROUP") => continue 'streams,
+                    Err(e) => return Err(e.into()),
+                };
+                for (id, fields) in batch.into_iter().flat_map(|(_, entries)| entries) {
+                    // Deleted since it was read: nothing to hand out.
+                    let Some(fields) = fields else {
+                        ids.push(id);
+                        continue;
+                    };
+                    let mut f = text_fields(fields);
                     let kind = f.remove("kind").unwrap_or_else(|| "message".into());
-                    out.push(json!({
-                        "bridge": bridge,
-                        "id": id,
-                        "kind": kind,
-                        "fields": f,
-                    }));
+                    let item = json!({ "bridge": bridge, "id": id, "kind": kind, "fields": f });
+                    let size = item.to_string().len();
+                    if !out.is_empty() && bytes + size > INBOX_BYTES {
+                        // Stays pending: the next call hands it out first.
+                        acks.push((stream, ids));
+                        break 'streams;
+                    }
+                    bytes += size;
+                    out.push(item);
+                    ids.push(id);
                 }
             }
+            acks.push((stream, ids));
+        }
+        let mut store = self.store.clone();
+        for (stream, ids) in &acks {
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            store.ack(stream, &group, &ids).await?;
         }
         Ok(json!({ "entries": out }))
     }

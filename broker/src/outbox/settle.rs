@@ -31,7 +31,11 @@ impl<S: Sender> OutboxService<S> {
         let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
             let reason = "the approval record disappeared; not sent";
             let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
-            self.notice(src, &parked.entry_id, None, n).await?;
+            // The entry names its request id, for the agent to match.
+            let key = self.sources[src].key.clone();
+            let entry = self.store.entry(&key, &parked.entry_id).await?;
+            self.notice(src, &parked.entry_id, entry.as_ref(), n)
+                .await?;
             self.audit_failed(&id, reason, None).await?;
             self.ack(&self.sources[src].key.clone(), &parked.entry_id)
                 .await?;
@@ -97,7 +101,9 @@ impl<S: Sender> OutboxService<S> {
         let id = record.id.clone();
         let Some(entry) = self.store.entry(&key, entry_id).await? else {
             let reason = "the entry was deleted from its stream before delivery";
-            let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
+            let n = Notice::new(NoticeStatus::Failed, reason)
+                .approval(&id)
+                .request(record.request_id.as_deref());
             self.notice(src, entry_id, None, n).await?;
             self.audit_failed(&id, reason, None).await?;
             return self.finish(src, entry_id, &record, Some("failed")).await;

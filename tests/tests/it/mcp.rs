@@ -138,6 +138,7 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
         d.spawn("ingest", "desk"),
         d.spawn("ingest", "mail"),
         d.spawn("ping", "mail"),
+        d.spawn("ping", "desk"),
     ];
     let (mut c, session) = tokio::task::block_in_place(|| Client::start(&d));
     println!(
@@ -166,7 +167,7 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
         50
     );
 
-    tokio::task::block_in_place(|| {
+    let generated = tokio::task::block_in_place(|| {
         let dest = c.ok("destinations", json!({}));
         let mail = dest["bridges"]
             .as_array()
@@ -272,10 +273,90 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
             !again.to_string().contains("hello ann"),
             "handed out twice: {again}"
         );
+
+        // A request id is sent once: a retried call delivers nothing twice.
+        let twice = c.call(
+            "send",
+            json!({"bridge": "mail", "destination": "bob@example.org", "content": "approve me", "request_id": "r1"}),
+        );
+        assert_eq!(twice["is_error"], true, "{twice}");
+        assert!(
+            twice["text"]
+                .as_str()
+                .unwrap()
+                .contains("request id `r1` was sent already"),
+            "{twice}"
+        );
+        generated
+    });
+    // A flood of inbound messages (anyone who can write to the agent can
+    // send them) hides no outcome, and the inbox hands each out once, in
+    // answers of bounded size; retention trimming the notices changes no
+    // outcome already seen.
+    let mut admin = d.store().await;
+    let body = "y".repeat(4096);
+    let mut flood = redis::pipe();
+    for n in 0..3000 {
+        flood
+            .cmd("XADD")
+            .arg("ann:desk:inbox")
+            .arg("*")
+            .arg("kind")
+            .arg("message")
+            .arg("n")
+            .arg(n)
+            .arg("content")
+            .arg(&body)
+            .ignore();
+    }
+    let () = flood.query_async(&mut admin.conn).await.unwrap();
+    tokio::task::block_in_place(|| {
+        for request in ["r1", generated.as_str()] {
+            let s = c.ok("status", json!({"request_id": request}));
+            assert_eq!(s["state"], "delivered", "{request}: {s}");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let a = c.call("inbox", json!({"max": 100}));
+            assert!(
+                a["text"].as_str().unwrap().len() < 300 * 1024,
+                "an answer of {} bytes",
+                a["text"].as_str().unwrap().len()
+            );
+            let entries = a["structured"]["entries"].as_array().unwrap().clone();
+            if entries.is_empty() {
+                break;
+            }
+            for e in entries.iter().filter(|e| e["fields"].get("n").is_some()) {
+                assert!(
+                    seen.insert(e["id"].as_str().unwrap().to_string()),
+                    "handed out twice: {}",
+                    e["id"]
+                );
+            }
+        }
+        assert_eq!(seen.len(), 3000, "each flooded message once");
+    });
+    for inbox in ["ann:desk:inbox", "ann:mail:inbox"] {
+        let _: i64 = redis::cmd("XTRIM")
+            .arg(inbox)
+            .arg("MAXLEN")
+            .arg(0)
+            .query_async(&mut admin.conn)
+            .await
+            .unwrap();
+    }
+    tokio::task::block_in_place(|| {
+        for request in ["r1", generated.as_str()] {
+            let s = c.ok("status", json!({"request_id": request}));
+            assert_eq!(
+                s["state"], "delivered",
+                "{request} after its notices were trimmed: {s}"
+            );
+        }
     });
 
     // Refusals: nothing written anywhere, in the bridge's own words.
-    let mut admin = d.store().await;
     let before = written(&mut admin).await;
     let huge = "x".repeat(4 << 20);
     let refusals: Vec<(Value, &str)> = vec![
