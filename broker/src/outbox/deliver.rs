@@ -278,6 +278,8 @@ impl<S: Sender> OutboxService<S> {
         if self.mem.acks.is_empty() {
             return Ok(());
         }
+        let told = std::mem::take(&mut self.mem.told);
+        self.notices(told).await?;
         let acks = std::mem::take(&mut self.mem.acks);
         let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (stream, id, _) in &acks {
@@ -345,8 +347,9 @@ impl<S: Sender> OutboxService<S> {
                         external_id: Some(external_id),
                         ..Notice::new(NoticeStatus::Delivered, "delivered")
                     };
-                    self.notice(f.source, &f.entry.id, Some(&f.entry), n)
-                        .await?;
+                    // Written with the batch's acks, before them.
+                    let told = self.notice_entry(f.source, &f.entry.id, Some(&f.entry), n);
+                    self.mem.told.push(told);
                 }
                 // Acked with the rest of the batch, then its mark cleared. A
                 // taken-over one was proven on the platform: a restart before
@@ -547,16 +550,57 @@ impl<S: Sender> OutboxService<S> {
         src: SourceId,
         entry_id: &str,
         entry: Option<&Entry>,
-        mut n: Notice,
+        n: Notice,
     ) -> Result<()> {
-        let source = self.sources[src].clone();
+        let (inbox, fields) = self.notice_entry(src, entry_id, entry, n);
+        let fields: Vec<(&str, &[u8])> = fields
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        self.store.xadd(&inbox, &fields).await?;
+        Ok(())
+    }
+
+    /// A notice as the inbox entry it becomes: the inbox and the fields.
+    pub(super) fn notice_entry(
+        &self,
+        src: SourceId,
+        entry_id: &str,
+        entry: Option<&Entry>,
+        mut n: Notice,
+    ) -> Told {
+        let source = &self.sources[src];
         if n.request_id.is_none() {
             n.request_id = entry.and_then(|e| e.text("request_id")).map(str::to_string);
         }
         let inbox = keys::inbox_for(source.agent.as_deref(), &self.name);
-        self.store
-            .xadd(&inbox, &n.fields(&source.key, entry_id))
-            .await?;
+        let fields = n
+            .fields(&source.key, entry_id)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_vec()))
+            .collect();
+        (inbox, fields)
+    }
+
+    /// Writes notices in one round trip (progress notices of a batch: one
+    /// agent's flood must not cost the loop a round trip per entry).
+    pub(super) async fn notices(&mut self, told: Vec<Told>) -> Result<()> {
+        if told.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (inbox, fields) in &told {
+            let mut cmd = redis::cmd("XADD");
+            cmd.arg(inbox).arg("*");
+            for (k, v) in fields {
+                cmd.arg(k).arg(v.as_slice());
+            }
+            pipe.add_command(cmd).ignore();
+        }
+        let () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("XADD notices", e))?;
         Ok(())
     }
 
@@ -565,6 +609,9 @@ impl<S: Sender> OutboxService<S> {
         self.store.ack(stream, &group, &[id]).await
     }
 }
+
+/// A notice ready to write: its inbox and its fields.
+pub(super) type Told = (String, Vec<(String, Vec<u8>)>);
 
 /// The outcome of a send after retries.
 /// A delivery waiting for its retry time, or queued behind one.

@@ -57,6 +57,8 @@ pub(super) struct Memory {
     pub acks: Vec<(String, String, String)>,
     /// When the oldest of `acks` was delivered.
     pub acks_since: Option<Instant>,
+    /// Progress notices of `acks` (`delivered`), written just before them.
+    pub told: Vec<super::deliver::Told>,
 }
 
 impl Memory {

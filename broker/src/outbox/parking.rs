@@ -69,8 +69,20 @@ impl<S: Sender> OutboxService<S> {
         message: &Message,
         record: &Record,
     ) -> Result<()> {
+        let told = self.parked_notice(src, entry, message, record);
+        self.notices(told.into_iter().collect()).await
+    }
+
+    /// The `parked` notice, when the agent asked for progress.
+    fn parked_notice(
+        &self,
+        src: SourceId,
+        entry: &Entry,
+        message: &Message,
+        record: &Record,
+    ) -> Option<super::deliver::Told> {
         if !message.progress {
-            return Ok(());
+            return None;
         }
         let n = Notice {
             parked_at: Some(record.created_at.to_string()),
@@ -80,7 +92,7 @@ impl<S: Sender> OutboxService<S> {
                 .approval(&record.id)
                 .request(message.request_id.as_deref())
         };
-        self.notice(src, &entry.id, Some(entry), n).await
+        Some(self.notice_entry(src, &entry.id, Some(entry), n))
     }
 
     pub(super) async fn park(
@@ -244,10 +256,13 @@ impl<S: Sender> OutboxService<S> {
         Approvals::on(&mut self.store)
             .mark_notified_many(&marks)
             .await?;
+        let told: Vec<_> = fresh
+            .iter()
+            .filter_map(|(p, record, _)| self.parked_notice(p.source, &p.entry, &p.message, record))
+            .collect();
+        self.notices(told).await?;
         for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
-            self.tell_parked(p.source, &p.entry, &p.message, &record)
-                .await?;
             self.mem
                 .parked
                 .track(p.id, p.source, p.entry.id, record.expires_at);
