@@ -149,6 +149,17 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
         session["protocol_version"], session["newest_known"],
         "the newest version both sides know: {session}"
     );
+    // The server is connected as ann's own Redis user (and the test's
+    // admin connection is the only other kind besides the services').
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut d.store().await.conn)
+        .await
+        .unwrap();
+    assert!(
+        clients.lines().any(|l| l.contains(" user=ann ")),
+        "{clients}"
+    );
     let tools = session["tools"].as_object().unwrap();
     let mut names: Vec<&str> = tools.keys().map(String::as_str).collect();
     names.sort();
