@@ -60,6 +60,11 @@ pub mod field {
     pub const WAITED: &str = "waited";
     /// The approval a reconciled delivery was put back as.
     pub const NEXT_APPROVAL: &str = "next_approval";
+    /// The person an answer counted for, as their delegate.
+    pub const FOR: &str = "for";
+    /// A delegation's delegate (a person) and its end (unix seconds; 0: ended).
+    pub const DELEGATE: &str = "delegate";
+    pub const UNTIL: &str = "until";
 }
 
 /// What happened.
@@ -87,6 +92,9 @@ pub enum Kind {
     Uncertain,
     /// An uncertain delivery settled by an operator: outcome, evidence, by.
     Reconciled,
+    /// An approver's answers handed to a delegate until a time (or taken
+    /// back): by, delegate, until. No approval id.
+    Delegated,
 }
 
 impl Kind {
@@ -103,6 +111,7 @@ impl Kind {
             Kind::Failed => "failed",
             Kind::Uncertain => "uncertain",
             Kind::Reconciled => "reconciled",
+            Kind::Delegated => "delegated",
         }
     }
 }

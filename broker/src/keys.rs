@@ -84,6 +84,13 @@ pub fn id_key(bridge: &str) -> String {
     format!("{bridge}:id-key")
 }
 
+/// The running delegations of a requesting bridge's approvers (a hash:
+/// delegator person → sealed JSON, see [`crate::approval::delegation`]),
+/// written by that bridge's outbox only.
+pub fn delegations(bridge: &str) -> String {
+    format!("{bridge}:delegations")
+}
+
 /// The in-flight marks of the deliveries of one outbox stream
 /// (`outbox::inflight`), field = delivery key. Hash-tagged with the stream's
 /// whole name, so on Redis Cluster it lives in the stream's slot: the mark

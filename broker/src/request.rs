@@ -141,6 +141,9 @@ pub enum Action {
         channel_id: Option<String>,
         seen: Option<String>,
     },
+    /// Hand the requester's own answers to person `to` until `until` (unix
+    /// seconds; 0 takes them back). No approval id.
+    Delegate { to: String, until: u64 },
 }
 
 /// One request, as written to the stream (one JSON field).
@@ -176,6 +179,12 @@ pub enum Reply {
         old_digest: String,
         new_digest: String,
         revision: u32,
+    },
+    /// A delegation recorded (`until = 0`: ended).
+    Delegated {
+        from: String,
+        to: String,
+        until: u64,
     },
     /// Not applied, and why (refused edits, lapsed requests, wrong streams).
     Refused {
@@ -214,7 +223,9 @@ impl Reply {
             Reply::Unknown => Ok(Outcome::Unknown),
             Reply::Refused { message } => Err(Error::refused(message)),
             Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
-            Reply::Edited { .. } => Err(Error::internal("an edit's reply to a decision")),
+            Reply::Edited { .. } | Reply::Delegated { .. } => {
+                Err(Error::internal("another request's reply to a decision"))
+            }
         }
     }
 
@@ -647,6 +658,9 @@ async fn apply(
     requester: &Requester,
     request: &Request,
 ) -> Result<Reply> {
+    if let Action::Delegate { to, until } = &request.action {
+        return delegate_here(store, config, clock, bridge, requester, request, to, *until).await;
+    }
     let id = request.approval_id.as_str();
     // Anything but this bridge's own ids is out of this service's reach:
     // refused unread, never a permission error that would stop the outbox.
@@ -754,8 +768,83 @@ async fn apply(
                     revision: e.revision,
                 })
         }
+        Action::Delegate { .. } => Err(Error::internal("a delegation reached the approval path")),
     };
     classify(result)
+}
+
+/// Applies a delegation request: only an operator, for their own person
+/// (see [`approval::delegation`]); recorded in the bridge's trail.
+#[allow(clippy::too_many_arguments)]
+async fn delegate_here(
+    store: &mut Store,
+    config: &Config,
+    clock: &Clock,
+    bridge: &str,
+    requester: &Requester,
+    request: &Request,
+    to: &str,
+    until: u64,
+) -> Result<Reply> {
+    let refused = |message: String| Ok(Reply::Refused { message });
+    if !matches!(requester, Requester::Operator(_)) {
+        return refused("only an operator delegates, from their own CLI user".into());
+    }
+    if !requester.may_act_as(&request.identity) {
+        return refused(format!(
+            "a request from {} cannot act as {}",
+            requester.suffix(),
+            request.identity
+        ));
+    }
+    let now = clock.now_secs();
+    let set =
+        approval::delegation::set(store, config, bridge, &request.identity, to, until, now).await;
+    let d = match set {
+        Ok(Ok(d)) => d,
+        Ok(Err(why)) => return refused(why),
+        Err(e) => return classify(Err(e)),
+    };
+    let from = config
+        .person_of(&request.identity)
+        .unwrap_or_default()
+        .to_string();
+    let (to, until) = match &d {
+        Some(d) => (d.to.clone(), d.until),
+        None => (String::new(), 0),
+    };
+    tracing::info!(bridge, %from, %to, until, "delegation recorded");
+    let event = audit::Event::new(bridge, audit::Kind::Delegated, "", clock.now_secs_f64())
+        .with(audit::field::BY, request.identity.as_str())
+        .with(audit::field::FOR, from.as_str())
+        .with(audit::field::DELEGATE, to.as_str())
+        .with(audit::field::UNTIL, until.to_string());
+    audit::append(store, config, &[event]).await?;
+    Ok(Reply::Delegated { from, to, until })
+}
+
+/// Hands operator `requester`'s answers on `bridge` to person `to` until
+/// `until` (0: takes them back), through the bridge's outbox.
+pub async fn delegate(
+    store: &mut Store,
+    requester: &Requester,
+    bridge: &str,
+    identity: &str,
+    to: &str,
+    until: u64,
+) -> Result<(String, String, u64)> {
+    let action = Action::Delegate {
+        to: to.to_string(),
+        until,
+    };
+    match submit(store, requester, bridge, "", identity, action).await? {
+        Reply::Delegated { from, to, until } => Ok((from, to, until)),
+        Reply::Refused { message } => Err(Error::refused(message)),
+        Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
+        other => Err(Error::internal(format!(
+            "unexpected reply to a delegation: {other:?}"
+        ))),
+    }
 }
 
 /// A request's result as its reply: an error that waiting may cure is passed

@@ -127,6 +127,11 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 let notify = keys::outbox(config.notify_bridge(name));
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
+                // Delegations its operators ask for, sealed and kept here.
+                sels.push(selector(
+                    &[format!("~{}", keys::delegations(name))],
+                    "+hset +hgetall +hdel",
+                ));
                 // The pending indexes (the bridge's and each agent's): kept
                 // beside the records, counted against the parking limits.
                 sels.push(selector(
@@ -250,6 +255,7 @@ fn reader_selectors(config: &Config) -> Vec<String> {
         status.push(format!("~{}", keys::uncertain(name)));
         status.push(format!("~{}", keys::heartbeat(name)));
         status.push(format!("~{}", keys::pending(name)));
+        status.push(format!("~{}", keys::delegations(name)));
         trails.push(format!("~{}", keys::audit(name)));
     }
     vec![

@@ -170,6 +170,12 @@ impl IdKey {
         self.seal(&format!("approved\n{id}\n{digest}"))
     }
 
+    /// The seal of a delegation of person `from`'s approvals on this bridge
+    /// to person `to` until `until` (see [`super::delegation`]).
+    pub fn seal_delegation(&self, from: &str, to: &str, until: u64) -> String {
+        self.seal(&format!("delegation\n{from}\n{to}\n{until}"))
+    }
+
     /// The seal of a re-send of approval `of` on `stream` whose other fields
     /// are `fields` (in stream order).
     pub fn seal_resend<'a>(

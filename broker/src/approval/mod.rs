@@ -27,6 +27,7 @@
 //!   (`{bridge}:decisions`, or `{bridge}:decisions:{worker}`), named by the
 //!   record and read in the decision's own step.
 
+pub mod delegation;
 pub mod edit;
 pub mod frame;
 pub mod id;
@@ -101,6 +102,9 @@ pub struct Answer<'a> {
     pub counts_as: Option<&'a str>,
     /// Whether an editor's approval counts toward a quorum (set by [`decide`]).
     pub editors_count: bool,
+    /// The person this answer counts for as their delegate (set by
+    /// [`decide`] from a sealed delegation, never by a surface).
+    pub delegate_of: Option<&'a str>,
     /// The shared proof the answer came through (`page`: the approval page's
     /// one Redis password proves all its users; `ingest:NAME`: the surface's
     /// ingest reports everyone on its platform), set by whoever read it from
@@ -121,6 +125,7 @@ impl<'a> Answer<'a> {
             seen: None,
             counts_as: None,
             editors_count: false,
+            delegate_of: None,
             proof: None,
         }
     }
@@ -144,6 +149,7 @@ impl<'a> Answer<'a> {
                 audit::field::REASON,
                 self.reason.chars().take(2000).collect::<String>(),
             )
+            .with(audit::field::FOR, self.delegate_of.unwrap_or(""))
     }
 }
 
@@ -294,8 +300,23 @@ async fn decide_once(
     };
     // Email addresses compare without case: one person is one identity.
     let approver = crate::identity::Identity::read(answer.approver);
-    // A quorum counts people: every identity of one person counts as one.
-    let counts_as = config.counting_key(&approver);
+    let allowed = config
+        .bridges
+        .get(record.source())
+        .is_some_and(|b| b.approval.allows(&approver));
+    // Not an approver: a delegate's answer counts for whom it stands in.
+    let delegation = match allowed {
+        true => None,
+        false => {
+            delegation::acting_for(store, config, record.source(), &approver, answer.at).await?
+        }
+    };
+    // A quorum counts people: every identity of one person counts as one,
+    // and a delegate counts as the delegator.
+    let counts_as = match &delegation {
+        Some(d) => format!("person:{}", d.from),
+        None => config.counting_key(&approver),
+    };
     let rules = config.bridges.get(record.source()).map(|b| &b.approval);
     let editors_count = rules.is_some_and(|a| a.editors_count);
     // A shared password counts once unless the bridge trusts its surfaces.
@@ -309,14 +330,11 @@ async fn decide_once(
         seen: answer.seen.or(Some(&record.message_sha256)),
         counts_as: Some(&counts_as),
         editors_count,
+        delegate_of: delegation.as_ref().map(|d| d.from.as_str()),
         proof,
         ..answer
     };
-    let allowed = config
-        .bridges
-        .get(record.source())
-        .is_some_and(|b| b.approval.allows(answer.approver));
-    if !allowed {
+    if !allowed && delegation.is_none() {
         tracing::warn!(
             approval = id,
             approver = answer.approver,

@@ -171,6 +171,29 @@ pub enum Approvals {
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
+    /// Hand your answers to another person while you are away: until then
+    /// theirs count for you (under a quorum, the two of you count once).
+    /// Made by each requesting bridge you approve on (or --bridge).
+    Delegate {
+        /// Yourself (checked: nobody delegates another's approvals).
+        #[arg(long)]
+        from: Option<String>,
+        /// The person (of [people]) who answers for you.
+        #[arg(long, required_unless_present = "end")]
+        to: Option<String>,
+        /// Unix seconds, or a time from now: 90m, 8h, 3d.
+        #[arg(long, required_unless_present = "end")]
+        until: Option<String>,
+        /// Take your answers back now.
+        #[arg(long, conflicts_with_all = ["to", "until"])]
+        end: bool,
+        #[arg(long)]
+        bridge: Option<String>,
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
+    /// The delegations recorded, running and ended.
+    Delegations,
     /// Reject with a reason the agent will see.
     Reject {
         id: String,

@@ -11,6 +11,7 @@
 //! # Layout (one command per file)
 //!
 //! - [`approvals`]: list, show, approve, reject, edit.
+//! - [`delegate`]: delegations while an approver is away.
 //! - [`review`]: answering approvals one at a time at the terminal.
 //! - [`trail`]: the audit trail, filtered.
 //! - [`uncertain`]: uncertain deliveries and their reconciliation.
@@ -21,6 +22,7 @@
 
 mod approvals;
 mod args;
+mod delegate;
 mod editor;
 mod review;
 mod run;
@@ -31,6 +33,7 @@ mod uncertain;
 
 pub use approvals::*;
 pub use args::*;
+pub use delegate::{delegate, delegations, DelegateArgs};
 pub use editor::in_editor;
 pub use review::*;
 pub use run::{exec_web, run};

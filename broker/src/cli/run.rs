@@ -160,6 +160,29 @@ async fn approvals(config: &Config, command: Approvals) -> Result<String> {
             digest,
             operator: who,
         } => decide(config, &id, Verdict::Rejected, who, &reason, digest).await,
+        Approvals::Delegate {
+            from,
+            to,
+            until,
+            end,
+            bridge,
+            operator: who,
+        } => {
+            let who = operator(who);
+            let mut store = cli::decision_store(config, &who).await?;
+            let args = cli::DelegateArgs {
+                from,
+                to,
+                until,
+                end,
+                bridge,
+            };
+            cli::delegate(&mut store, config, &who, &args, crate::now_secs()).await
+        }
+        Approvals::Delegations => {
+            let mut store = cli::reading_store(config, &operator(None)).await?;
+            cli::delegations(&mut store, config, crate::now_secs()).await
+        }
     }
 }
 

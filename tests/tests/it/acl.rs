@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use broker::acl::{self, Expect};
 use broker::config::Service;
@@ -853,18 +854,22 @@ async fn ann_writes(
     secrets: &Secrets,
     content: &str,
 ) -> redis::aio::MultiplexedConnection {
+    ann_writes_fields(d, secrets, &["content", content]).await
+}
+
+/// Agent ann, over its own ACL user, writes an entry to bob on `mail` with
+/// `fields` (names and values) after `channel_id`; returns ann's connection.
+pub(crate) async fn ann_writes_fields(
+    d: &Deployment,
+    secrets: &Secrets,
+    fields: &[&str],
+) -> redis::aio::MultiplexedConnection {
     let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
         .await
         .unwrap();
     let _: String = redis::cmd("XADD")
-        .arg(&[
-            "ann:mail:outbox",
-            "*",
-            "channel_id",
-            "bob@example.org",
-            "content",
-            content,
-        ])
+        .arg(&["ann:mail:outbox", "*", "channel_id", "bob@example.org"])
+        .arg(fields)
         .query_async(&mut ann)
         .await
         .unwrap();
@@ -1454,4 +1459,277 @@ async fn services_and_agents_run_under_their_users_on_a_cluster() {
     }
     assert_eq!(d.delivered("mail.out").len(), 1);
     assert_eq!(d.delivered("desk.out").len(), 2);
+}
+
+/// Delegation, under the rendered ACL users and a quorum of two: boss hands
+/// their answers to dep for an hour through `cowboy approvals delegate` (as
+/// operator boss, proven by its Redis user). Before that dep's ✅ is ignored;
+/// after it, it counts for boss, and boss's own ✅ adds nothing (one person);
+/// amy's makes two. Nobody delegates another's approvals, to an unknown
+/// person or to themself; a delegation written without the bridge's seal
+/// counts for nobody; one that ended counts for nobody.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegate_answers_for_an_approver_while_away() {
+    let mut secrets = Secrets::new();
+    secrets.approvers = "\"console:boss\", \"console:amy\", \"cli:boss\"".into();
+    // One ingest reports every console user: trusted to tell them apart.
+    secrets.approval_extra = ", quorum = 2, trust_surfaces = true".into();
+    for user in ["boss", "eve"] {
+        std::fs::write(secrets.dir.path().join(user), format!("pw-{user}\n")).unwrap();
+    }
+    secrets.extra = format!(
+        r#"[operators.boss]
+password_file = "{}"
+
+[operators.eve]
+password_file = "{}"
+
+[people.boss]
+identities = ["console:boss", "cli:boss"]
+
+[people.amy]
+identities = ["console:amy"]
+
+[people.dep]
+identities = ["console:dep"]
+
+[people.eve]
+identities = ["cli:eve"]
+"#,
+        secrets.file("boss"),
+        secrets.file("eve")
+    );
+    let (d, _) = secrets.deployment();
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let admin = d.store().await;
+    let record = |id: String| {
+        let mut admin = admin.clone();
+        async move { harness::hash(&mut admin, &keys::approval(&id)).await }
+    };
+    ann_writes(&d, &secrets, "needs two").await;
+    let card = wait_until("the card", SOON, || async {
+        d.delivered("desk.out")
+            .into_iter()
+            .find(|l| l.approval_id.is_some())
+    })
+    .await;
+    let id = card.approval_id.clone().unwrap();
+    let react = |user: &str| {
+        d.write_input(
+            "desk.in",
+            json!({"kind": "reaction", "message_id": card.external_id, "emoji": "✅", "user": user}),
+        )
+    };
+    react("dep");
+    audited(&admin, "dep's answer ignored", |e| {
+        e["event"] == "ignored" && e["by"] == "console:dep"
+    })
+    .await;
+    assert_eq!(record(id.clone()).await["status"], "pending");
+
+    let refused = |args: &[&str], why: &str| {
+        let out = d.cowboy(args);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            !out.status.success() && err.contains(why),
+            "{args:?}: {why}: {err}"
+        );
+    };
+    refused(
+        &[
+            "approvals",
+            "delegate",
+            "--to",
+            "nobody",
+            "--until",
+            "1h",
+            "--as",
+            "boss",
+        ],
+        "`nobody` is no person of [people]",
+    );
+    refused(
+        &[
+            "approvals",
+            "delegate",
+            "--to",
+            "boss",
+            "--until",
+            "1h",
+            "--as",
+            "boss",
+        ],
+        "cannot delegate to themself",
+    );
+    refused(
+        &[
+            "approvals",
+            "delegate",
+            "--from",
+            "amy",
+            "--to",
+            "dep",
+            "--until",
+            "1h",
+            "--as",
+            "boss",
+        ],
+        "nobody delegates amy's approvals but amy",
+    );
+    refused(
+        &[
+            "approvals",
+            "delegate",
+            "--to",
+            "dep",
+            "--until",
+            "1h",
+            "--as",
+            "eve",
+        ],
+        "eve is not on bridge `mail`'s approvers",
+    );
+    // Forged: amy's answers to eve, without the bridge's seal.
+    let forged = json!({"from": "amy", "to": "eve", "until": 4_000_000_000u64, "by": "cli:amy", "at": 1, "seal": "00"});
+    let _: i64 = redis::cmd("HSET")
+        .arg("mail:delegations")
+        .arg("amy")
+        .arg(forged.to_string())
+        .query_async(&mut admin.clone().conn)
+        .await
+        .unwrap();
+    let out = d.cowboy(&[
+        "approvals",
+        "delegate",
+        "--to",
+        "dep",
+        "--until",
+        "1h",
+        "--as",
+        "boss",
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && said.contains("mail: dep's answers count for boss until"),
+        "{out:?}"
+    );
+
+    react("dep");
+    let counted = audited(&admin, "dep's answer counted for boss", |e| {
+        e["event"] == "answered" && e["by"] == "console:dep"
+    })
+    .await;
+    assert_eq!(
+        (counted["for"].as_str(), counted["count"].as_str()),
+        ("boss", "1/2")
+    );
+    react("boss");
+    audited(&admin, "boss's own answer not counted again", |e| {
+        e["event"] == "ignored" && e["by"] == "console:boss"
+    })
+    .await;
+    let eve = d.cowboy(&["approvals", "approve", &id, "--as", "eve"]);
+    assert!(
+        !eve.status.success(),
+        "the forged delegation counts for nobody: {eve:?}"
+    );
+    assert_eq!(
+        record(id.clone()).await["status"],
+        "pending",
+        "one person so far"
+    );
+    react("amy");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "needs two");
+    audited(&admin, "the delegation in the trail", |e| {
+        e["event"] == "delegated" && e["by"] == "cli:boss" && e["delegate"] == "dep"
+    })
+    .await;
+
+    // Ended: dep's answer is ignored again.
+    let ends = (broker::now_secs() + 2).to_string();
+    let out = d.cowboy(&[
+        "approvals",
+        "delegate",
+        "--to",
+        "dep",
+        "--until",
+        &ends,
+        "--as",
+        "boss",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let listed =
+        String::from_utf8_lossy(&d.cowboy(&["approvals", "delegations"]).stdout).into_owned();
+    assert!(
+        listed.contains("mail: dep answers for boss until"),
+        "{listed}"
+    );
+    ann_writes(&d, &secrets, "after the window").await;
+    let late = wait_until("the second card", SOON, || async {
+        d.delivered("desk.out")
+            .into_iter()
+            .find(|l| l.approval_id.is_some() && l.content.contains("after the window"))
+    })
+    .await;
+    let ended: u64 = ends.parse().unwrap();
+    // The delegation's end is on the wall clock the ingest dates answers by.
+    wait_until("the delegation's end", Duration::from_secs(5), || async {
+        (broker::now_secs() > ended).then_some(())
+    })
+    .await;
+    d.write_input(
+        "desk.in",
+        json!({"kind": "reaction", "message_id": late.external_id, "emoji": "✅", "user": "dep"}),
+    );
+    let late_id = late.approval_id.unwrap();
+    wait_until("dep's late answer ignored", SOON, || {
+        let mut admin = admin.clone();
+        let late_id = late_id.clone();
+        async move {
+            stream(&mut admin, &keys::audit("mail"))
+                .await
+                .into_iter()
+                .find(|e| {
+                    e["event"] == "ignored"
+                        && e["by"] == "console:dep"
+                        && e["approval_id"] == late_id
+                })
+        }
+    })
+    .await;
+    let out = d.cowboy(&["approvals", "delegate", "--end", "--as", "boss"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("boss's answers are their own again"),
+        "{out:?}"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// Waits for an event of the `mail` audit trail that `want` picks.
+async fn audited(
+    admin: &Store,
+    what: &str,
+    want: impl Fn(&std::collections::HashMap<String, String>) -> bool,
+) -> std::collections::HashMap<String, String> {
+    wait_until(what, SOON, || {
+        let mut admin = admin.clone();
+        let want = &want;
+        async move {
+            stream(&mut admin, &keys::audit("mail"))
+                .await
+                .into_iter()
+                .find(|e| want(e))
+        }
+    })
+    .await
 }

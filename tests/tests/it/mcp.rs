@@ -5,18 +5,16 @@
 //! do stays undone.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use broker::acl;
 use harness::{binary, stream, wait_until, Deployment};
 use serde_json::{json, Value};
 
 use std::collections::BTreeMap;
 
-use crate::acl::Secrets;
+use crate::acl::{ann_writes_fields, Secrets};
 use crate::SOON;
 
 /// Longest a tool answer may take (a `wait` is at most 50 s).
@@ -450,23 +448,7 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
     );
     // The words are the bridge's: the same entry written straight to the
     // stream is dead-lettered with exactly the reason the tool gave.
-    let mut ann = acl::connect_as(&d.config, "ann", Path::new(&secrets.file("ann")))
-        .await
-        .unwrap();
-    let _: String = redis::cmd("XADD")
-        .arg(&[
-            "ann:mail:outbox",
-            "*",
-            "channel_id",
-            "bob@example.org",
-            "content",
-            "hi",
-            "subject",
-            "a\nBcc: eve",
-        ])
-        .query_async(&mut ann)
-        .await
-        .unwrap();
+    ann_writes_fields(&d, &secrets, &["content", "hi", "subject", "a\nBcc: eve"]).await;
     let dead = wait_until("the straight entry dead-lettered", SOON, || {
         let mut admin = admin.clone();
         async move { stream(&mut admin, "mail:dead").await.into_iter().last() }

@@ -1,0 +1,173 @@
+//! Delegation: while an approver is away, the answers of the person they named
+//! count for them, until a time they set.
+//!
+//! One hash per requesting bridge, `{bridge}:delegations` (field: the
+//! delegator's person; value: a [`Delegation`] as JSON), written only by that
+//! bridge's outbox, asked by an operator through its request stream
+//! ([`crate::request`]).
+//!
+//! Invariants:
+//! - Only the delegator makes a delegation: the request stream proves the
+//!   operator (`cli:NAME`), and NAME's person is the delegator. Nobody
+//!   delegates someone else's approvals.
+//! - The delegator is a person on the bridge's approvers; the delegate is a
+//!   person of `[people]` other than the delegator; a delegation ends at
+//!   `until`, at most [`MAX_SECONDS`] ahead, and `until = 0` ends it now.
+//! - It is sealed with the bridge's key: one written by anyone else (a
+//!   service password, a forger) counts for nobody.
+//! - A delegate's answer counts as the delegator's person, so under a quorum
+//!   delegator and delegate together count once; someone who is an approver
+//!   in their own right always answers as themself, never for another.
+
+use serde::{Deserialize, Serialize};
+
+use super::IdKey;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::keys;
+use crate::store::Store;
+
+/// Longest a delegation may last (90 days).
+pub const MAX_SECONDS: u64 = 90 * 24 * 3600;
+
+/// One delegation, as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delegation {
+    /// The delegator's person.
+    pub from: String,
+    /// The delegate's person.
+    pub to: String,
+    /// Unix seconds it ends at.
+    pub until: u64,
+    /// The identity that asked (`cli:NAME`).
+    pub by: String,
+    /// When it was made.
+    pub at: u64,
+    /// [`IdKey::seal_delegation`] over from, to and until.
+    pub seal: String,
+}
+
+/// Whether any identity of person `name` is on bridge `bridge`'s approvers.
+fn approves(config: &Config, bridge: &str, name: &str) -> bool {
+    let Some(person) = config.people.get(name) else {
+        return false;
+    };
+    config
+        .bridges
+        .get(bridge)
+        .is_some_and(|b| person.identities.iter().any(|i| b.approval.allows(i)))
+}
+
+/// Records (or, with `until = 0`, ends) the delegation asked by `identity`
+/// on `bridge`: refused with the reason when the rules above forbid it.
+pub async fn set(
+    store: &mut Store,
+    config: &Config,
+    bridge: &str,
+    identity: &str,
+    to: &str,
+    until: u64,
+    now: u64,
+) -> Result<std::result::Result<Option<Delegation>, String>> {
+    let Some(from) = config.person_of(identity) else {
+        return Ok(Err(format!(
+            "`{identity}` is no person of [people]: only a person delegates, and only their own approvals"
+        )));
+    };
+    let key = keys::delegations(bridge);
+    if until == 0 {
+        let _: i64 = redis::cmd("HDEL")
+            .arg(&key)
+            .arg(from)
+            .query_async(&mut store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
+        return Ok(Ok(None));
+    }
+    if !approves(config, bridge, from) {
+        return Ok(Err(format!(
+            "{from} is not on bridge `{bridge}`'s approvers: nothing to delegate"
+        )));
+    }
+    if !config.people.contains_key(to) {
+        return Ok(Err(format!(
+            "`{to}` is no person of [people]: a delegate must be someone the config knows"
+        )));
+    }
+    if to == from {
+        return Ok(Err(format!("{from} cannot delegate to themself")));
+    }
+    if until <= now || until > now + MAX_SECONDS {
+        return Ok(Err(format!(
+            "`until` must be in the future and at most {} days ahead",
+            MAX_SECONDS / 86_400
+        )));
+    }
+    let Some(id_key) = IdKey::existing(store, bridge).await? else {
+        return Ok(Err(format!(
+            "bridge `{bridge}` has no key yet (its outbox never ran)"
+        )));
+    };
+    let d = Delegation {
+        from: from.to_string(),
+        to: to.to_string(),
+        until,
+        by: identity.to_string(),
+        at: now,
+        seal: id_key.seal_delegation(from, to, until),
+    };
+    let json = serde_json::to_string(&d).map_err(|e| Error::internal(e.to_string()))?;
+    let _: i64 = redis::cmd("HSET")
+        .arg(&key)
+        .arg(from)
+        .arg(&json)
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
+    Ok(Ok(Some(d)))
+}
+
+/// The person `identity` answers for on `bridge` at time `at` as a delegate:
+/// the delegator of a sealed, running delegation to its person. `None` for
+/// an approver in their own right (who answers as themself) and for anyone
+/// no delegation names.
+pub async fn acting_for(
+    store: &mut Store,
+    config: &Config,
+    bridge: &str,
+    identity: &str,
+    at: f64,
+) -> Result<Option<Delegation>> {
+    let Some(person) = config.person_of(identity) else {
+        return Ok(None);
+    };
+    let all = list(store, bridge).await?;
+    if all.iter().all(|d| d.to != person) {
+        return Ok(None);
+    }
+    let Some(id_key) = IdKey::existing(store, bridge).await? else {
+        return Ok(None);
+    };
+    Ok(all.into_iter().find(|d| {
+        d.to == person
+            && (d.until as f64) > at
+            && approves(config, bridge, &d.from)
+            && super::same_secret(&id_key.seal_delegation(&d.from, &d.to, d.until), &d.seal)
+    }))
+}
+
+/// Every delegation recorded on `bridge` (running or not), by delegator.
+pub async fn list(store: &mut Store, bridge: &str) -> Result<Vec<Delegation>> {
+    let key = keys::delegations(bridge);
+    let raw: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg(&key)
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("HGETALL {key}"), e))?;
+    let mut all: Vec<Delegation> = raw
+        .into_iter()
+        .filter_map(|(_, v)| serde_json::from_str(&v).ok())
+        .collect();
+    all.sort_by(|a, b| a.from.cmp(&b.from));
+    Ok(all)
+}
