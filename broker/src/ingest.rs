@@ -166,8 +166,8 @@ impl Ingest {
 
     /// A human answered the notification this bridge delivered as `external_id`.
     /// `user` is the platform's id of the human, without the type prefix.
-    /// `NotAllowed` for someone neither on the approvers list nor a person of
-    /// `[people]` (who may be a delegate; audited here),
+    /// `NotAllowed` for someone neither on the approvers list nor named by a
+    /// running delegation (audited here),
     /// `Unknown` for no live card, otherwise `Submitted`: the requesting
     /// bridge's outbox applies it.
     pub async fn answer(
@@ -206,15 +206,22 @@ impl Ingest {
             return Ok(Outcome::Late(crate::approval::Late::Missing));
         };
         let approver = crate::identity::Identity::on(&self.kind, user);
-        // A person of `[people]` may answer as someone's delegate, which only
-        // the asking bridge's outbox can tell (it keeps the delegations):
-        // handed on, and refused there if no delegation names them.
+        // A delegate's answer is handed on when a running delegation names
+        // them; the asking bridge's outbox checks its seal and decides.
         let allowed = self
             .config
             .bridges
             .get(record.source())
             .is_some_and(|b| b.approval.allows(&approver))
-            || self.config.person_of(&approver).is_some();
+            || crate::approval::delegation::may_be_delegate(
+                &mut self.store,
+                &self.config,
+                record.source(),
+                &approver,
+                self.clock.now_secs_f64(),
+                record.created_at,
+            )
+            .await?;
         if !allowed {
             tracing::warn!(approval = %id, approver = %approver, "answer from someone not on approval.approvers ignored");
             self.refused_answer(&id, user, "not an approver").await?;

@@ -197,6 +197,12 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                     .map(|b| format!("~{}", keys::approvals_of(b)))
                     .collect();
                 records.push(format!("~{}", keys::approval_map(name)));
+                // Who answers as a delegate (the outbox checks the seals).
+                records.extend(
+                    config
+                        .requesters_of(name)
+                        .map(|b| format!("~{}", keys::delegations(b))),
+                );
                 sels.push(selector(&records, "+hget +hexists +hgetall +hmget +exists"));
                 let asks: Vec<String> = config
                     .requesters_of(name)

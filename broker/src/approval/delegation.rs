@@ -16,8 +16,13 @@
 //! - It is sealed with the bridge's key: one written by anyone else (a
 //!   service password, a forger) counts for nobody.
 //! - A delegate's answer counts as the delegator's person, so under a quorum
-//!   delegator and delegate together count once; someone who is an approver
-//!   in their own right always answers as themself, never for another.
+//!   delegator and delegate together count once. A person who approves on
+//!   the bridge in their own right is never a delegate there (whichever of
+//!   their identities answers), and a person is the delegate of one
+//!   delegator at a time: one human never counts for two.
+//! - A delegation covers the approvals parked after it was made (`at`,
+//!   sealed): a reaction left on an older card before it existed, which a
+//!   platform's catch-up may replay, never counts for the delegator.
 
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +48,7 @@ pub struct Delegation {
     pub by: String,
     /// When it was made.
     pub at: u64,
-    /// [`IdKey::seal_delegation`] over from, to and until.
+    /// [`IdKey::seal_delegation`] over from, to, until and at.
     pub seal: String,
 }
 
@@ -97,6 +102,21 @@ pub async fn set(
     if to == from {
         return Ok(Err(format!("{from} cannot delegate to themself")));
     }
+    if approves(config, bridge, to) {
+        return Ok(Err(format!(
+            "{to} approves on bridge `{bridge}` in their own right: their answers count for themself only"
+        )));
+    }
+    if let Some(other) = list(store, bridge)
+        .await?
+        .into_iter()
+        .find(|d| d.to == to && d.from != from && d.until > now)
+    {
+        return Ok(Err(format!(
+            "{to} answers for {} until {} already: one delegate answers for one person at a time",
+            other.from, other.until
+        )));
+    }
     if until <= now || until > now + MAX_SECONDS {
         return Ok(Err(format!(
             "`until` must be in the future and at most {} days ahead",
@@ -114,7 +134,7 @@ pub async fn set(
         until,
         by: identity.to_string(),
         at: now,
-        seal: id_key.seal_delegation(from, to, until),
+        seal: id_key.seal_delegation(from, to, until, now),
     };
     let json = serde_json::to_string(&d).map_err(|e| Error::internal(e.to_string()))?;
     let _: i64 = redis::cmd("HSET")
@@ -127,36 +147,89 @@ pub async fn set(
     Ok(Ok(Some(d)))
 }
 
-/// The person `identity` answers for on `bridge` at time `at` as a delegate:
-/// the delegator of a sealed, running delegation to its person. `None` for
-/// an approver in their own right (who answers as themself) and for anyone
-/// no delegation names.
+/// The delegations `identity` could answer for on `bridge` at time `at`, on
+/// an approval parked at `parked_at`, seals not checked: running, naming its
+/// person, made before the approval was parked, from a delegator who
+/// approves there; none for a person who approves there in their own right.
+async fn candidates(
+    store: &mut Store,
+    config: &Config,
+    bridge: &str,
+    identity: &str,
+    at: f64,
+    parked_at: u64,
+) -> Result<Vec<Delegation>> {
+    let Some(person) = config.person_of(identity) else {
+        return Ok(Vec::new());
+    };
+    if approves(config, bridge, person) {
+        return Ok(Vec::new());
+    }
+    Ok(list(store, bridge)
+        .await?
+        .into_iter()
+        .filter(|d| {
+            d.to == person
+                && (d.until as f64) > at
+                && d.at <= parked_at
+                && approves(config, bridge, &d.from)
+        })
+        .collect())
+}
+
+/// The delegation `identity` answers under on `bridge` at time `at`, on an
+/// approval parked at `parked_at`: the one sealed, running delegation to its
+/// person (see the module invariants). `None` for everyone else, and when
+/// more than one would do (which [`set`] never records): no guessing whom an
+/// answer counts for.
 pub async fn acting_for(
     store: &mut Store,
     config: &Config,
     bridge: &str,
     identity: &str,
     at: f64,
+    parked_at: u64,
 ) -> Result<Option<Delegation>> {
-    let Some(person) = config.person_of(identity) else {
-        return Ok(None);
-    };
-    let all = list(store, bridge).await?;
-    if all.iter().all(|d| d.to != person) {
+    let found = candidates(store, config, bridge, identity, at, parked_at).await?;
+    if found.is_empty() {
         return Ok(None);
     }
     let Some(id_key) = IdKey::existing(store, bridge).await? else {
         return Ok(None);
     };
-    Ok(all.into_iter().find(|d| {
-        d.to == person
-            && (d.until as f64) > at
-            && approves(config, bridge, &d.from)
-            && super::same_secret(&id_key.seal_delegation(&d.from, &d.to, d.until), &d.seal)
-    }))
+    let mut sealed: Vec<Delegation> = found
+        .into_iter()
+        .filter(|d| {
+            super::same_secret(
+                &id_key.seal_delegation(&d.from, &d.to, d.until, d.at),
+                &d.seal,
+            )
+        })
+        .collect();
+    match sealed.len() {
+        1 => Ok(sealed.pop()),
+        _ => Ok(None),
+    }
 }
 
-/// Every delegation recorded on `bridge` (running or not), by delegator.
+/// Whether a surface should hand `identity`'s answer on as a delegate's: a
+/// running delegation names it (the surface cannot check seals; the asking
+/// bridge's outbox does).
+pub async fn may_be_delegate(
+    store: &mut Store,
+    config: &Config,
+    bridge: &str,
+    identity: &str,
+    at: f64,
+    parked_at: u64,
+) -> Result<bool> {
+    Ok(!candidates(store, config, bridge, identity, at, parked_at)
+        .await?
+        .is_empty())
+}
+
+/// Every delegation recorded on `bridge` (running or not), by delegator; one
+/// filed under another person's field than its own is left out.
 pub async fn list(store: &mut Store, bridge: &str) -> Result<Vec<Delegation>> {
     let key = keys::delegations(bridge);
     let raw: Vec<(String, String)> = redis::cmd("HGETALL")
@@ -166,7 +239,11 @@ pub async fn list(store: &mut Store, bridge: &str) -> Result<Vec<Delegation>> {
         .map_err(|e| Error::from_redis(&format!("HGETALL {key}"), e))?;
     let mut all: Vec<Delegation> = raw
         .into_iter()
-        .filter_map(|(_, v)| serde_json::from_str(&v).ok())
+        .filter_map(|(field, v)| {
+            serde_json::from_str::<Delegation>(&v)
+                .ok()
+                .filter(|d| d.from == field)
+        })
         .collect();
     all.sort_by(|a, b| a.from.cmp(&b.from));
     Ok(all)

@@ -172,8 +172,15 @@ impl IdKey {
 
     /// The seal of a delegation of person `from`'s approvals on this bridge
     /// to person `to` until `until` (see [`super::delegation`]).
-    pub fn seal_delegation(&self, from: &str, to: &str, until: u64) -> String {
-        self.seal(&format!("delegation\n{from}\n{to}\n{until}"))
+    pub fn seal_delegation(&self, from: &str, to: &str, until: u64, at: u64) -> String {
+        let (until, at) = (until.to_string(), at.to_string());
+        let digest = fields_sha256([
+            ("from", Some(from.as_bytes())),
+            ("to", Some(to.as_bytes())),
+            ("until", Some(until.as_bytes())),
+            ("at", Some(at.as_bytes())),
+        ]);
+        self.seal(&format!("delegation\n{digest}"))
     }
 
     /// The seal of a re-send of approval `of` on `stream` whose other fields

@@ -308,9 +308,36 @@ async fn decide_once(
     let delegation = match allowed {
         true => None,
         false => {
-            delegation::acting_for(store, config, record.source(), &approver, answer.at).await?
+            delegation::acting_for(
+                store,
+                config,
+                record.source(),
+                &approver,
+                answer.at,
+                record.created_at,
+            )
+            .await?
         }
     };
+    // One identity answers for one person: having counted (for anyone),
+    // it counts for nobody else.
+    let counted_before = record
+        .approvals
+        .iter()
+        .any(|a| crate::identity::canonical(a) == crate::identity::canonical(&approver));
+    if delegation.is_some() && counted_before {
+        let event = Answer {
+            approver: &approver,
+            ..answer
+        }
+        .event(&record, audit::Kind::Ignored)
+        .with(
+            audit::field::WHY,
+            "already counted: one identity answers for one person",
+        );
+        audit::append(store, config, &[event]).await?;
+        return Ok(Applied::Done(Outcome::NotAllowed));
+    }
     // A quorum counts people: every identity of one person counts as one,
     // and a delegate counts as the delegator.
     let counts_as = match &delegation {

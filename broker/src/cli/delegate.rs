@@ -43,7 +43,9 @@ pub fn parse_until(text: &str, now: u64) -> Result<u64> {
         Some('d') => 86_400,
         Some(_) => return Err(bad()),
     };
-    Ok(now + n * scale)
+    n.checked_mul(scale)
+        .and_then(|s| s.checked_add(now))
+        .ok_or_else(bad)
 }
 
 /// Asks every requesting bridge the operator approves on (or `--bridge`) to
@@ -160,5 +162,6 @@ mod tests {
         assert_eq!(parse_until("3d", 0).unwrap(), 3 * 86_400);
         assert!(parse_until("soon", 0).is_err());
         assert!(parse_until("5w", 0).is_err());
+        assert!(parse_until("99999999999999999d", 0).is_err());
     }
 }

@@ -1463,22 +1463,28 @@ async fn services_and_agents_run_under_their_users_on_a_cluster() {
 
 /// Delegation, under the rendered ACL users and a quorum of two: boss hands
 /// their answers to dep for an hour through `cowboy approvals delegate` (as
-/// operator boss, proven by its Redis user). Before that dep's ✅ is ignored;
-/// after it, it counts for boss, and boss's own ✅ adds nothing (one person);
-/// amy's makes two. Nobody delegates another's approvals, to an unknown
-/// person or to themself; a delegation written without the bridge's seal
-/// counts for nobody; one that ended counts for nobody.
+/// operator boss, proven by its Redis user). dep's ✅ is ignored before, and
+/// on a card parked before the delegation even after it was made (a replayed
+/// reaction counts for nobody); on a card parked after, it counts for boss,
+/// and boss's own ✅ adds nothing (one person); amy's makes two. Nobody
+/// delegates another's approvals, to an unknown person, to themself or to an
+/// approver in their own right; a delegate answers for one person at a time;
+/// a delegation without the bridge's seal, or one that ended, counts for
+/// nobody.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delegate_answers_for_an_approver_while_away() {
     let mut secrets = Secrets::new();
     secrets.approvers = "\"console:boss\", \"console:amy\", \"cli:boss\"".into();
     // One ingest reports every console user: trusted to tell them apart.
     secrets.approval_extra = ", quorum = 2, trust_surfaces = true".into();
-    for user in ["boss", "eve"] {
+    for user in ["boss", "amy", "eve"] {
         std::fs::write(secrets.dir.path().join(user), format!("pw-{user}\n")).unwrap();
     }
     secrets.extra = format!(
         r#"[operators.boss]
+password_file = "{}"
+
+[operators.amy]
 password_file = "{}"
 
 [operators.eve]
@@ -1488,7 +1494,7 @@ password_file = "{}"
 identities = ["console:boss", "cli:boss"]
 
 [people.amy]
-identities = ["console:amy"]
+identities = ["console:amy", "cli:amy"]
 
 [people.dep]
 identities = ["console:dep"]
@@ -1497,6 +1503,7 @@ identities = ["console:dep"]
 identities = ["cli:eve"]
 "#,
         secrets.file("boss"),
+        secrets.file("amy"),
         secrets.file("eve")
     );
     let (d, _) = secrets.deployment();
@@ -1506,30 +1513,35 @@ identities = ["cli:eve"]
         d.spawn("ingest", "desk"),
     ];
     let admin = d.store().await;
-    let record = |id: String| {
-        let mut admin = admin.clone();
-        async move { harness::hash(&mut admin, &keys::approval(&id)).await }
+    let card_of = |text: &'static str| {
+        let d = &d;
+        async move {
+            wait_until(&format!("the card of {text:?}"), SOON, || async {
+                d.delivered("desk.out")
+                    .into_iter()
+                    .find(|l| l.approval_id.is_some() && l.content.contains(text))
+            })
+            .await
+        }
     };
-    ann_writes(&d, &secrets, "needs two").await;
-    let card = wait_until("the card", SOON, || async {
-        d.delivered("desk.out")
-            .into_iter()
-            .find(|l| l.approval_id.is_some())
-    })
-    .await;
-    let id = card.approval_id.clone().unwrap();
-    let react = |user: &str| {
+    let react = |card: &console::send::Delivered, user: &str| {
         d.write_input(
             "desk.in",
             json!({"kind": "reaction", "message_id": card.external_id, "emoji": "✅", "user": user}),
         )
     };
-    react("dep");
+    let status = |id: String| {
+        let mut admin = admin.clone();
+        async move { harness::hash(&mut admin, &keys::approval(&id)).await["status"].clone() }
+    };
+    ann_writes(&d, &secrets, "parked before").await;
+    let before = card_of("parked before").await;
+    let before_id = before.approval_id.clone().unwrap();
+    react(&before, "dep");
     audited(&admin, "dep's answer ignored", |e| {
         e["event"] == "ignored" && e["by"] == "console:dep"
     })
     .await;
-    assert_eq!(record(id.clone()).await["status"], "pending");
 
     let refused = |args: &[&str], why: &str| {
         let out = d.cowboy(args);
@@ -1539,31 +1551,35 @@ identities = ["cli:eve"]
             "{args:?}: {why}: {err}"
         );
     };
-    refused(
-        &[
+    let delegate = |to: &'static str, until: &str, who: &'static str| -> Vec<String> {
+        [
             "approvals",
             "delegate",
             "--to",
-            "nobody",
+            to,
             "--until",
-            "1h",
+            until,
             "--as",
-            "boss",
-        ],
+            who,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    fn args(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    refused(
+        &args(&delegate("nobody", "1h", "boss")),
         "`nobody` is no person of [people]",
     );
     refused(
-        &[
-            "approvals",
-            "delegate",
-            "--to",
-            "boss",
-            "--until",
-            "1h",
-            "--as",
-            "boss",
-        ],
+        &args(&delegate("boss", "1h", "boss")),
         "cannot delegate to themself",
+    );
+    refused(
+        &args(&delegate("amy", "1h", "boss")),
+        "amy approves on bridge `mail` in their own right",
     );
     refused(
         &[
@@ -1581,16 +1597,7 @@ identities = ["cli:eve"]
         "nobody delegates amy's approvals but amy",
     );
     refused(
-        &[
-            "approvals",
-            "delegate",
-            "--to",
-            "dep",
-            "--until",
-            "1h",
-            "--as",
-            "eve",
-        ],
+        &args(&delegate("dep", "1h", "eve")),
         "eve is not on bridge `mail`'s approvers",
     );
     // Forged: amy's answers to eve, without the bridge's seal.
@@ -1602,23 +1609,42 @@ identities = ["cli:eve"]
         .query_async(&mut admin.clone().conn)
         .await
         .unwrap();
-    let out = d.cowboy(&[
-        "approvals",
-        "delegate",
-        "--to",
-        "dep",
-        "--until",
-        "1h",
-        "--as",
-        "boss",
-    ]);
+    let out = d.cowboy(&args(&delegate("dep", "1h", "boss")));
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success() && said.contains("mail: dep's answers count for boss until"),
         "{out:?}"
     );
+    refused(
+        &args(&delegate("dep", "1h", "amy")),
+        "dep answers for boss until",
+    );
 
-    react("dep");
+    // The card parked before the delegation: dep's answer (a replay, say)
+    // still counts for nobody.
+    react(&before, "dep");
+    wait_until("dep's answer to the older card ignored again", SOON, || {
+        let mut admin = admin.clone();
+        let before_id = before_id.clone();
+        async move {
+            let ignored = stream(&mut admin, &keys::audit("mail"))
+                .await
+                .into_iter()
+                .filter(|e| {
+                    e["event"] == "ignored"
+                        && e["by"] == "console:dep"
+                        && e["approval_id"] == before_id
+                })
+                .count();
+            (ignored == 2).then_some(())
+        }
+    })
+    .await;
+
+    ann_writes(&d, &secrets, "needs two").await;
+    let card = card_of("needs two").await;
+    let id = card.approval_id.clone().unwrap();
+    react(&card, "dep");
     let counted = audited(&admin, "dep's answer counted for boss", |e| {
         e["event"] == "answered" && e["by"] == "console:dep"
     })
@@ -1627,7 +1653,7 @@ identities = ["cli:eve"]
         (counted["for"].as_str(), counted["count"].as_str()),
         ("boss", "1/2")
     );
-    react("boss");
+    react(&card, "boss");
     audited(&admin, "boss's own answer not counted again", |e| {
         e["event"] == "ignored" && e["by"] == "console:boss"
     })
@@ -1637,12 +1663,9 @@ identities = ["cli:eve"]
         !eve.status.success(),
         "the forged delegation counts for nobody: {eve:?}"
     );
-    assert_eq!(
-        record(id.clone()).await["status"],
-        "pending",
-        "one person so far"
-    );
-    react("amy");
+    assert_eq!(status(id.clone()).await, "pending", "one person so far");
+    assert_eq!(status(before_id.clone()).await, "pending");
+    react(&card, "amy");
     let sent = wait_until("the approved message", SOON, || async {
         d.delivered("mail.out").first().cloned()
     })
@@ -1655,16 +1678,7 @@ identities = ["cli:eve"]
 
     // Ended: dep's answer is ignored again.
     let ends = (broker::now_secs() + 2).to_string();
-    let out = d.cowboy(&[
-        "approvals",
-        "delegate",
-        "--to",
-        "dep",
-        "--until",
-        &ends,
-        "--as",
-        "boss",
-    ]);
+    let out = d.cowboy(&args(&delegate("dep", &ends, "boss")));
     assert!(out.status.success(), "{out:?}");
     let listed =
         String::from_utf8_lossy(&d.cowboy(&["approvals", "delegations"]).stdout).into_owned();
@@ -1673,36 +1687,17 @@ identities = ["cli:eve"]
         "{listed}"
     );
     ann_writes(&d, &secrets, "after the window").await;
-    let late = wait_until("the second card", SOON, || async {
-        d.delivered("desk.out")
-            .into_iter()
-            .find(|l| l.approval_id.is_some() && l.content.contains("after the window"))
-    })
-    .await;
+    let late = card_of("after the window").await;
     let ended: u64 = ends.parse().unwrap();
-    // The delegation's end is on the wall clock the ingest dates answers by.
+    // The delegation's end is on the wall clock the outbox dates answers by.
     wait_until("the delegation's end", Duration::from_secs(5), || async {
         (broker::now_secs() > ended).then_some(())
     })
     .await;
-    d.write_input(
-        "desk.in",
-        json!({"kind": "reaction", "message_id": late.external_id, "emoji": "✅", "user": "dep"}),
-    );
+    react(&late, "dep");
     let late_id = late.approval_id.unwrap();
-    wait_until("dep's late answer ignored", SOON, || {
-        let mut admin = admin.clone();
-        let late_id = late_id.clone();
-        async move {
-            stream(&mut admin, &keys::audit("mail"))
-                .await
-                .into_iter()
-                .find(|e| {
-                    e["event"] == "ignored"
-                        && e["by"] == "console:dep"
-                        && e["approval_id"] == late_id
-                })
-        }
+    audited(&admin, "dep's late answer ignored", |e| {
+        e["event"] == "ignored" && e["by"] == "console:dep" && e["approval_id"] == late_id
     })
     .await;
     let out = d.cowboy(&["approvals", "delegate", "--end", "--as", "boss"]);
