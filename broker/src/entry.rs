@@ -276,6 +276,8 @@ pub struct Notice {
     pub parked_at: Option<String>,
     pub expires_at: Option<String>,
     pub quorum: Option<String>,
+    /// On `parked` under a quorum: approvals counted so far.
+    pub approvals: Option<String>,
 }
 
 impl Notice {
@@ -334,6 +336,7 @@ impl Notice {
             ("parked_at", &self.parked_at),
             ("expires_at", &self.expires_at),
             ("quorum", &self.quorum),
+            ("approvals", &self.approvals),
         ] {
             if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
                 f.push((name, v.as_bytes()));

@@ -96,6 +96,10 @@ pub fn status(request_id: &str, notices: &[Fields], written: bool) -> Value {
                 if let Some(q) = number("quorum") {
                     out.insert("approvals_needed".into(), json!(q));
                 }
+                out.insert(
+                    "approvals_so_far".into(),
+                    json!(number("approvals").unwrap_or(0)),
+                );
             }
             None => {
                 let word = if written {
@@ -142,7 +146,13 @@ mod tests {
         assert_eq!(s["state"], "awaiting_approval");
         assert_eq!(s["since"], 100);
         assert_eq!(s["deadline"], Value::Null);
-        assert_eq!(s["approvals_needed"], 2);
+        assert_eq!(
+            (s["approvals_needed"].clone(), s["approvals_so_far"].clone()),
+            (json!(2), json!(0))
+        );
+        let one = notice(&[("status", "parked"), ("quorum", "2"), ("approvals", "1")]);
+        let s = status("r", &[parked.clone(), one], true);
+        assert_eq!(s["approvals_so_far"], 1);
         let delivered = notice(&[("status", "delivered"), ("external_id", "x-1")]);
         let s = status("r", &[parked.clone(), delivered], true);
         assert_eq!(s["state"], "delivered");

@@ -376,6 +376,30 @@ async fn decide_once(
     apply(store, config, &record, answer).await
 }
 
+/// Tells an agent that asked for progress (`notices = all`) how many
+/// approvals its parked entry has now: a `parked` notice with `approvals`.
+/// Who approved is not told (that is for the trail).
+async fn tell_counted(store: &mut Store, record: &Record, have: usize, need: usize) -> Result<()> {
+    use crate::entry::{Notice, NoticeStatus};
+    let n = Notice {
+        parked_at: Some(record.created_at.to_string()),
+        expires_at: Some(record.expires_at.to_string()),
+        quorum: Some(need.to_string()),
+        approvals: Some(have.to_string()),
+        ..Notice::new(
+            NoticeStatus::Parked,
+            format!("waiting for approval: {have} of {need} so far"),
+        )
+        .approval(&record.id)
+        .request(record.request_id.as_deref())
+    };
+    let inbox = crate::keys::inbox_for(record.agent.as_deref(), record.source());
+    store
+        .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
+        .await?;
+    Ok(())
+}
+
 /// A count of approvals as the record stores it: who approved, the people
 /// they count as, the shared proofs they came through (each one a line).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -581,6 +605,9 @@ async fn apply(
                     .event(record, audit::Kind::Answered)
                     .with(audit::field::COUNT, count),
             };
+            if !again && record.progress {
+                tell_counted(store, record, d.approvals.len(), need).await?;
+            }
             let outcome = Outcome::Counted {
                 have: d.approvals.len(),
                 need,

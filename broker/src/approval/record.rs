@@ -74,6 +74,9 @@ pub mod field {
     /// `1` when the approval asks to run a declared action (its bridge's type
     /// is gated in the registry): approvers judge the card, edits are refused.
     pub const GATED: &str = "gated";
+    /// `1` when the agent asked for progress notices (`notices = all`): it
+    /// is also told each approval counted short of the quorum.
+    pub const PROGRESS: &str = "progress";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -125,6 +128,7 @@ pub mod field {
         VERSION_SEAL,
         COUNT_SEAL,
         GATED,
+        PROGRESS,
     ];
 }
 
@@ -290,6 +294,8 @@ pub struct Record {
     /// Whether the approval asks to run a declared action, as written at park
     /// time; `None` on records written before the field existed.
     pub gated: Option<bool>,
+    /// See [`field::PROGRESS`].
+    pub progress: bool,
 }
 
 impl Record {
@@ -352,6 +358,7 @@ impl Record {
             editors: text(EDITORS).unwrap_or_default(),
             count_seal: text(COUNT_SEAL),
             gated: text(GATED).map(|g| g != "0"),
+            progress: text(PROGRESS).is_some_and(|p| p == "1"),
         }
     }
 
@@ -411,6 +418,7 @@ impl Record {
             some(COUNT_SEAL, &self.count_seal),
             self.gated
                 .map(|g| (GATED, if g { "1" } else { "0" }.to_string())),
+            self.progress.then(|| (PROGRESS, "1".to_string())),
         ]
         .into_iter()
         .flatten()

@@ -438,6 +438,7 @@ impl<S: Sender> OutboxService<S> {
             notify_channel: self.bridge.approval.notify_channel.clone(),
             quorum: self.bridge.approval.quorum,
             gated: Some(registry::is_gated(&self.bridge.kind)),
+            progress: message.progress,
             // Whose wake-up stream a decision goes to (changed when another worker takes over).
             worker: self.worker.clone(),
             // Unguessable and single-use: notify bridges build reply tokens from it

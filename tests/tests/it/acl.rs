@@ -1641,7 +1641,19 @@ identities = ["cli:eve"]
     })
     .await;
 
-    ann_writes(&d, &secrets, "needs two").await;
+    ann_writes_fields(
+        &d,
+        &secrets,
+        &[
+            "content",
+            "needs two",
+            "notices",
+            "all",
+            "request_id",
+            "two",
+        ],
+    )
+    .await;
     let card = card_of("needs two").await;
     let id = card.approval_id.clone().unwrap();
     react(&card, "dep");
@@ -1653,6 +1665,26 @@ identities = ["cli:eve"]
         (counted["for"].as_str(), counted["count"].as_str()),
         ("boss", "1/2")
     );
+    // The agent asked for progress: told one of two so far, not by whom.
+    let progress = wait_until("the agent told 1 of 2", SOON, || {
+        let mut admin = admin.clone();
+        async move {
+            stream(&mut admin, "ann:mail:inbox")
+                .await
+                .into_iter()
+                .find(|n| n["request_id"] == "two" && n.get("approvals").is_some())
+        }
+    })
+    .await;
+    assert_eq!(
+        (
+            progress["status"].as_str(),
+            progress["approvals"].as_str(),
+            progress["quorum"].as_str()
+        ),
+        ("parked", "1", "2")
+    );
+    assert!(progress.get("approver").is_none(), "{progress:?}");
     react(&card, "boss");
     audited(&admin, "boss's own answer not counted again", |e| {
         e["event"] == "ignored" && e["by"] == "console:boss"

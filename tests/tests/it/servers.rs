@@ -142,6 +142,11 @@ pub(crate) const FAILOVER: Duration = Duration::from_secs(60);
 /// and delivered; no card is shown twice and every approval has one outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failovers_lose_and_double_nothing() {
+    // The services' logs, shown when the test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
     let master = RedisServer::start();
     let first = master.port;
     let mut set = Sentinels::start(&master);
