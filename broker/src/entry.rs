@@ -298,6 +298,24 @@ impl Notice {
         }
     }
 
+    /// `parked`: waiting for approval, with its deadline and quorum, and the
+    /// count so far (`approvals`) when one was just counted short of it.
+    pub fn parked(record: &crate::approval::Record, count: Option<(usize, usize)>) -> Notice {
+        let reason = match count {
+            Some((have, need)) => format!("waiting for approval: {have} of {need} so far"),
+            None => "waiting for approval".to_string(),
+        };
+        Notice {
+            parked_at: Some(record.created_at.to_string()),
+            expires_at: Some(record.expires_at.to_string()),
+            quorum: Some(record.quorum().to_string()),
+            approvals: count.map(|(have, _)| have.to_string()),
+            ..Notice::new(NoticeStatus::Parked, reason)
+                .approval(&record.id)
+                .request(record.request_id.as_deref())
+        }
+    }
+
     pub fn approval(mut self, id: &str) -> Notice {
         self.approval_id = Some(id.to_string());
         self

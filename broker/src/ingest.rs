@@ -164,6 +164,33 @@ impl Ingest {
         self.config.is_approval_surface(&self.name)
     }
 
+    /// Whether `identity` may answer `record` here: an approver of its bridge,
+    /// or someone a running delegation names (the asking bridge's outbox
+    /// checks the delegation's seal and decides). Every surface asks this.
+    pub async fn may_answer(
+        &mut self,
+        record: &crate::approval::Record,
+        identity: &str,
+    ) -> Result<bool> {
+        let approver = self
+            .config
+            .bridges
+            .get(record.source())
+            .is_some_and(|b| b.approval.allows(identity));
+        if approver {
+            return Ok(true);
+        }
+        crate::approval::delegation::may_be_delegate(
+            &mut self.store,
+            &self.config,
+            record.source(),
+            identity,
+            self.clock.now_secs_f64(),
+            record.created_at,
+        )
+        .await
+    }
+
     /// A human answered the notification this bridge delivered as `external_id`.
     /// `user` is the platform's id of the human, without the type prefix.
     /// `NotAllowed` for someone neither on the approvers list nor named by a
@@ -208,21 +235,7 @@ impl Ingest {
         let approver = crate::identity::Identity::on(&self.kind, user);
         // A delegate's answer is handed on when a running delegation names
         // them; the asking bridge's outbox checks its seal and decides.
-        let allowed = self
-            .config
-            .bridges
-            .get(record.source())
-            .is_some_and(|b| b.approval.allows(&approver))
-            || crate::approval::delegation::may_be_delegate(
-                &mut self.store,
-                &self.config,
-                record.source(),
-                &approver,
-                self.clock.now_secs_f64(),
-                record.created_at,
-            )
-            .await?;
-        if !allowed {
+        if !self.may_answer(&record, &approver).await? {
             tracing::warn!(approval = %id, approver = %approver, "answer from someone not on approval.approvers ignored");
             self.refused_answer(&id, user, "not an approver").await?;
             return Ok(Outcome::NotAllowed);

@@ -1,6 +1,6 @@
 //! A master, a replica and three Sentinels on loopback ports, for failover
 //! tests: the Sentinels monitor the master as [`Sentinels::NAME`], declare it
-//! down after one second and may fail over again a few seconds later.
+//! down after three seconds (a loaded test machine must not look dead) and may fail over again a few seconds later.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -173,7 +173,7 @@ fn spawn_sentinel(dir: &Path, server: &RedisServer, access: &Access) -> (Child, 
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {}\n\
                  sentinel monitor {name} 127.0.0.1 {master} 2\n\
-                 sentinel down-after-milliseconds {name} 1000\n\
+                 sentinel down-after-milliseconds {name} 3000\n\
                  sentinel failover-timeout {name} 3000\n\
                  sentinel parallel-syncs {name} 1\n{}\n",
                 dir.display(),

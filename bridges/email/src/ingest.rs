@@ -395,15 +395,10 @@ impl EmailIngest {
             return Ok(());
         };
         let allowed = match self.ingest.approvals().load(&approval_id).await? {
-            Some(record) => self
-                .ingest
-                .config()
-                .bridges
-                .get(record.source())
-                .is_some_and(|b| {
-                    b.approval
-                        .allows(&broker::identity::Identity::on("email", from))
-                }),
+            Some(record) => {
+                let identity = broker::identity::Identity::on("email", from);
+                self.ingest.may_answer(&record, &identity).await?
+            }
             None => false,
         };
         if !allowed {

@@ -57,7 +57,11 @@ pub struct Refused(pub String);
 
 impl From<Error> for Refused {
     fn from(e: Error) -> Refused {
-        Refused(e.to_string())
+        // The agent must tell "try again" from "never".
+        match e.is_retriable() {
+            true => Refused(format!("Redis is unavailable for now, try again: {e}")),
+            false => Refused(e.to_string()),
+        }
     }
 }
 
@@ -310,7 +314,14 @@ impl Gate {
         let outbox = keys::agent_outbox(&self.agent, bridge);
         let mut store = self.store.clone();
         let mut found = Vec::new();
-        let mut start = entry_id.to_string();
+        // From a minute before the entry: after a failover to a master whose
+        // clock is behind, a notice's id may be lower than its entry's.
+        let ms: u64 = entry_id
+            .split('-')
+            .next()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(0);
+        let mut start = ms.saturating_sub(60_000).to_string();
         loop {
             let page = store.range(&inbox, &start, "+", PAGE).await?;
             let Some(last) = page.last() else { break };
@@ -511,7 +522,11 @@ impl Gate {
         let mut store = self.store.clone();
         for (stream, ids) in &acks {
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-            store.ack(stream, &group, &ids).await?;
+            // Handed out all the same: unacknowledged, they come again first
+            // (twice is the price; never lost).
+            if let Err(e) = store.ack(stream, &group, &ids).await {
+                tracing::warn!(stream, error = %e, "inbox entries handed out but not acknowledged");
+            }
         }
         Ok(json!({ "entries": out }))
     }

@@ -32,23 +32,22 @@ pub async fn serve_stdio(
     config: broker::Config,
     agent: &str,
     init: Duration,
-) -> Result<(), String> {
-    let gate = gate::Gate::connect(config, agent)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(), broker::Error> {
+    let gate = gate::Gate::connect(config, agent).await?;
+    let ended = |why: String| broker::Error::platform(false, why);
     let server = server::Server::new(gate);
     let running = tokio::time::timeout(init, server.serve(rmcp::transport::stdio()))
         .await
         .map_err(|_| {
-            format!(
+            ended(format!(
                 "no MCP client initialized a session within {} s",
                 init.as_secs()
-            )
+            ))
         })?
-        .map_err(|e| format!("the MCP session did not start: {e}"))?;
+        .map_err(|e| ended(format!("the MCP session did not start: {e}")))?;
     running
         .waiting()
         .await
-        .map_err(|e| format!("the MCP session ended with an error: {e}"))?;
+        .map_err(|e| ended(format!("the MCP session ended with an error: {e}")))?;
     Ok(())
 }

@@ -5,7 +5,9 @@
 //! - Every tool answers with one JSON text (also as structured content); a
 //!   refusal is a tool error (`isError: true`) whose text says why and, for
 //!   `send`, that nothing was written. Arguments that do not fit a tool's
-//!   schema are refused the same way by the SDK before the tool runs.
+//!   schema (a missing or mistyped field, an unknown one) are refused the
+//!   same way by the SDK before the tool runs; a number past a bound the
+//!   schema states is refused (`wait`) or brought within it (`inbox`'s `max`).
 //! - The server asks the client nothing (no elicitation, no sampling): a
 //!   client that cannot answer questions loses nothing.
 

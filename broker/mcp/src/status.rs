@@ -32,11 +32,19 @@ pub fn status(request_id: &str, notices: &[Fields], written: bool) -> Value {
     let mut out = Map::new();
     out.insert("request_id".into(), json!(request_id));
     let mut parked: Option<&Fields> = None;
+    // The latest count told; a `parked` notice without one (a card asked
+    // for again) does not reset it.
+    let mut counted: u64 = 0;
     let mut outcome: Option<&Fields> = None;
     let mut edited: Option<&Fields> = None;
     for n in notices {
         match n.get("status").map(String::as_str) {
-            Some("parked") => parked = Some(n),
+            Some("parked") => {
+                parked = Some(n);
+                if let Some(c) = n.get("approvals").and_then(|a| a.parse().ok()) {
+                    counted = c;
+                }
+            }
             Some("edited") => edited = Some(n),
             Some(_) => outcome = Some(n),
             None => {}
@@ -96,10 +104,7 @@ pub fn status(request_id: &str, notices: &[Fields], written: bool) -> Value {
                 if let Some(q) = number("quorum") {
                     out.insert("approvals_needed".into(), json!(q));
                 }
-                out.insert(
-                    "approvals_so_far".into(),
-                    json!(number("approvals").unwrap_or(0)),
-                );
+                out.insert("approvals_so_far".into(), json!(counted));
             }
             None => {
                 let word = if written {
@@ -151,8 +156,13 @@ mod tests {
             (json!(2), json!(0))
         );
         let one = notice(&[("status", "parked"), ("quorum", "2"), ("approvals", "1")]);
-        let s = status("r", &[parked.clone(), one], true);
+        let s = status("r", &[parked.clone(), one.clone()], true);
         assert_eq!(s["approvals_so_far"], 1);
+        let s = status("r", &[parked.clone(), one, parked.clone()], true);
+        assert_eq!(
+            s["approvals_so_far"], 1,
+            "a card asked for again resets no count"
+        );
         let delivered = notice(&[("status", "delivered"), ("external_id", "x-1")]);
         let s = status("r", &[parked.clone(), delivered], true);
         assert_eq!(s["state"], "delivered");

@@ -380,19 +380,7 @@ async fn decide_once(
 /// approvals its parked entry has now: a `parked` notice with `approvals`.
 /// Who approved is not told (that is for the trail).
 async fn tell_counted(store: &mut Store, record: &Record, have: usize, need: usize) -> Result<()> {
-    use crate::entry::{Notice, NoticeStatus};
-    let n = Notice {
-        parked_at: Some(record.created_at.to_string()),
-        expires_at: Some(record.expires_at.to_string()),
-        quorum: Some(need.to_string()),
-        approvals: Some(have.to_string()),
-        ..Notice::new(
-            NoticeStatus::Parked,
-            format!("waiting for approval: {have} of {need} so far"),
-        )
-        .approval(&record.id)
-        .request(record.request_id.as_deref())
-    };
+    let n = crate::entry::Notice::parked(record, Some((have, need)));
     let inbox = crate::keys::inbox_for(record.agent.as_deref(), record.source());
     store
         .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
@@ -605,9 +593,6 @@ async fn apply(
                     .event(record, audit::Kind::Answered)
                     .with(audit::field::COUNT, count),
             };
-            if !again && record.progress {
-                tell_counted(store, record, d.approvals.len(), need).await?;
-            }
             let outcome = Outcome::Counted {
                 have: d.approvals.len(),
                 need,
@@ -664,6 +649,20 @@ async fn apply(
         }
     };
     audit::append(store, config, &events).await?;
+    // After the trail: the count is what matters; telling the agent is
+    // informational, and a failure to is logged, not retried.
+    if let Outcome::Counted {
+        have,
+        need,
+        again: false,
+    } = &outcome
+    {
+        if record.progress {
+            if let Err(e) = tell_counted(store, record, *have, *need).await {
+                tracing::warn!(approval = %record.id, error = %e, "the agent was not told of the count");
+            }
+        }
+    }
     if let Some(status) = wake {
         // Wake the requesting worker (the one the record names, read in the same
         // step as the decision). If this is lost (the decider died in between, or

@@ -192,7 +192,7 @@ pub enum Approvals {
         #[arg(long = "as", env = "COWBOY_OPERATOR")]
         operator: Option<String>,
     },
-    /// The delegations recorded, running and ended.
+    /// The delegations recorded: running ones, and ended ones not taken back.
     Delegations,
     /// Reject with a reason the agent will see.
     Reject {

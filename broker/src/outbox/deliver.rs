@@ -278,8 +278,9 @@ impl<S: Sender> OutboxService<S> {
         if self.mem.acks.is_empty() {
             return Ok(());
         }
-        let told = std::mem::take(&mut self.mem.told);
-        self.notices(told).await?;
+        // Taken only once written: a failed write is tried again with the acks.
+        self.notices(self.mem.told.clone()).await?;
+        self.mem.told.clear();
         let acks = std::mem::take(&mut self.mem.acks);
         let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (stream, id, _) in &acks {

@@ -4,6 +4,10 @@
 //! Invariants:
 //! - What is here is a cache of Redis (pending lists, records, marks): losing
 //!   it loses nothing, and the recovery that follows every forget rebuilds it.
+//!   One exception, informational only: `told`, the `delivered` notices of
+//!   the acks to come; forgotten with them, the agent may not hear of those
+//!   deliveries (they were made; `status` then stays `awaiting` or `queued`
+//!   until the trail is asked).
 //! - Forgetting is all or nothing ([`Memory::forget`]): the scheduler and the
 //!   parked index in particular never go apart (a parked entry whose send was
 //!   abandoned must be tracked afresh, or only the slow sweep repairs it).

@@ -84,14 +84,7 @@ impl<S: Sender> OutboxService<S> {
         if !message.progress {
             return None;
         }
-        let n = Notice {
-            parked_at: Some(record.created_at.to_string()),
-            expires_at: Some(record.expires_at.to_string()),
-            quorum: Some(record.quorum().to_string()),
-            ..Notice::new(NoticeStatus::Parked, "waiting for approval")
-                .approval(&record.id)
-                .request(message.request_id.as_deref())
-        };
+        let n = Notice::parked(record, None);
         Some(self.notice_entry(src, &entry.id, Some(entry), n))
     }
 
@@ -167,6 +160,8 @@ impl<S: Sender> OutboxService<S> {
         if lost || record.notified.is_none() {
             // A card must never show a record a failover can lose.
             self.store.conn.replicated("the approval record").await?;
+            // Told before the card is marked asked (see `park_batch`).
+            self.tell_parked(src, entry, message, &record).await?;
             if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
@@ -178,7 +173,6 @@ impl<S: Sender> OutboxService<S> {
                 self.audit_failed(&id, &reason, None).await?;
                 return self.finish(src, &entry.id, &record, Some("failed")).await;
             }
-            self.tell_parked(src, entry, message, &record).await?;
         }
         self.mem
             .parked
@@ -253,14 +247,16 @@ impl<S: Sender> OutboxService<S> {
             .zip(&notified)
             .map(|((_, record, _), entry_id)| (record.id.as_str(), entry_id.as_str()))
             .collect();
-        Approvals::on(&mut self.store)
-            .mark_notified_many(&marks)
-            .await?;
+        // Told before the cards are marked: a crash between the two asks again
+        // (and tells again) rather than never telling.
         let told: Vec<_> = fresh
             .iter()
             .filter_map(|(p, record, _)| self.parked_notice(p.source, &p.entry, &p.message, record))
             .collect();
         self.notices(told).await?;
+        Approvals::on(&mut self.store)
+            .mark_notified_many(&marks)
+            .await?;
         for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
             self.mem

@@ -1325,7 +1325,8 @@ async fn services_under_their_users_follow_a_sentinel_failover() {
     agent_sends_through(&d, "written-during", "s2").await;
     let second = set.replica.port;
     tokio::task::block_in_place(|| set.wait_master(second));
-    d.redis.restart();
+    // Back as the new master's replica at once (see servers.rs).
+    d.redis.restart_as_replica_of(second);
     tokio::task::block_in_place(|| set.wait_replica(first));
     crate::approval::react(&d, &before, "✅", "boss", "");
     let (_, during) = card_showing(&d, "written-during").await;
@@ -1684,17 +1685,32 @@ identities = ["cli:eve"]
         ),
         ("parked", "1", "2")
     );
-    assert!(progress.get("approver").is_none(), "{progress:?}");
+    assert!(!progress.contains_key("approver"), "{progress:?}");
     react(&card, "boss");
     audited(&admin, "boss's own answer not counted again", |e| {
         e["event"] == "ignored" && e["by"] == "console:boss"
     })
     .await;
-    let eve = d.cowboy(&["approvals", "approve", &id, "--as", "eve"]);
+    // Naming the version, so the answer reaches the outbox's decision.
+    let digest =
+        harness::hash(&mut admin.clone(), &keys::approval(&id)).await["message_sha256"].clone();
+    let eve = d.cowboy(&[
+        "approvals",
+        "approve",
+        &id,
+        "--digest",
+        &digest,
+        "--as",
+        "eve",
+    ]);
     assert!(
         !eve.status.success(),
         "the forged delegation counts for nobody: {eve:?}"
     );
+    audited(&admin, "eve's answer ignored", |e| {
+        e["event"] == "ignored" && e["by"] == "cli:eve" && e["why"] == "not an approver"
+    })
+    .await;
     assert_eq!(status(id.clone()).await, "pending", "one person so far");
     assert_eq!(status(before_id.clone()).await, "pending");
     react(&card, "amy");
@@ -1709,7 +1725,7 @@ identities = ["cli:eve"]
     .await;
 
     // Ended: dep's answer is ignored again.
-    let ends = (broker::now_secs() + 2).to_string();
+    let ends = (broker::now_secs() + 10).to_string();
     let out = d.cowboy(&args(&delegate("dep", &ends, "boss")));
     assert!(out.status.success(), "{out:?}");
     let listed =
@@ -1722,7 +1738,7 @@ identities = ["cli:eve"]
     let late = card_of("after the window").await;
     let ended: u64 = ends.parse().unwrap();
     // The delegation's end is on the wall clock the outbox dates answers by.
-    wait_until("the delegation's end", Duration::from_secs(5), || async {
+    wait_until("the delegation's end", Duration::from_secs(15), || async {
         (broker::now_secs() > ended).then_some(())
     })
     .await;

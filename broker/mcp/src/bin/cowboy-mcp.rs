@@ -35,11 +35,13 @@ async fn main() -> ExitCode {
         }
     };
     let init = Duration::from_secs(args.init_timeout);
+    // A bad agent or password file exits as bad config does (78): a
+    // supervisor must not restart it in a loop.
     let code = match mcp::serve_stdio(config, &args.agent, init).await {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {e}");
-            1
+            broker::service::exit_code(&e)
         }
     };
     // Exits here: returning would wait for the runtime's blocked read of
