@@ -149,7 +149,7 @@ pub async fn set(
 
 /// The delegations `identity` could answer for on `bridge` at time `at`, on
 /// an approval parked at `parked_at`, seals not checked: running, naming its
-/// person, made before the approval was parked, from a delegator who
+/// person, made in a second before the approval was parked, from a delegator who
 /// approves there; none for a person who approves there in their own right.
 async fn candidates(
     store: &mut Store,
@@ -171,7 +171,9 @@ async fn candidates(
         .filter(|d| {
             d.to == person
                 && (d.until as f64) > at
-                && d.at <= parked_at
+                // Strictly after: `at` and `parked_at` are whole seconds, and
+                // one parked in the delegation's own second may predate it.
+                && d.at < parked_at
                 && approves(config, bridge, &d.from)
         })
         .collect())

@@ -1642,6 +1642,8 @@ identities = ["cli:eve"]
     })
     .await;
 
+    // A delegation covers what is parked in a later second than its own.
+    next_second().await;
     ann_writes_fields(
         &d,
         &secrets,
@@ -1734,6 +1736,7 @@ identities = ["cli:eve"]
         listed.contains("mail: dep answers for boss until"),
         "{listed}"
     );
+    next_second().await;
     ann_writes(&d, &secrets, "after the window").await;
     let late = card_of("after the window").await;
     let ended: u64 = ends.parse().unwrap();
@@ -1775,4 +1778,14 @@ async fn audited(
         }
     })
     .await
+}
+
+/// Returns once the wall clock's second has changed (delegations and
+/// records are dated in whole seconds).
+async fn next_second() {
+    let now = broker::now_secs();
+    wait_until("the next second", Duration::from_secs(3), || async {
+        (broker::now_secs() > now).then_some(())
+    })
+    .await;
 }
