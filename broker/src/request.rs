@@ -658,8 +658,8 @@ async fn apply(
     requester: &Requester,
     request: &Request,
 ) -> Result<Reply> {
-    if let Action::Delegate { to, until } = &request.action {
-        return delegate_here(store, config, clock, bridge, requester, request, to, *until).await;
+    if let Action::Delegate { .. } = &request.action {
+        return delegate_here(store, config, clock, bridge, requester, request).await;
     }
     let id = request.approval_id.as_str();
     // Anything but this bridge's own ids is out of this service's reach:
@@ -775,7 +775,6 @@ async fn apply(
 
 /// Applies a delegation request: only an operator, for their own person
 /// (see [`approval::delegation`]); recorded in the bridge's trail.
-#[allow(clippy::too_many_arguments)]
 async fn delegate_here(
     store: &mut Store,
     config: &Config,
@@ -783,10 +782,12 @@ async fn delegate_here(
     bridge: &str,
     requester: &Requester,
     request: &Request,
-    to: &str,
-    until: u64,
 ) -> Result<Reply> {
     let refused = |message: String| Ok(Reply::Refused { message });
+    let Action::Delegate { to, until } = &request.action else {
+        return refused("not a delegation".into());
+    };
+    let (to, until) = (to.as_str(), *until);
     if !matches!(requester, Requester::Operator(_)) {
         return refused("only an operator delegates, from their own CLI user".into());
     }

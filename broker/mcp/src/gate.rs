@@ -278,16 +278,7 @@ impl Gate {
         let mut end = "+".to_string();
         let mut read = 0;
         while read < SEARCHED {
-            let v: redis::Value = redis::cmd("XREVRANGE")
-                .arg(stream)
-                .arg(&end)
-                .arg("-")
-                .arg("COUNT")
-                .arg(PAGE)
-                .query_async(&mut store.conn)
-                .await
-                .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
-            let page = broker::store::parse_entries(v);
+            let page = newest(&mut store, stream, &end, PAGE).await?;
             let Some((last, _)) = page.last() else { break };
             end = format!("({last}");
             read += page.len();
@@ -446,16 +437,8 @@ impl Gate {
     }
 
     async fn last_id(&self, stream: &str) -> Result<String, Refused> {
-        let v: redis::Value = redis::cmd("XREVRANGE")
-            .arg(stream)
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut self.store.clone().conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
-        Ok(broker::store::parse_entries(v)
+        Ok(newest(&mut self.store.clone(), stream, "+", 1)
+            .await?
             .into_iter()
             .next()
             .map_or_else(|| "0-0".to_string(), |(id, _)| id))
@@ -553,6 +536,25 @@ impl Gate {
             .collect();
         json!({ "agent": self.agent, "bridges": bridges })
     }
+}
+
+/// At most `count` entries of `stream` from `end` back, newest first.
+async fn newest(
+    store: &mut Store,
+    stream: &str,
+    end: &str,
+    count: usize,
+) -> Result<Vec<broker::store::RawEntry>, Refused> {
+    let v: redis::Value = redis::cmd("XREVRANGE")
+        .arg(stream)
+        .arg(end)
+        .arg("-")
+        .arg("COUNT")
+        .arg(count)
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
+    Ok(broker::store::parse_entries(v))
 }
 
 fn with_changed(mut v: Value, changed: bool) -> Value {

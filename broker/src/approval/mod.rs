@@ -341,7 +341,7 @@ async fn decide_once(
     // A quorum counts people: every identity of one person counts as one,
     // and a delegate counts as the delegator.
     let counts_as = match &delegation {
-        Some(d) => format!("person:{}", d.from),
+        Some(d) => config.person_key_of(&d.from),
         None => config.counting_key(&approver),
     };
     let rules = config.bridges.get(record.source()).map(|b| &b.approval);

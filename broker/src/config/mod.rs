@@ -123,9 +123,14 @@ impl Config {
     /// identity itself when no person claims it (`identity:TYPE:ID`).
     pub fn counting_key(&self, identity: &str) -> String {
         match self.person_of(identity) {
-            Some(name) => format!("person:{name}"),
+            Some(name) => person_key(name),
             None => format!("identity:{}", canonical(identity)),
         }
+    }
+
+    /// The counting key of person `name` (what a delegate counts as).
+    pub fn person_key_of(&self, name: &str) -> String {
+        person_key(name)
     }
 
     pub fn notify_bridge<'a>(&'a self, name: &'a str) -> &'a str {
@@ -186,6 +191,11 @@ impl Config {
     pub fn agent_names(&self) -> impl Iterator<Item = &str> {
         self.agents.keys().map(String::as_str)
     }
+}
+
+/// How a quorum counts person `name` (see [`Config::counting_key`]).
+fn person_key(name: &str) -> String {
+    format!("person:{name}")
 }
 
 #[cfg(test)]
