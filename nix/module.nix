@@ -31,6 +31,9 @@ let
     max_parked = mkOption { type = types.ints.unsigned; default = 0; description = "Most approvals waiting on this bridge in all; 0 = no limit."; };
     editors_count = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether an approver who edited the message counts toward it (default: the editor proposes, others dispose)."; };
     trust_surfaces = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether several people answering through one service password (the notify bridge's ingest, the page) count apart (default: one password counts once)."; };
+    max_snooze = mkOption { type = types.ints.unsigned; default = 86400; description = "Longest one \"later\" may move an approval's deadline by, in seconds; 0 = approvers cannot snooze."; };
+    max_snoozes = mkOption { type = types.ints.unsigned; default = 3; description = "How many times one approval may be snoozed."; };
+    snooze = mkOption { type = types.ints.positive; default = 3600; description = "Seconds a \"later\" without a time (a reaction, a button) moves the deadline by."; };
   };
 
   # The alias keeps the protocol's second spelling; null means "not set here".

@@ -62,6 +62,9 @@ let
         max_parked_per_agent = approval.max_parked_per_agent or null;
         max_parked_bytes_per_agent = approval.max_parked_bytes_per_agent or null;
         max_parked = approval.max_parked or null;
+        max_snooze = approval.max_snooze or null;
+        max_snoozes = approval.max_snoozes or null;
+        snooze = approval.snooze or null;
       };
       ping = nonNull {
         command = ping.command or null;

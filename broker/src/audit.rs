@@ -95,6 +95,8 @@ pub enum Kind {
     /// An approver's answers handed to a delegate until a time (or taken
     /// back): by, delegate, until. No approval id.
     Delegated,
+    /// The deadline moved by an approver's "later": by, until, reason.
+    Snoozed,
 }
 
 impl Kind {
@@ -112,6 +114,7 @@ impl Kind {
             Kind::Uncertain => "uncertain",
             Kind::Reconciled => "reconciled",
             Kind::Delegated => "delegated",
+            Kind::Snoozed => "snoozed",
         }
     }
 }

@@ -126,7 +126,9 @@ pub enum SendError {
 /// How an approval ended, for the notify bridge to show on its card.
 #[derive(Debug, Clone, Copy)]
 pub struct CardUpdate<'a> {
-    /// `approved`, `rejected`, `expired` or `failed`, as the record says.
+    /// `approved`, `rejected`, `expired`, `failed` or `uncertain`, as the
+    /// record says; `superseded` for a card an edit replaced; `snoozed` for
+    /// a live card whose deadline moved (redraw it, still answerable).
     pub outcome: &'a str,
     /// The notification's id on the platform.
     pub external_id: &'a str,
@@ -135,6 +137,9 @@ pub struct CardUpdate<'a> {
     /// The settled record, as the requesting service left it (verified: only
     /// the broker writes records).
     pub record: &'a Record,
+    /// For `snoozed`: the content the card shows (the notification's, as the
+    /// requesting service wrote it), to draw the live card again.
+    pub content: Option<&'a str>,
 }
 
 /// What a platform does for the outbox: deliver and name the result, and

@@ -219,27 +219,10 @@ impl Ingest {
         reason: &str,
         digest: &str,
     ) -> Result<Outcome> {
-        if !self.is_approval_surface() {
-            return Ok(Outcome::Unknown);
-        }
-        let name = self.name.clone();
-        let Some(id) = self.approvals().map_get(&name, external_id).await? else {
-            return Ok(Outcome::Unknown);
+        let (id, record, approver) = match self.card_answerable(external_id, user).await? {
+            Ok(found) => found,
+            Err(outcome) => return Ok(outcome),
         };
-        if !approval::asked_through(&self.config, &self.name, &id) {
-            return Ok(Outcome::Unknown);
-        }
-        let Some(record) = self.approvals().load(&id).await? else {
-            return Ok(Outcome::Late(crate::approval::Late::Missing));
-        };
-        let approver = crate::identity::Identity::on(&self.kind, user);
-        // A delegate's answer is handed on when a running delegation names
-        // them; the asking bridge's outbox checks its seal and decides.
-        if !self.may_answer(&record, &approver).await? {
-            tracing::warn!(approval = %id, approver = %approver, "answer from someone not on approval.approvers ignored");
-            self.refused_answer(&id, user, "not an approver").await?;
-            return Ok(Outcome::NotAllowed);
-        }
         // The version on the card: the card itself binds it too (an edit
         // lists the old card as superseded).
         let shown = match digest {
@@ -259,6 +242,70 @@ impl Ingest {
         .await?;
         tracing::info!(bridge = %self.name, external_id, approver = %approver, "answer to a notification handed to the asking bridge");
         Ok(Outcome::Submitted)
+    }
+
+    /// A human asked for "later" on the notification delivered as
+    /// `external_id`: the deadline moves by `seconds` (the asking bridge's
+    /// `approval.snooze` when `None`), under the rules of
+    /// [`crate::approval::snooze`], which the asking bridge's outbox applies.
+    /// The same outcomes as [`Self::answer`]; a snooze never decides.
+    pub async fn snooze(
+        &mut self,
+        external_id: &str,
+        user: &str,
+        seconds: Option<u64>,
+        reason: &str,
+    ) -> Result<Outcome> {
+        let (_, record, who) = match self.card_answerable(external_id, user).await? {
+            Ok(found) => found,
+            Err(outcome) => return Ok(outcome),
+        };
+        let requester = crate::request::Requester::surface_of(&self.config, record.source())?;
+        crate::request::snooze_card(
+            &mut self.store,
+            &requester,
+            &record,
+            external_id,
+            who.as_str(),
+            seconds,
+            reason,
+        )
+        .await?;
+        tracing::info!(bridge = %self.name, external_id, by = %who, "snooze of a notification handed to the asking bridge");
+        Ok(Outcome::Submitted)
+    }
+
+    /// The live card `external_id` of this surface, its record, and who
+    /// `user` is; or the outcome for anything else: no card (`Unknown`),
+    /// its record gone, or someone who may not answer it (`NotAllowed`,
+    /// audited here). A delegate passes when a running delegation names
+    /// them; the asking bridge's outbox checks its seal and decides.
+    async fn card_answerable(
+        &mut self,
+        external_id: &str,
+        user: &str,
+    ) -> Result<std::result::Result<(String, approval::Record, crate::identity::Identity), Outcome>>
+    {
+        if !self.is_approval_surface() {
+            return Ok(Err(Outcome::Unknown));
+        }
+        let name = self.name.clone();
+        let Some(id) = self.approvals().map_get(&name, external_id).await? else {
+            return Ok(Err(Outcome::Unknown));
+        };
+        if !approval::asked_through(&self.config, &self.name, &id) {
+            return Ok(Err(Outcome::Unknown));
+        }
+        let Some(record) = self.approvals().load(&id).await? else {
+            return Ok(Err(Outcome::Late(crate::approval::Late::Missing)));
+        };
+        let who = crate::identity::Identity::on(&self.kind, user);
+        if !self.may_answer(&record, &who).await? {
+            tracing::warn!(approval = %id, approver = %who, "answer from someone not on approval.approvers ignored");
+            self.refused_answer(&id, user, "not an approver").await?;
+            return Ok(Err(Outcome::NotAllowed));
+        }
+        Ok(Ok((id, record, who)))
     }
 
     /// An answer this bridge refused before the decision rules saw it (its

@@ -144,6 +144,17 @@ pub enum Action {
     /// Hand the requester's own answers to person `to` until `until` (unix
     /// seconds; 0 takes them back). No approval id.
     Delegate { to: String, until: u64 },
+    /// Move the deadline later (never a decision): by `seconds`, or the
+    /// bridge's `approval.snooze` when absent.
+    Snooze {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seconds: Option<u64>,
+        #[serde(default)]
+        reason: String,
+        /// The card answered, when a surface asks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        card: Option<String>,
+    },
 }
 
 /// One request, as written to the stream (one JSON field).
@@ -186,6 +197,12 @@ pub enum Reply {
         to: String,
         until: u64,
     },
+    /// The deadline moved to `until`: snooze `count` of at most `max`.
+    Snoozed {
+        until: u64,
+        count: u32,
+        max: u32,
+    },
     /// Not applied, and why (refused edits, lapsed requests, wrong streams).
     Refused {
         message: String,
@@ -223,7 +240,7 @@ impl Reply {
             Reply::Unknown => Ok(Outcome::Unknown),
             Reply::Refused { message } => Err(Error::refused(message)),
             Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
-            Reply::Edited { .. } | Reply::Delegated { .. } => {
+            Reply::Edited { .. } | Reply::Delegated { .. } | Reply::Snoozed { .. } => {
                 Err(Error::internal("another request's reply to a decision"))
             }
         }
@@ -296,6 +313,66 @@ pub async fn answer_card(
             approved: answer.verdict == Verdict::Approved,
             reason: answer.reason.to_string(),
             seen: answer.seen.map(str::to_string),
+            card: Some(card.to_string()),
+        },
+    };
+    write(
+        store,
+        &keys::requests(bridge, &requester.suffix()),
+        &request,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Snoozes approval `id` as `identity` through the requesting bridge's
+/// outbox: the deadline moves by `seconds` (the bridge's default when
+/// `None`); nothing is decided.
+pub async fn snooze(
+    store: &mut Store,
+    requester: &Requester,
+    id: &str,
+    identity: &str,
+    seconds: Option<u64>,
+    reason: &str,
+) -> Result<approval::snooze::Snoozed> {
+    let Some(bridge) = bridge_of(store, id).await? else {
+        return Err(Error::refused(format!("no approval {id}")));
+    };
+    let action = Action::Snooze {
+        seconds,
+        reason: reason.to_string(),
+        card: None,
+    };
+    match submit(store, requester, &bridge, id, identity, action).await? {
+        Reply::Snoozed { until, count, max } => Ok(approval::snooze::Snoozed { until, count, max }),
+        Reply::Refused { message } => Err(Error::refused(message)),
+        Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
+        other => Err(Error::internal(format!(
+            "unexpected reply to a snooze: {other:?}"
+        ))),
+    }
+}
+
+/// A surface's "later" on card `card` of `record`'s approval, handed
+/// to that bridge's outbox without waiting (see [`answer_card`]).
+pub async fn snooze_card(
+    store: &mut Store,
+    requester: &Requester,
+    record: &approval::Record,
+    card: &str,
+    identity: &str,
+    seconds: Option<u64>,
+    reason: &str,
+) -> Result<()> {
+    let (bridge, id) = (record.source(), record.id.as_str());
+    let request = Request {
+        nonce: uuid::Uuid::new_v4().simple().to_string(),
+        approval_id: id.to_string(),
+        identity: identity.to_string(),
+        action: Action::Snooze {
+            seconds,
+            reason: reason.to_string(),
             card: Some(card.to_string()),
         },
     };
@@ -769,6 +846,39 @@ async fn apply(
                 })
         }
         Action::Delegate { .. } => Err(Error::internal("a delegation reached the approval path")),
+        Action::Snooze {
+            seconds,
+            reason,
+            card,
+        } => {
+            // A surface snoozes from a live card of this approval only.
+            if let Requester::Surface { name, .. } = requester {
+                let card = card.as_deref().unwrap_or("");
+                let mapped = Approvals::on(store).map_get(name, card).await?;
+                if card.is_empty() || mapped.as_deref() != Some(id) {
+                    return Ok(Reply::Refused {
+                        message: format!(
+                            "`{card}` is not a live card of approval {id} on `{name}`"
+                        ),
+                    });
+                }
+            }
+            approval::snooze::snooze(
+                store,
+                config,
+                clock,
+                id,
+                &request.identity,
+                *seconds,
+                reason,
+            )
+            .await
+            .map(|s| Reply::Snoozed {
+                until: s.until,
+                count: s.count,
+                max: s.max,
+            })
+        }
     };
     classify(result)
 }

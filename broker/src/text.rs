@@ -69,9 +69,66 @@ pub fn reply_verdict(text: &str) -> Option<(Verdict, String)> {
     }
 }
 
+/// A span of time as people type it: `N` followed by `s`, `m`, `h` or `d`
+/// (`90m`, `2h`, `1d`), in seconds. Anything else (a bare number included,
+/// which could mean minutes or seconds) is `None`.
+pub fn duration_secs(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (i, unit) = text.char_indices().last()?;
+    let n: u64 = text[..i].parse().ok()?;
+    let scale = match unit.to_ascii_lowercase() {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
+/// A typed "later" (a reply, a thread message, an email's first line):
+/// `later` alone, or `later 2h`, each optionally followed by a reason.
+/// Returns the time asked for (`None`: the bridge's `approval.snooze`) and
+/// the reason. A snooze is never a decision; anything else is not one.
+pub fn reply_later(text: &str) -> Option<(Option<u64>, String)> {
+    let text = text.trim();
+    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    let word = word
+        .trim_end_matches([':', ',', '.', '!'])
+        .to_ascii_lowercase();
+    if !matches!(word.as_str(), "later" | "snooze") {
+        return None;
+    }
+    let rest = rest.trim();
+    let (first, after) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    match duration_secs(first.trim_end_matches([',', '.', ':'])) {
+        Some(secs) => Some((Some(secs), after.trim().to_string())),
+        None => Some((None, rest.to_string())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn later_is_typed_with_an_optional_time_and_reason() {
+        assert_eq!(reply_later("later"), Some((None, String::new())));
+        assert_eq!(reply_later("Later 2h"), Some((Some(7200), String::new())));
+        assert_eq!(
+            reply_later("later: 90m, in a meeting"),
+            Some((Some(5400), "in a meeting".into()))
+        );
+        assert_eq!(
+            reply_later("snooze back monday"),
+            Some((None, "back monday".into()))
+        );
+        assert_eq!(reply_later("approve"), None);
+        assert_eq!(reply_later("laterally speaking"), None);
+        assert_eq!(duration_secs("3d"), Some(259_200));
+        assert_eq!(duration_secs("15"), None);
+        assert_eq!(duration_secs("99999999999999999999h"), None);
+    }
 
     #[test]
     fn splitting_keeps_everything() {

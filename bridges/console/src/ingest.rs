@@ -222,6 +222,10 @@ async fn handle_line(ingest: &mut Ingest, text: &str) -> Result<()> {
             user,
             reason,
         } => match verdict_of(&emoji) {
+            None if broker::approval::is_later_emoji(&emoji) => {
+                let reason = reason.as_deref().unwrap_or("");
+                ingest.snooze(&message_id, &user, None, reason).await?;
+            }
             Some(verdict) => {
                 ingest
                     .answer(&message_id, verdict, &user, reason.as_deref().unwrap_or(""))

@@ -329,6 +329,12 @@ impl Handler {
                 if let Some((verdict, reason)) = render::reply_verdict(&msg.content) {
                     self.answer(card.get(), verdict, msg.author.id, &reason)
                         .await?;
+                } else if let Some((seconds, reason)) = broker::text::reply_later(&msg.content) {
+                    let user = msg.author.id.get().to_string();
+                    let mut ingest = self.ingest.lock().await;
+                    ingest
+                        .snooze(&card.get().to_string(), &user, seconds, &reason)
+                        .await?;
                 }
                 return Ok(());
             }
@@ -616,6 +622,23 @@ impl Handler {
         let ReactionType::Unicode(emoji) = &reaction.emoji else {
             return Ok(());
         };
+        if broker::approval::is_later_emoji(emoji) {
+            let card = reaction.message_id.get();
+            if !self.is_card(card).await? {
+                return Ok(());
+            }
+            let outcome = self
+                .ingest
+                .lock()
+                .await
+                .snooze(&card.to_string(), &user.get().to_string(), None, "")
+                .await?;
+            if outcome == Outcome::NotAllowed {
+                self.remove_reaction(reaction.channel_id, reaction.message_id, user, emoji)
+                    .await;
+            }
+            return Ok(());
+        }
         let Some(verdict) = render::reaction_verdict(
             emoji,
             &self.settings.approve_emoji,

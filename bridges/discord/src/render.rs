@@ -72,6 +72,14 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         }
         v => inline_code(v),
     };
+    let snoozed = match record.snoozed_until {
+        Some(t) => format!(
+            "💤 **Snoozed** by {} until <t:{t}:f> (snooze {})\n",
+            inline_code(record.snoozed_by.as_deref().unwrap_or("an approver")),
+            record.snoozes
+        ),
+        None => String::new(),
+    };
     let edited = match (&record.edited_by, &record.original_sha256) {
         (Some(by), Some(original)) => format!(
             "✏️ **Edited** by {} (edit {}): this is not the agent's text; the agent's had sha256 `{original}`\n",
@@ -81,7 +89,7 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         _ => String::new(),
     };
     format!(
-        "{status}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
+        "{status}{snoozed}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
         id = record.id,
         who = record.agent().unwrap_or("an agent"),
         bridge = record.source(),
@@ -98,7 +106,7 @@ pub const HEAD_VALUE_CHARS: usize = 200;
 
 /// How to answer, on a live card.
 pub const HOW_TO_ANSWER: &str =
-    "React ✅ to send it or ❌ to drop it, or reply `approve` / `reject <reason>`.";
+    "React ✅ to send it or ❌ to drop it (💤: later), or reply `approve` / `reject <reason>` / `later 2h`.";
 
 /// The card's messages: the head, then the whole content verbatim in a code
 /// block (in `n/m` labelled parts when it does not fit one message).

@@ -214,7 +214,14 @@ impl Sender for DiscordSender {
     async fn update(&self, outcome: CardUpdate<'_>) -> Result<(), SendError> {
         let channel_id = channel(outcome.channel_id)?;
         let id = message_id(outcome.external_id)?;
-        let text = render::closed_card(outcome.record, outcome.outcome);
+        let text = match (outcome.outcome, outcome.content) {
+            // Still answerable: the card as it was, with its new deadline.
+            ("snoozed", Some(content)) => render::card(outcome.record, content)
+                .into_iter()
+                .next()
+                .unwrap_or_default(),
+            _ => render::closed_card(outcome.record, outcome.outcome),
+        };
         let body = serde_json::to_vec(
             &EditMessage::new()
                 .content(text)

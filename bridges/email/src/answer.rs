@@ -22,6 +22,10 @@ pub enum Answer {
     Decided(Verdict, String),
     /// Nothing decided: what was read (the verdict line, if any) and why.
     NotUnderstood { read: String, why: String },
+    /// "Later" (`later`, `later 2h`, and a reason): the deadline moves by
+    /// the time given (`None`: the bridge's `approval.snooze`); never a
+    /// decision.
+    Later(Option<u64>, String),
 }
 
 /// Approvals in English, German, French and Spanish (and a thumb).
@@ -590,6 +594,11 @@ pub fn parse(body: &str, vocabulary: &Vocabulary) -> Answer {
         };
     };
     let paragraph: Vec<&str> = own[start..].iter().map_while(|l| *l).collect();
+    // "Later" is read first: it decides nothing, so it cannot be a
+    // condition on a verdict.
+    if let Some((seconds, reason)) = broker::text::reply_later(paragraph[0]) {
+        return Answer::Later(seconds, reason);
+    }
     match judge(vocabulary, paragraph[0], &paragraph[1..]) {
         // "Reject", a blank line, then why: the next paragraph is the reason.
         Answer::Decided(Verdict::Rejected, reason) if reason.is_empty() => {
@@ -728,6 +737,7 @@ mod tests {
                 Answer::Decided(Verdict::Approved, _) => "approve",
                 Answer::Decided(Verdict::Rejected, _) => "reject",
                 Answer::NotUnderstood { .. } => "nothing",
+                Answer::Later(..) => "later",
             };
             let c = counts.entry(expect).or_default();
             c.0 += 1;

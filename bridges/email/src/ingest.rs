@@ -435,6 +435,11 @@ impl EmailIngest {
                     tracing::info!(from, approval = %approval_id, state = %state, "late answer ignored");
                 }
             }
+            Answer::Later(seconds, reason) => {
+                self.ingest
+                    .snooze(&external_id, from, seconds, &reason)
+                    .await?;
+            }
             Answer::NotUnderstood { read, why } => {
                 let read: String = match read.is_empty() {
                     true => "> (nothing outside the quote)\n".to_string(),

@@ -227,8 +227,12 @@ impl Handler {
             let card = render::external_id(channel, parent);
             if self.is_card(&card).await? {
                 // A reply in a card's thread is an answer (or nothing), never agent mail.
-                if let Some((verdict, reason)) = broker::text::reply_verdict(&unescape(text)) {
+                let text = unescape(text);
+                if let Some((verdict, reason)) = broker::text::reply_verdict(&text) {
                     self.answer(&card, verdict, &user, &reason, "").await?;
+                } else if let Some((seconds, reason)) = broker::text::reply_later(&text) {
+                    let mut ingest = self.ingest.lock().await;
+                    ingest.snooze(&card, &user, seconds, &reason).await?;
                 }
                 return Ok(());
             }
@@ -343,6 +347,10 @@ impl Handler {
                         render::APPROVE if self.is_card(&card).await? => {
                             self.answer(&card, Verdict::Approved, &user.id.0, "", &digest)
                                 .await?;
+                        }
+                        render::LATER if self.is_card(&card).await? => {
+                            let mut ingest = self.ingest.lock().await;
+                            ingest.snooze(&card, &user.id.0, None, "").await?;
                         }
                         render::REJECT => {
                             // The reason is asked first; the answer is the

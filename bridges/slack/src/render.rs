@@ -32,6 +32,8 @@ const LINE_CHARS: usize = 230;
 pub const APPROVE: &str = "cowboy_approve";
 /// `action_id` of the reject button.
 pub const REJECT: &str = "cowboy_reject";
+/// `action_id` of the later (snooze) button.
+pub const LATER: &str = "cowboy_later";
 /// `callback_id` of the modal that asks a rejection's reason.
 pub const REASON_MODAL: &str = "cowboy_reject_reason";
 /// The reason input's block and action id in that modal.
@@ -239,9 +241,23 @@ pub fn card_blocks(record: &Record, content: &str) -> Value {
     blocks.push(json!({
         "type": "actions",
         "block_id": "cowboy_answer",
-        "elements": [button("Approve", APPROVE, "primary"), button("Reject", REJECT, "danger")],
+        "elements": [
+            button("Approve", APPROVE, "primary"),
+            button("Reject", REJECT, "danger"),
+            later_button(record),
+        ],
     }));
     Value::Array(blocks)
+}
+
+/// "Later": snoozes by the bridge's `approval.snooze` (never a decision).
+fn later_button(record: &Record) -> Value {
+    json!({
+        "type": "button",
+        "action_id": LATER,
+        "text": {"type": "plain_text", "text": "Later"},
+        "value": record.message_sha256,
+    })
 }
 
 /// The notification text of a card (what a phone shows).

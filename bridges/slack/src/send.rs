@@ -298,6 +298,12 @@ impl Sender for SlackSender {
 
     async fn update(&self, u: CardUpdate<'_>) -> Result<(), SendError> {
         let (channel, ts) = parse_external(u.external_id)?;
+        if let ("snoozed", Some(content)) = (u.outcome, u.content) {
+            // Still answerable: the card as it was, with its new deadline.
+            let blocks = render::card_blocks(u.record, content);
+            let fallback = render::card_fallback(u.record);
+            return self.api.update(channel, ts, blocks, fallback).await;
+        }
         let status = render::status_line(u.record, u.outcome);
         self.api
             .update(

@@ -25,6 +25,12 @@ pub fn normalize_emoji(emoji: &str) -> String {
         .collect()
 }
 
+/// Whether a reaction asks for "later" (a snooze by the bridge's
+/// `approval.snooze`; never a decision): 💤 or ⏰.
+pub fn is_later_emoji(emoji: &str) -> bool {
+    matches!(normalize_emoji(emoji).as_str(), "💤" | "⏰")
+}
+
 /// How to answer, for surfaces that react (console, Discord).
 pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
 
@@ -68,7 +74,7 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
         None => "(none)".to_string(),
         Some(v) => display_safe(v),
     };
-    vec![
+    let mut head = vec![
         format!("Approval requested [{}]", record.id),
         format!(
             "From:      {}",
@@ -100,7 +106,12 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
             "To decide: {how_to_answer}, or run `cowboy approvals approve|reject {}`",
             &record.id[..8.min(record.id.len())]
         ),
-    ]
+    ];
+    // Only once snoozed, so a record never snoozed renders as it always did.
+    if let Some(later) = record.snoozed(|t| format!("{t} (unix seconds)")) {
+        head.insert(9, format!("Later:     {}", display_safe(&later)));
+    }
+    head
 }
 
 /// Renders the plain-text approval request: the frame, then every line of the

@@ -141,6 +141,11 @@ impl IdKey {
             let editors = fields_sha256([("editors", Some(record.editors.as_bytes()))]);
             text.push_str(&format!("\n{editors}\n{}", record.revision));
         }
+        // A snoozed deadline is the broker's too, and so is how many times it
+        // moved (records never snoozed are sealed as before snoozing existed).
+        if record.snoozes > 0 {
+            text.push_str(&format!("\nsnoozes {}", record.snoozes));
+        }
         self.seal(&text)
     }
 

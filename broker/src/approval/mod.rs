@@ -8,6 +8,8 @@
 //! - [`id`]: keyed approval ids and canonical digests.
 //! - [`frame`]: the plain-text frame around a parked message.
 //! - [`view`]: what approvers are shown of one approval, on every surface.
+//! - [`snooze`]: an approver's "later", which moves the deadline.
+//! - [`delegation`]: answers given for an approver while they are away.
 //!
 //! Invariants of the decision rules:
 //! - A decision changes a record only while it is `pending` and inside its
@@ -33,6 +35,7 @@ pub mod frame;
 pub mod id;
 pub mod record;
 pub mod repo;
+pub mod snooze;
 pub mod view;
 
 pub use frame::*;

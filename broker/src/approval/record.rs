@@ -77,6 +77,12 @@ pub mod field {
     /// `1` when the agent asked for progress notices (`notices = all`): it
     /// is also told each approval counted short of the quorum.
     pub const PROGRESS: &str = "progress";
+    /// How many times the deadline was moved by a "later" (see
+    /// [`crate::approval::snooze`]); the last one's author, and the
+    /// deadline it set (also `expires_at`, which the version seal covers).
+    pub const SNOOZES: &str = "snoozes";
+    pub const SNOOZED_BY: &str = "snoozed_by";
+    pub const SNOOZED_UNTIL: &str = "snoozed_until";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -129,6 +135,9 @@ pub mod field {
         COUNT_SEAL,
         GATED,
         PROGRESS,
+        SNOOZES,
+        SNOOZED_BY,
+        SNOOZED_UNTIL,
     ];
 }
 
@@ -296,6 +305,10 @@ pub struct Record {
     pub gated: Option<bool>,
     /// See [`field::PROGRESS`].
     pub progress: bool,
+    /// Snoozes so far (see [`field::SNOOZES`]).
+    pub snoozes: u32,
+    pub snoozed_by: Option<String>,
+    pub snoozed_until: Option<u64>,
 }
 
 impl Record {
@@ -359,6 +372,9 @@ impl Record {
             count_seal: text(COUNT_SEAL),
             gated: text(GATED).map(|g| g != "0"),
             progress: text(PROGRESS).is_some_and(|p| p == "1"),
+            snoozes: number(text(SNOOZES)).map_or(0, |n| n.min(u32::MAX as u64) as u32),
+            snoozed_by: text(SNOOZED_BY),
+            snoozed_until: number(text(SNOOZED_UNTIL)),
         }
     }
 
@@ -419,6 +435,9 @@ impl Record {
             self.gated
                 .map(|g| (GATED, if g { "1" } else { "0" }.to_string())),
             self.progress.then(|| (PROGRESS, "1".to_string())),
+            (self.snoozes > 0).then(|| (SNOOZES, self.snoozes.to_string())),
+            some(SNOOZED_BY, &self.snoozed_by),
+            num(SNOOZED_UNTIL, self.snoozed_until),
         ]
         .into_iter()
         .flatten()
@@ -494,6 +513,18 @@ impl Record {
 
     pub fn request_id(&self) -> &str {
         self.request_id.as_deref().unwrap_or("")
+    }
+
+    /// "snoozed by X until T" once a "later" moved the deadline (`T` as the
+    /// caller writes times).
+    pub fn snoozed(&self, when: impl Fn(u64) -> String) -> Option<String> {
+        let until = self.snoozed_until?;
+        Some(format!(
+            "snoozed by {} until {} (snooze {})",
+            self.snoozed_by.as_deref().unwrap_or("an approver"),
+            when(until),
+            self.snoozes
+        ))
     }
 }
 

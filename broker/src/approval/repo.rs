@@ -234,6 +234,25 @@ redis.call('HDEL', KEYS[1], 'notify_entry', 'notified')
 return 1
 "#;
 
+/// Moves a pending record's deadline (an approver's "later"), only while it is
+/// pending, not settled, inside its window and still exactly as the caller
+/// read and checked it (deadline and snooze count; `stale` otherwise).
+/// ARGV: now (fractional seconds), the deadline read, the count read, the new
+/// deadline, the new count, who, the new version seal. Returns `ok` or why not
+/// (`missing`, `settled`, `expired`, `stale`, `already:` and the status).
+const SNOOZE: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'snoozes')
+if not f[1] then return 'missing' end
+if f[3] then return 'settled' end
+local expires = tonumber(f[2]) or 0
+if expires ~= 0 and tonumber(ARGV[1]) >= expires then return 'expired' end
+if f[1] ~= 'pending' then return 'already:' .. f[1] end
+if (f[2] or '0') ~= ARGV[2] or (f[4] or '0') ~= ARGV[3] then return 'stale' end
+redis.call('HSET', KEYS[1], 'expires_at', ARGV[4], 'snoozes', ARGV[5], 'snoozed_by', ARGV[6], 'snoozed_until', ARGV[4], 'version_seal', ARGV[7])
+return 'ok'
+"#;
+
+static SNOOZE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SNOOZE));
 static FORGET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FORGET_CLAIM));
 static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CREATE));
 static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DECIDE));
@@ -871,6 +890,23 @@ impl<'a> Approvals<'a> {
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))?;
         Ok(EditAnswer::parse(&answer, card))
+    }
+
+    /// Moves a pending record's deadline (see [`SNOOZE`]): `ok` or why not.
+    pub async fn snooze(&mut self, read: &Record, next: &Record, now: f64) -> Result<String> {
+        let key = keys::approval(&read.id);
+        SNOOZE_SCRIPT
+            .key(&key)
+            .arg(now)
+            .arg(read.expires_at)
+            .arg(read.snoozes)
+            .arg(next.expires_at)
+            .arg(next.snoozes)
+            .arg(next.snoozed_by.as_deref().unwrap_or(""))
+            .arg(next.version_seal.as_deref().unwrap_or(""))
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA snooze {key}"), e))
     }
 
     /// Forgets that a send started: it was deferred, not attempted.

@@ -143,6 +143,34 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
 }
 
 /// `cowboy approvals approve|reject ID`.
+/// `cowboy approvals later`: moves the deadline of the approval `prefix`
+/// names, as operator `operator` (through the requesting bridge's outbox
+/// when operators are declared).
+pub async fn approvals_later(
+    store: &mut Store,
+    config: &Config,
+    prefix: &str,
+    operator: &str,
+    seconds: Option<u64>,
+    reason: &str,
+) -> Result<String> {
+    let id = approval::find_by_prefix(store, config, prefix).await?;
+    let who = Identity::cli(operator).to_string();
+    let s = if config.operators.is_empty() {
+        let clock = Clock::system();
+        approval::snooze::snooze(store, config, &clock, &id, &who, seconds, reason).await?
+    } else {
+        let requester = crate::request::Requester::Operator(operator.to_string());
+        crate::request::snooze(store, &requester, &id, &who, seconds, reason).await?
+    };
+    Ok(format!(
+        "{id} snoozed by {who} until {} (snooze {} of {})\n",
+        crate::clock::utc(s.until as f64),
+        s.count,
+        s.max
+    ))
+}
+
 pub async fn approvals_decide(
     store: &mut Store,
     config: &Config,

@@ -194,6 +194,20 @@ pub enum Approvals {
     },
     /// The delegations recorded: running ones, and ended ones not taken back.
     Delegations,
+    /// Not now: move the deadline later (approvers only; never a decision),
+    /// by --for or the bridge's approval.snooze, within approval.max_snooze
+    /// and at most approval.max_snoozes times.
+    Later {
+        id: String,
+        /// How much later: 90m, 2h, 1d.
+        #[arg(long = "for")]
+        span: Option<String>,
+        /// Why (kept in the audit trail).
+        #[arg(long, default_value = "")]
+        reason: String,
+        #[arg(long = "as", env = "COWBOY_OPERATOR")]
+        operator: Option<String>,
+    },
     /// Reject with a reason the agent will see.
     Reject {
         id: String,

@@ -30,20 +30,10 @@ pub fn parse_until(text: &str, now: u64) -> Result<u64> {
         ))
     };
     let text = text.trim();
-    let (digits, unit) = match text.char_indices().last() {
-        Some((i, c)) if c.is_ascii_alphabetic() => (&text[..i], Some(c)),
-        _ => (text, None),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    let scale = match unit {
-        None => return Ok(n),
-        Some('s') => 1,
-        Some('m') => 60,
-        Some('h') => 3600,
-        Some('d') => 86_400,
-        Some(_) => return Err(bad()),
-    };
-    n.checked_mul(scale)
+    if let Ok(unix) = text.parse::<u64>() {
+        return Ok(unix);
+    }
+    crate::text::duration_secs(text)
         .and_then(|s| s.checked_add(now))
         .ok_or_else(bad)
 }

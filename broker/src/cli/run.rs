@@ -183,6 +183,25 @@ async fn approvals(config: &Config, command: Approvals) -> Result<String> {
             let mut store = cli::reading_store(config, &operator(None)).await?;
             cli::delegations(&mut store, config, crate::now_secs()).await
         }
+        Approvals::Later {
+            id,
+            span,
+            reason,
+            operator: who,
+        } => {
+            let seconds = span
+                .map(|s| {
+                    crate::text::duration_secs(&s).ok_or_else(|| {
+                        crate::Error::usage(format!(
+                            "--for `{s}`: give a time such as 90m, 2h or 1d"
+                        ))
+                    })
+                })
+                .transpose()?;
+            let who = operator(who);
+            let mut store = cli::decision_store(config, &who).await?;
+            cli::approvals_later(&mut store, config, &id, &who, seconds, &reason).await
+        }
     }
 }
 

@@ -481,6 +481,28 @@ pub struct ApprovalConfig {
     /// Redis user of their own, always count apart.
     #[serde(default)]
     pub trust_surfaces: bool,
+    /// Longest one "later" may move the deadline by, in seconds. 0: approvers
+    /// cannot snooze (neither can anyone on an approval that never expires).
+    #[serde(default = "default_max_snooze")]
+    pub max_snooze: u64,
+    /// How many times one approval may be snoozed.
+    #[serde(default = "default_max_snoozes")]
+    pub max_snoozes: u32,
+    /// How long a "later" without a time (a reaction, a button) snoozes, in seconds.
+    #[serde(default = "default_snooze")]
+    pub snooze: u64,
+}
+
+fn default_max_snooze() -> u64 {
+    86_400
+}
+
+fn default_max_snoozes() -> u32 {
+    3
+}
+
+fn default_snooze() -> u64 {
+    3600
 }
 
 fn default_quorum() -> u32 {
@@ -509,6 +531,9 @@ impl Default for ApprovalConfig {
             max_parked: 0,
             editors_count: false,
             trust_surfaces: false,
+            max_snooze: default_max_snooze(),
+            max_snoozes: default_max_snoozes(),
+            snooze: default_snooze(),
         }
     }
 }

@@ -212,6 +212,15 @@ impl Config {
                 ),
             ));
         }
+        if approval.max_snooze > 0 && !(1..=approval.max_snooze).contains(&approval.snooze) {
+            return Err(ConfigError::invalid(
+                format!("{at}.approval.snooze"),
+                format!(
+                    "must be between 1 and approval.max_snooze ({} s)",
+                    approval.max_snooze
+                ),
+            ));
+        }
         // Distinct people: an identity listed twice (emails compare without case) is one.
         let distinct: std::collections::BTreeSet<String> =
             approval.approvers.iter().map(|a| canonical(a)).collect();

@@ -56,13 +56,25 @@ impl<S: Sender> OutboxService<S> {
             false => record.state(self.clock.now_secs_f64()),
         };
         match state {
+            // A snooze moved the deadline: it wakes the loop then, not now.
+            State::Pending if record.expires_at != parked.expires_at => {
+                let (entry_id, until) = (parked.entry_id.clone(), record.expires_at);
+                self.mem.parked.track(id, src, entry_id, until);
+                Ok(())
+            }
             State::Pending => Ok(()),
             State::Approved => self.deliver_approved(src, &parked.entry_id, record).await,
             State::Rejected | State::Expired => {
-                let timeout_reason = format!(
-                    "no decision within {} seconds",
-                    self.bridge.approval.timeout
-                );
+                let timeout_reason = match record.snoozes {
+                    0 => format!(
+                        "no decision within {} seconds",
+                        self.bridge.approval.timeout
+                    ),
+                    n => format!(
+                        "no decision within {} seconds, nor by the later deadline {n} snooze(s) set",
+                        self.bridge.approval.timeout
+                    ),
+                };
                 let reason = match state {
                     State::Expired => timeout_reason.as_str(),
                     _ => record.reason(),

@@ -6,6 +6,9 @@
 //!   first such entry (the record's `notify_entry` claim, one Lua step); its
 //!   destination is the record's `notify_channel`, which must also pass this
 //!   bridge's `destinations`. Anything else is dead-lettered.
+//! - A snooze redraws a live card (`snoozed`, acted on only while the record
+//!   is snoozed and unsettled), from the record and the notification's own
+//!   content in this bridge's stream.
 //! - Only real outcomes change a card. An outcome entry carries `approval_id`
 //!   and `approval_outcome` only; it is acted on when the record exists, is
 //!   settled with that outcome and names this bridge, and the card's text is
@@ -422,6 +425,13 @@ impl<S: Sender> OutboxService<S> {
             Some(_) if claimed == SUPERSEDED => {
                 Some(format!("approval `{id}` has no superseded card"))
             }
+            // A snooze: the live card shows the new deadline.
+            Some(r) if claimed == approval::snooze::OUTCOME && r.snoozes > 0 && !r.is_settled() => {
+                None
+            }
+            Some(_) if claimed == approval::snooze::OUTCOME => {
+                Some(format!("approval `{id}` is not snoozed and waiting"))
+            }
             Some(r) if !r.is_settled() => Some(format!("approval `{id}` is not settled")),
             Some(r) if r.outcome.as_deref() != Some(claimed) => Some(format!(
                 "the outcome `{claimed}` is not the record's `{}`",
@@ -440,7 +450,25 @@ impl<S: Sender> OutboxService<S> {
         };
         if claimed == SUPERSEDED {
             for card in &record.superseded {
-                self.update_beside(&record, SUPERSEDED, card);
+                self.update_beside(&record, SUPERSEDED, card, None);
+            }
+            return self.ack(&self.sources[src].key.clone(), &entry.id).await;
+        }
+        if claimed == approval::snooze::OUTCOME {
+            // The card is drawn again, as it was shown (the notification's
+            // content, from this bridge's own stream) with the new deadline.
+            let shown = match (&record.notify_external_id, &record.notify_entry) {
+                (Some(_), Some(shown)) => {
+                    self.store.entry(&keys::outbox(&self.name), shown).await?
+                }
+                _ => None,
+            };
+            let content = shown.and_then(|e| {
+                e.text(crate::fields::outbox::APPROVAL_CONTENT)
+                    .map(str::to_string)
+            });
+            if let (Some(external), Some(content)) = (&record.notify_external_id, content) {
+                self.update_beside(&record, approval::snooze::OUTCOME, external, Some(content));
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
@@ -455,7 +483,12 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         if let Some(external) = &record.notify_external_id {
-            self.update_beside(&record, record.outcome.as_deref().unwrap_or(""), external);
+            self.update_beside(
+                &record,
+                record.outcome.as_deref().unwrap_or(""),
+                external,
+                None,
+            );
         }
         Approvals::on(&mut self.store).delete_shown(&record).await?;
         self.ack(&self.sources[src].key.clone(), &entry.id).await
@@ -465,7 +498,13 @@ impl<S: Sender> OutboxService<S> {
     /// cosmetic (failures are logged, never retried by the broker), and a
     /// platform that rate-limits its edits (Slack's `chat.update`, waited
     /// out for its `Retry-After`) must not hold up this bridge's deliveries.
-    fn update_beside(&self, record: &approval::Record, outcome: &str, external: &str) {
+    fn update_beside(
+        &self,
+        record: &approval::Record,
+        outcome: &str,
+        external: &str,
+        content: Option<String>,
+    ) {
         let (sender, record) = (self.sender.clone(), record.clone());
         let (outcome, external) = (outcome.to_string(), external.to_string());
         tokio::spawn(async move {
@@ -474,6 +513,7 @@ impl<S: Sender> OutboxService<S> {
                 external_id: &external,
                 channel_id: &record.notify_channel,
                 record: &record,
+                content: content.as_deref(),
             };
             if let Err(e) = sender.update(update).await {
                 tracing::warn!(approval = %record.id, outcome, error = %e, "could not show the outcome on the card");

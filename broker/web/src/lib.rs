@@ -235,6 +235,7 @@ pub fn router(app: Shared) -> Router {
         .route("/approval/{id}", get(detail))
         .route("/approval/{id}/decide", post(decide))
         .route("/approval/{id}/edit", post(edit))
+        .route("/approval/{id}/later", post(later))
         .route(
             "/static/app.css",
             get(|| async { ([(header::CONTENT_TYPE, "text/css")], pages::CSS) }),

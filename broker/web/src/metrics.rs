@@ -42,6 +42,8 @@ pub struct Counters {
     failed: Family<Labels, Counter>,
     uncertain: Family<Labels, Counter>,
     ignored: Family<Labels, Counter>,
+    snoozed: Family<Labels, Counter>,
+    delegated: Family<Labels, Counter>,
     time_to_decision: Histograms,
 }
 
@@ -54,6 +56,8 @@ impl Default for Counters {
             failed: Family::default(),
             uncertain: Family::default(),
             ignored: Family::default(),
+            snoozed: Family::default(),
+            delegated: Family::default(),
             time_to_decision: Family::new_with_constructor(decision_buckets),
         }
     }
@@ -99,6 +103,12 @@ impl Counters {
             Some("ignored") => {
                 self.ignored.get_or_create(&b).inc();
             }
+            Some("snoozed") => {
+                self.snoozed.get_or_create(&b).inc();
+            }
+            Some("delegated") => {
+                self.delegated.get_or_create(&b).inc();
+            }
             _ => {}
         }
     }
@@ -133,6 +143,16 @@ impl Counters {
             "cowboy_answers_ignored",
             "Answers that changed nothing (not an approver, late, counted already)",
             self.ignored.clone(),
+        );
+        r.register(
+            "cowboy_snoozes",
+            "Deadlines moved by an approver's \"later\" (never a decision)",
+            self.snoozed.clone(),
+        );
+        r.register(
+            "cowboy_delegations",
+            "Delegations recorded or taken back",
+            self.delegated.clone(),
         );
         r.register(
             "cowboy_time_to_decision_seconds",

@@ -161,6 +161,9 @@ pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
                     tr { th { "digest" } td { code id="digest" { (r.message_sha256) } } }
                     tr { th { "deadline" } td { @match r.expires_at { 0 => "never expires", t => (broker::clock::utc(t as f64)) } } }
                     tr { th { "approvals" } td { @match r.progress() { Some(p) => (p), None => "one approver decides" } } }
+                    @if let Some(later) = r.snoozed(|t| broker::clock::utc(t as f64)) {
+                        tr { th { "later" } td id="snoozed" { (display_safe(&later)) } }
+                    }
                     @if let (Some(by), Some(orig)) = (&r.edited_by, &r.original_sha256) {
                         tr { th { "edited" } td { "by " (display_safe(by)) "; the agent's version had digest " code { (orig) } } }
                     }
@@ -195,6 +198,15 @@ pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
                                 input type="hidden" name="verdict" value="rejected";
                                 label { "reason (the agent sees it) " input name="reason" id="reason"; }
                                 button type="submit" id="reject" { "Reject" }
+                            }
+                            @if r.expires_at != 0 {
+                                form method="post" action={ "/approval/" (d.id) "/later" } class="decide" {
+                                    input type="hidden" name="csrf" value=(csrf);
+                                    input type="hidden" name="digest" value=(r.message_sha256);
+                                    label { "later by " input name="for" id="later-for" value="1h" size="5"; }
+                                    label { " why " input name="reason" id="later-reason"; }
+                                    button type="submit" id="later" { "Not now: move the deadline" }
+                                }
                             }
                             @if d.editable {
                                 details {

@@ -12,6 +12,7 @@ mod effects;
 mod email;
 mod email_corpus;
 mod invalid;
+mod later;
 mod ledger;
 mod mcp;
 mod ping;

@@ -229,6 +229,59 @@ pub(crate) async fn decide(
     render_detail(&app, &s, &id, Some(message), status).await
 }
 
+/// "Not now": moves the deadline (never a decision), through the requesting
+/// bridge's outbox, which applies the snooze rules.
+pub(crate) async fn later(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
+    let s = match checked_post(&app, &headers, &id, &f).await {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let reason = f.get("reason").map(String::as_str).unwrap_or("");
+    if reason.len() > MAX_REASON_BYTES {
+        return refused("the reason is too long (at most 2,000 bytes)");
+    }
+    let seconds = match f.get("for").map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        None => None,
+        Some(span) => match broker::text::duration_secs(span) {
+            Some(secs) => Some(secs),
+            None => return refused("give how much later as 90m, 2h or 1d"),
+        },
+    };
+    let identity = Identity::web(&s.user).to_string();
+    let mut store = app.store.clone();
+    let requester = broker::request::Requester::Web;
+    let snoozed =
+        broker::request::snooze(&mut store, &requester, &id, &identity, seconds, reason).await;
+    let (message, status) = match snoozed {
+        Ok(s) => (
+            format!(
+                "Snoozed by {identity} until {} (snooze {} of {}).",
+                broker::clock::utc(s.until as f64),
+                s.count,
+                s.max
+            ),
+            StatusCode::OK,
+        ),
+        Err(broker::Error::Operator { message: why, .. }) => {
+            (format!("Not snoozed: {why}"), StatusCode::CONFLICT)
+        }
+        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
+            tracing::warn!(error = %e, "web: a snooze was not applied");
+            (
+                format!("Not snoozed yet: {e}"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
+        }
+        Err(e) => return failed(e),
+    };
+    render_detail(&app, &s, &id, Some(message), status).await
+}
+
 pub(crate) async fn edit(
     State(app): State<Shared>,
     headers: HeaderMap,
