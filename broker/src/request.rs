@@ -346,6 +346,9 @@ pub async fn snooze(
     };
     match submit(store, requester, &bridge, id, identity, action).await? {
         Reply::Snoozed { until, count, max } => Ok(approval::snooze::Snoozed { until, count, max }),
+        Reply::Late { state } => Err(Error::refused(format!(
+            "approval {id} is {state}: nothing to snooze"
+        ))),
         Reply::Refused { message } => Err(Error::refused(message)),
         Reply::Failed { message } => Err(Error::internal(format!("the outbox: {message}"))),
         other => Err(Error::internal(format!(
@@ -854,7 +857,10 @@ async fn apply(
             // A surface snoozes from a live card of this approval only.
             if let Requester::Surface { name, .. } = requester {
                 let card = card.as_deref().unwrap_or("");
-                let mapped = Approvals::on(store).map_get(name, card).await?;
+                let mapped = match Approvals::on(store).map_get(name, card).await {
+                    Ok(m) => m,
+                    Err(e) => return classify(Err(e)),
+                };
                 if card.is_empty() || mapped.as_deref() != Some(id) {
                     return Ok(Reply::Refused {
                         message: format!(
@@ -863,21 +869,18 @@ async fn apply(
                     });
                 }
             }
-            approval::snooze::snooze(
-                store,
-                config,
-                clock,
-                id,
-                &request.identity,
-                *seconds,
+            let later = approval::snooze::Later {
+                seconds: *seconds,
                 reason,
-            )
-            .await
-            .map(|s| Reply::Snoozed {
-                until: s.until,
-                count: s.count,
-                max: s.max,
-            })
+                request: &request.nonce,
+            };
+            approval::snooze::snooze(store, config, clock, id, &request.identity, later)
+                .await
+                .map(|s| Reply::Snoozed {
+                    until: s.until,
+                    count: s.count,
+                    max: s.max,
+                })
         }
     };
     classify(result)

@@ -100,6 +100,16 @@ pub fn reply_later(text: &str) -> Option<(Option<u64>, String)> {
         return None;
     }
     let rest = rest.trim();
+    // "later, actually reject it" says two things: it is no answer at all.
+    let verdict = rest.split(|c: char| !c.is_alphanumeric()).any(|w| {
+        matches!(
+            w.to_ascii_lowercase().as_str(),
+            "approve" | "approved" | "reject" | "rejected"
+        )
+    });
+    if verdict {
+        return None;
+    }
     let (first, after) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
     match duration_secs(first.trim_end_matches([',', '.', ':'])) {
         Some(secs) => Some((Some(secs), after.trim().to_string())),
@@ -124,6 +134,7 @@ mod tests {
             Some((None, "back monday".into()))
         );
         assert_eq!(reply_later("approve"), None);
+        assert_eq!(reply_later("later. Actually reject: wrong recipient"), None);
         assert_eq!(reply_later("laterally speaking"), None);
         assert_eq!(duration_secs("3d"), Some(259_200));
         assert_eq!(duration_secs("15"), None);

@@ -72,7 +72,7 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         }
         v => inline_code(v),
     };
-    let snoozed = match record.snoozed_until {
+    let snoozed = match record.snoozed_until.map(|_| record.expires_at) {
         Some(t) => format!(
             "💤 **Snoozed** by {} until <t:{t}:f> (snooze {})\n",
             inline_code(record.snoozed_by.as_deref().unwrap_or("an approver")),

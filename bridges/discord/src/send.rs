@@ -216,10 +216,20 @@ impl Sender for DiscordSender {
         let id = message_id(outcome.external_id)?;
         let text = match (outcome.outcome, outcome.content) {
             // Still answerable: the card as it was, with its new deadline.
-            ("snoozed", Some(content)) => render::card(outcome.record, content)
-                .into_iter()
-                .next()
-                .unwrap_or_default(),
+            ("snoozed", Some(content)) => {
+                let redrawn = render::card(outcome.record, content);
+                let unsnoozed = broker::approval::Record {
+                    snoozed_until: None,
+                    ..outcome.record.clone()
+                };
+                // The snooze's line must not push the content into parts
+                // that were never posted: then the card stays as it is.
+                if redrawn.len() != render::card(&unsnoozed, content).len() {
+                    tracing::info!(approval = %outcome.record.id, "a snoozed card not redrawn: it would no longer fit its messages");
+                    return Ok(());
+                }
+                redrawn.into_iter().next().unwrap_or_default()
+            }
             _ => render::closed_card(outcome.record, outcome.outcome),
         };
         let body = serde_json::to_vec(

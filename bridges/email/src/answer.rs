@@ -597,6 +597,17 @@ pub fn parse(body: &str, vocabulary: &Vocabulary) -> Answer {
     // "Later" is read first: it decides nothing, so it cannot be a
     // condition on a verdict.
     if let Some((seconds, reason)) = broker::text::reply_later(paragraph[0]) {
+        // "Later. Actually reject: wrong recipient" says two things.
+        let verdicts = paragraph
+            .iter()
+            .flat_map(|l| find(vocabulary, &tokens(l)))
+            .any(|(k, _, _)| matches!(k, Kind::Approve | Kind::Reject));
+        if verdicts {
+            return Answer::NotUnderstood {
+                read: paragraph.join(" "),
+                why: "it says later and also approve or reject: write one of them".to_string(),
+            };
+        }
         return Answer::Later(seconds, reason);
     }
     match judge(vocabulary, paragraph[0], &paragraph[1..]) {

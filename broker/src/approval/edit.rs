@@ -212,7 +212,14 @@ pub async fn edit(
         pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
     }
     let answer = Approvals::on(store)
-        .edit(id, &record.message_sha256, now, &editor_counts_as, &pairs)
+        .edit(
+            id,
+            &record.message_sha256,
+            now,
+            &editor_counts_as,
+            record.expires_at,
+            &pairs,
+        )
         .await?;
     let old_card = match answer {
         EditAnswer::Edited { superseded_card } => superseded_card,

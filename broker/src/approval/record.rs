@@ -83,6 +83,9 @@ pub mod field {
     pub const SNOOZES: &str = "snoozes";
     pub const SNOOZED_BY: &str = "snoozed_by";
     pub const SNOOZED_UNTIL: &str = "snoozed_until";
+    /// The nonce of the last snooze request applied, so applying it again
+    /// (after a failure further on) moves nothing twice.
+    pub const SNOOZE_REQUEST: &str = "snooze_request";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -138,6 +141,7 @@ pub mod field {
         SNOOZES,
         SNOOZED_BY,
         SNOOZED_UNTIL,
+        SNOOZE_REQUEST,
     ];
 }
 
@@ -309,6 +313,8 @@ pub struct Record {
     pub snoozes: u32,
     pub snoozed_by: Option<String>,
     pub snoozed_until: Option<u64>,
+    /// See [`field::SNOOZE_REQUEST`].
+    pub snooze_request: Option<String>,
 }
 
 impl Record {
@@ -375,6 +381,7 @@ impl Record {
             snoozes: number(text(SNOOZES)).map_or(0, |n| n.min(u32::MAX as u64) as u32),
             snoozed_by: text(SNOOZED_BY),
             snoozed_until: number(text(SNOOZED_UNTIL)),
+            snooze_request: text(SNOOZE_REQUEST),
         }
     }
 
@@ -438,6 +445,7 @@ impl Record {
             (self.snoozes > 0).then(|| (SNOOZES, self.snoozes.to_string())),
             some(SNOOZED_BY, &self.snoozed_by),
             num(SNOOZED_UNTIL, self.snoozed_until),
+            some(SNOOZE_REQUEST, &self.snooze_request),
         ]
         .into_iter()
         .flatten()
@@ -516,9 +524,10 @@ impl Record {
     }
 
     /// "snoozed by X until T" once a "later" moved the deadline (`T` as the
-    /// caller writes times).
+    /// caller writes times; the deadline itself, which the seal covers).
     pub fn snoozed(&self, when: impl Fn(u64) -> String) -> Option<String> {
-        let until = self.snoozed_until?;
+        self.snoozed_until?;
+        let until = self.expires_at;
         Some(format!(
             "snoozed by {} until {} (snooze {})",
             self.snoozed_by.as_deref().unwrap_or("an approver"),

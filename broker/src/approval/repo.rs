@@ -120,8 +120,9 @@ return {'decided', worker, have}
 /// Replaces the message of a record an approver edited, revoking any decision.
 /// ARGV: the digest the editor saw, now (fractional seconds), the list
 /// separator, what a quorum counts the editor as (kept in `editors`: under a
-/// quorum an editor's own approval does not count), then the field pairs of
-/// the new version. Only while the record is
+/// quorum an editor's own approval does not count), the deadline the editor's
+/// side read (a snooze since would leave the new seal over the old deadline:
+/// `changed`), then the field pairs of the new version. Only while the record is
 /// pending or approved, inside its window, not settled, its send not started,
 /// and still at that digest; otherwise returns why not (`missing`, `settled`,
 /// `expired`, `sending`, `changed`, the status). Keeps the agent's version on
@@ -135,7 +136,7 @@ local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', ''} end
 if f[4] then return {'sending', ''} end
 if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], ''} end
-if f[5] ~= ARGV[1] then return {'changed', ''} end
+if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] then return {'changed', ''} end
 if not f[6] then
   redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
 end
@@ -150,7 +151,7 @@ local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
 local fields = {}
-for i = 5, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', card}
 "#;
@@ -238,17 +239,21 @@ return 1
 /// pending, not settled, inside its window and still exactly as the caller
 /// read and checked it (deadline and snooze count; `stale` otherwise).
 /// ARGV: now (fractional seconds), the deadline read, the count read, the new
-/// deadline, the new count, who, the new version seal. Returns `ok` or why not
+/// deadline, the new count, who, the new version seal, the version seal read
+/// (an edit since changed what the new seal covers), and the request's nonce
+/// (kept: the same request applied again after a failure further on finds
+/// it, `again`, and moves nothing twice). Returns `ok`, `again` or why not
 /// (`missing`, `settled`, `expired`, `stale`, `already:` and the status).
 const SNOOZE: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'snoozes')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'snoozes', 'version_seal', 'snooze_request')
 if not f[1] then return 'missing' end
+if f[6] and f[6] == ARGV[9] then return 'again' end
 if f[3] then return 'settled' end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[1]) >= expires then return 'expired' end
 if f[1] ~= 'pending' then return 'already:' .. f[1] end
-if (f[2] or '0') ~= ARGV[2] or (f[4] or '0') ~= ARGV[3] then return 'stale' end
-redis.call('HSET', KEYS[1], 'expires_at', ARGV[4], 'snoozes', ARGV[5], 'snoozed_by', ARGV[6], 'snoozed_until', ARGV[4], 'version_seal', ARGV[7])
+if (f[2] or '0') ~= ARGV[2] or (f[4] or '0') ~= ARGV[3] or (f[5] or '') ~= ARGV[8] then return 'stale' end
+redis.call('HSET', KEYS[1], 'expires_at', ARGV[4], 'snoozes', ARGV[5], 'snoozed_by', ARGV[6], 'snoozed_until', ARGV[4], 'version_seal', ARGV[7], 'snooze_request', ARGV[9])
 return 'ok'
 "#;
 
@@ -874,6 +879,7 @@ impl<'a> Approvals<'a> {
         seen: &str,
         now: f64,
         editor_counts_as: &str,
+        expires_at: u64,
         fields: &[(&str, String)],
     ) -> Result<EditAnswer> {
         let key = keys::approval(id);
@@ -881,7 +887,8 @@ impl<'a> Approvals<'a> {
         inv.arg(seen)
             .arg(now)
             .arg(APPROVALS_SEPARATOR)
-            .arg(editor_counts_as);
+            .arg(editor_counts_as)
+            .arg(expires_at);
         for (k, v) in fields {
             inv.arg(*k).arg(v);
         }
@@ -893,7 +900,13 @@ impl<'a> Approvals<'a> {
     }
 
     /// Moves a pending record's deadline (see [`SNOOZE`]): `ok` or why not.
-    pub async fn snooze(&mut self, read: &Record, next: &Record, now: f64) -> Result<String> {
+    pub async fn snooze(
+        &mut self,
+        read: &Record,
+        next: &Record,
+        now: f64,
+        request: &str,
+    ) -> Result<String> {
         let key = keys::approval(&read.id);
         SNOOZE_SCRIPT
             .key(&key)
@@ -904,6 +917,8 @@ impl<'a> Approvals<'a> {
             .arg(next.snoozes)
             .arg(next.snoozed_by.as_deref().unwrap_or(""))
             .arg(next.version_seal.as_deref().unwrap_or(""))
+            .arg(read.version_seal.as_deref().unwrap_or(""))
+            .arg(request)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA snooze {key}"), e))

@@ -44,22 +44,34 @@ pub struct Snoozed {
     pub max: u32,
 }
 
-/// Moves approval `id`'s deadline by `seconds` (the bridge's `approval.snooze`
-/// when `None`) for `identity`, under the rules above. A refusal is an
-/// operator error naming why.
+/// What a snooze asks: by how much (the bridge's `approval.snooze` when
+/// `None`), why, and the asking request's nonce (the same request applied
+/// twice moves the deadline once).
+#[derive(Debug, Clone, Copy)]
+pub struct Later<'a> {
+    pub seconds: Option<u64>,
+    pub reason: &'a str,
+    pub request: &'a str,
+}
+
+/// A snooze this close to the deadline (by the applying service's clock) is
+/// refused: the requesting worker may be settling it as expired already, and
+/// the agent must not hear `expired` while the human hears "snoozed".
+const MARGIN_SECS: f64 = 2.0;
+
+/// Moves approval `id`'s deadline for `identity`, under the rules above. A
+/// refusal is an operator error naming why.
 pub async fn snooze(
     store: &mut Store,
     config: &Config,
     clock: &Clock,
     id: &str,
     identity: &str,
-    seconds: Option<u64>,
-    reason: &str,
+    later: Later<'_>,
 ) -> Result<Snoozed> {
     // Another snooze or an edit between the read and the write: read again.
     for _ in 0..3 {
-        if let Some(done) = snooze_once(store, config, clock, id, identity, seconds, reason).await?
-        {
+        if let Some(done) = snooze_once(store, config, clock, id, identity, later).await? {
             return Ok(done);
         }
     }
@@ -75,9 +87,9 @@ async fn snooze_once(
     clock: &Clock,
     id: &str,
     identity: &str,
-    seconds: Option<u64>,
-    reason: &str,
+    later: Later<'_>,
 ) -> Result<Option<Snoozed>> {
+    let (seconds, reason) = (later.seconds, later.reason);
     let Some(record) = Approvals::on(store).load(id).await? else {
         return Err(Error::refused(format!("no approval {id}")));
     };
@@ -86,97 +98,114 @@ async fn snooze_once(
     let now = clock.now_secs_f64();
     let who = Identity::read(identity);
     let refuse = |why: String| Err(Error::refused(why));
-    if rules.max_snooze == 0 {
-        return refuse(format!(
-            "approvals of bridge `{bridge}` cannot be snoozed (approval.max_snooze = 0)"
-        ));
-    }
-    let allowed = rules.allows(&who)
-        || delegation::acting_for(store, config, &bridge, &who, now, record.created_at)
-            .await?
-            .is_some();
-    if !allowed {
-        let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
-            .with(audit::field::BY, who.as_str())
-            .with(
-                audit::field::WHY,
-                "a snooze from someone who may not answer",
-            );
-        audit::append(store, config, &[event]).await?;
-        return refuse(format!(
-            "{who} may not answer approval {id}, so may not snooze it"
-        ));
-    }
-    let seconds = seconds.unwrap_or(rules.snooze);
-    if seconds == 0 || seconds > rules.max_snooze {
-        return refuse(format!(
-            "a snooze is between 1 second and approval.max_snooze ({} s) on bridge `{bridge}`",
-            rules.max_snooze
-        ));
-    }
-    match record.state(now) {
-        State::Pending => {}
-        state => {
+    // This very request was applied already, and something after it failed
+    // (the trail, a replica's acknowledgement): finish it, moving nothing.
+    let again =
+        !later.request.is_empty() && record.snooze_request.as_deref() == Some(later.request);
+    let next = if again {
+        record.clone()
+    } else {
+        if rules.max_snooze == 0 {
             return refuse(format!(
-                "approval {id} is {}: nothing to snooze",
-                state.as_str()
-            ))
+                "approvals of bridge `{bridge}` cannot be snoozed (approval.max_snooze = 0)"
+            ));
         }
-    }
-    if record.expires_at == 0 {
-        return refuse(format!("approval {id} never expires: nothing to snooze"));
-    }
-    if record.snoozes >= rules.max_snoozes {
-        return refuse(format!(
-            "approval {id} was snoozed {} times already (approval.max_snoozes = {})",
-            record.snoozes, rules.max_snoozes
-        ));
-    }
-    let Some(key) = IdKey::existing(store, &bridge).await? else {
-        return Err(Error::internal(format!("bridge `{bridge}` has no id key")));
-    };
-    let sealed = record
-        .version_seal
-        .as_deref()
-        .is_some_and(|s| same_secret(&key.seal_version(&record), s));
-    if !sealed {
-        tracing::error!(
-            approval = id,
-            "a record changed outside the broker (version seal); not snoozed"
-        );
-        let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
+        let allowed = rules.allows(&who)
+            || delegation::acting_for(store, config, &bridge, &who, now, record.created_at)
+                .await?
+                .is_some();
+        if !allowed {
+            let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
+                .with(audit::field::BY, who.as_str())
+                .with(
+                    audit::field::WHY,
+                    "a snooze from someone who may not answer",
+                );
+            audit::append(store, config, &[event]).await?;
+            return refuse(format!(
+                "{who} may not answer approval {id}, so may not snooze it"
+            ));
+        }
+        let seconds = seconds.unwrap_or(rules.snooze);
+        if seconds == 0 || seconds > rules.max_snooze {
+            return refuse(format!(
+                "a snooze is between 1 second and approval.max_snooze ({} s) on bridge `{bridge}`",
+                rules.max_snooze
+            ));
+        }
+        match record.state(now) {
+            State::Pending => {}
+            state => {
+                return refuse(format!(
+                    "approval {id} is {}: nothing to snooze",
+                    state.as_str()
+                ))
+            }
+        }
+        if record.expires_at == 0 {
+            return refuse(format!("approval {id} never expires: nothing to snooze"));
+        }
+        if (record.expires_at as f64) - now < MARGIN_SECS {
+            return refuse(format!(
+                "approval {id} expires in under {MARGIN_SECS} seconds: too late to snooze"
+            ));
+        }
+        if record.snoozes >= rules.max_snoozes {
+            return refuse(format!(
+                "approval {id} was snoozed {} times already (approval.max_snoozes = {})",
+                record.snoozes, rules.max_snoozes
+            ));
+        }
+        let Some(key) = IdKey::existing(store, &bridge).await? else {
+            return Err(Error::internal(format!("bridge `{bridge}` has no id key")));
+        };
+        let sealed = record
+            .version_seal
+            .as_deref()
+            .is_some_and(|s| same_secret(&key.seal_version(&record), s));
+        if !sealed {
+            tracing::error!(
+                approval = id,
+                "a record changed outside the broker (version seal); not snoozed"
+            );
+            let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
             .with(audit::field::BY, who.as_str())
             .with(
                 audit::field::WHY,
                 "a snooze of a record changed outside the broker (its version seal does not verify)",
             );
-        audit::append(store, config, &[event]).await?;
-        return refuse(format!(
-            "approval {id} was changed outside the broker; not snoozed"
-        ));
-    }
-    let mut next = record.clone();
-    next.expires_at = record.expires_at.saturating_add(seconds);
-    next.snoozes = record.snoozes + 1;
-    next.snoozed_by = Some(who.to_string());
-    next.snoozed_until = Some(next.expires_at);
-    next.version_seal = Some(key.seal_version(&next));
-    let answer = Approvals::on(store).snooze(&record, &next, now).await?;
-    match answer.as_str() {
-        "ok" => {}
-        "stale" => return Ok(None),
-        "missing" => return refuse(format!("no approval {id}")),
-        why => return refuse(format!("approval {id} is {why}: nothing to snooze")),
-    }
+            audit::append(store, config, &[event]).await?;
+            return refuse(format!(
+                "approval {id} was changed outside the broker; not snoozed"
+            ));
+        }
+        let mut next = record.clone();
+        next.expires_at = record.expires_at.saturating_add(seconds);
+        next.snoozes = record.snoozes + 1;
+        next.snoozed_by = Some(who.to_string());
+        next.snoozed_until = Some(next.expires_at);
+        next.version_seal = Some(key.seal_version(&next));
+        let answer = Approvals::on(store)
+            .snooze(&record, &next, now, later.request)
+            .await?;
+        match answer.as_str() {
+            "ok" => next,
+            // Applied by this request meanwhile (as above).
+            "again" => record.clone(),
+            "stale" => return Ok(None),
+            "missing" => return refuse(format!("no approval {id}")),
+            why => return refuse(format!("approval {id} is {why}: nothing to snooze")),
+        }
+    };
     tracing::info!(approval = id, by = %who, until = next.expires_at, "approval snoozed");
     let event = audit::Event::new(&bridge, audit::Kind::Snoozed, id, now)
         .with(audit::field::BY, who.as_str())
         .with(audit::field::UNTIL, next.expires_at.to_string())
         .with(audit::field::REASON, reason);
     audit::append(store, config, &[event]).await?;
-    show(store, &next).await;
-    // Told to the human only once a failover cannot lose it.
+    // Shown and told only once a failover cannot lose it.
     store.conn.replicated("the snooze").await?;
+    show(store, &next).await;
     Ok(Some(Snoozed {
         until: next.expires_at,
         count: next.snoozes,
@@ -198,7 +227,9 @@ async fn show(store: &mut Store, record: &Record) {
         }
     }
     if record.progress {
-        let n = crate::entry::Notice::parked(record, None);
+        let count =
+            (record.quorum() > 1).then(|| (record.approvals.len(), record.quorum() as usize));
+        let n = crate::entry::Notice::parked(record, count);
         let inbox = keys::inbox_for(record.agent.as_deref(), record.source());
         if let Err(e) = store
             .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))

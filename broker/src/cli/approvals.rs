@@ -158,7 +158,13 @@ pub async fn approvals_later(
     let who = Identity::cli(operator).to_string();
     let s = if config.operators.is_empty() {
         let clock = Clock::system();
-        approval::snooze::snooze(store, config, &clock, &id, &who, seconds, reason).await?
+        let nonce = uuid::Uuid::new_v4().simple().to_string();
+        let later = approval::snooze::Later {
+            seconds,
+            reason,
+            request: &nonce,
+        };
+        approval::snooze::snooze(store, config, &clock, &id, &who, later).await?
     } else {
         let requester = crate::request::Requester::Operator(operator.to_string());
         crate::request::snooze(store, &requester, &id, &who, seconds, reason).await?

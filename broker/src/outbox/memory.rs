@@ -63,6 +63,10 @@ pub(super) struct Memory {
     pub acks_since: Option<Instant>,
     /// Progress notices of `acks` (`delivered`), written just before them.
     pub told: Vec<super::deliver::Told>,
+    /// Cards redrawn for a snooze, and the count each showed: a `snoozed`
+    /// entry (which anyone who writes the flat outbox can repeat) redraws a
+    /// card once per snooze, never more. Bounded: cleared when full.
+    pub redrawn: HashMap<String, u32>,
 }
 
 impl Memory {

@@ -51,17 +51,28 @@ impl<S: Sender> OutboxService<S> {
         }
         // Approved in time stays approved while its delivery waits for a retry,
         // even once the deadline has passed.
-        let state = match record.approved_in_time() {
+        let now = self.clock.now_secs_f64();
+        let mut state = match record.approved_in_time() {
             true => State::Approved,
-            false => record.state(self.clock.now_secs_f64()),
+            false => record.state(now),
         };
-        match state {
+        let (tracked, moved) = (parked.expires_at, record.expires_at);
+        if state == State::Pending && moved != tracked {
             // A snooze moved the deadline: it wakes the loop then, not now.
-            State::Pending if record.expires_at != parked.expires_at => {
-                let (entry_id, until) = (parked.entry_id.clone(), record.expires_at);
-                self.mem.parked.track(id, src, entry_id, until);
-                Ok(())
+            // Only a later one this bridge sealed: a record writer without
+            // the key cannot keep an entry parked past the deadline tracked.
+            if tracked != 0 && moved > tracked && self.deadline_sealed(&record) {
+                self.mem
+                    .parked
+                    .track(id, src, parked.entry_id.clone(), moved);
+                return Ok(());
             }
+            if tracked != 0 && now >= tracked as f64 {
+                tracing::error!(approval = %id, "the deadline was moved outside the broker; expired at the one tracked");
+                state = State::Expired;
+            }
+        }
+        match state {
             State::Pending => Ok(()),
             State::Approved => self.deliver_approved(src, &parked.entry_id, record).await,
             State::Rejected | State::Expired => {
@@ -101,6 +112,16 @@ impl<S: Sender> OutboxService<S> {
                     .await
             }
         }
+    }
+
+    /// Whether `record`'s deadline is as this bridge sealed it (with the
+    /// version and quorum, see [`approval::IdKey::seal_version`]).
+    fn deadline_sealed(&self, record: &Record) -> bool {
+        let seal = record.version_seal.as_deref();
+        self.id_key
+            .as_ref()
+            .zip(seal)
+            .is_some_and(|(key, seal)| approval::same_secret(&key.seal_version(record), seal))
     }
 
     pub(super) async fn deliver_approved(

@@ -21,6 +21,9 @@ use crate::approval::repo::{ClaimRequest, Claimed};
 /// The outcome entry an edit writes for the card of the version it replaced.
 const SUPERSEDED: &str = "superseded";
 
+/// How many snooze redraws are remembered (see `Memory::redrawn`).
+const REDRAWN_KEPT: usize = 10_000;
+
 /// A notification shown on the platform, waiting to be recorded.
 pub(super) struct Shown {
     stream: String,
@@ -467,7 +470,14 @@ impl<S: Sender> OutboxService<S> {
                 e.text(crate::fields::outbox::APPROVAL_CONTENT)
                     .map(str::to_string)
             });
-            if let (Some(external), Some(content)) = (&record.notify_external_id, content) {
+            let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
+            if let (Some(external), Some(content), true) =
+                (&record.notify_external_id, content, record.snoozes > drawn)
+            {
+                if self.mem.redrawn.len() >= REDRAWN_KEPT {
+                    self.mem.redrawn.clear();
+                }
+                self.mem.redrawn.insert(id.clone(), record.snoozes);
                 self.update_beside(&record, approval::snooze::OUTCOME, external, Some(content));
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;

@@ -586,6 +586,109 @@ async fn approval_by_reaction() {
     no_records_left(&store).await;
 }
 
+/// 💤 on a card: a stranger's moves nothing (and is removed); the approver's
+/// moves the deadline by `approval.snooze` and the card is drawn again, still
+/// answerable, saying until when; a `later 2h` reply moves it again; then a
+/// ✅ delivers once and closes the card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_on_a_card_moves_its_deadline_and_redraws_it() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let gated = GATED.replace(
+        "timeout = 0",
+        "timeout = 600, snooze = 900, max_snooze = 7200",
+    );
+    let d = deployment(&fake, &gated, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:dc:outbox",
+            &[
+                ("channel_id", TALK.to_string().as_bytes()),
+                ("content", b"after the meeting"),
+            ],
+        )
+        .await
+        .unwrap();
+    let card = card(&fake, 0).await;
+    answerable(&d, card.id).await;
+    let id = approval::list_ids(&mut store).await.unwrap().remove(0);
+    let deadline =
+        |r: &std::collections::HashMap<String, String>| -> u64 { r["expires_at"].parse().unwrap() };
+    let first = deadline(&harness::hash(&mut store, &keys::approval(&id)).await);
+    fake.user_reaction(OPS, card.id, STRANGER, "💤");
+    wait_until("the stranger's 💤 removed", PLATFORM_SOON, || async {
+        fake.with(|r| {
+            r.removed
+                .iter()
+                .any(|(m, e, u)| *m == card.id && e == "💤" && *u == STRANGER)
+                .then_some(())
+        })
+    })
+    .await;
+    fake.user_reaction(OPS, card.id, APPROVER, "💤");
+    let redrawn = wait_until(
+        "the card redrawn with its snooze",
+        PLATFORM_SOON,
+        || async {
+            fake.with(|r| {
+                let p = r.posted.iter().find(|p| p.id == card.id)?;
+                p.edits.last().filter(|e| e.contains("Snoozed")).cloned()
+            })
+        },
+    )
+    .await;
+    let r = harness::hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(
+        deadline(&r),
+        first + 900,
+        "the stranger moved nothing: {r:?}"
+    );
+    assert!(
+        redrawn.contains(&format!("<t:{}:f>", first + 900))
+            && redrawn.contains("after the meeting")
+            && redrawn.contains(render::HOW_TO_ANSWER),
+        "the live card, with its new deadline: {redrawn}"
+    );
+    fake.user_message(
+        OPS,
+        APPROVER,
+        "boss",
+        "later 2h back from lunch",
+        Some(card.id),
+    );
+    wait_until("the reply's snooze", PLATFORM_SOON, || {
+        let mut store = store.clone();
+        let id = id.clone();
+        async move {
+            let r = harness::hash(&mut store, &keys::approval(&id)).await;
+            (r.get("snoozes").map(String::as_str) == Some("2")).then_some(())
+        }
+    })
+    .await;
+    let r = harness::hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(deadline(&r), first + 900 + 7200);
+    assert_eq!(r["status"], "pending", "a snooze decides nothing");
+    fake.user_reaction(OPS, card.id, APPROVER, "✅");
+    let edited = closed_with(&fake, card.id, "Approved").await;
+    assert!(edited.contains("Approved"), "{edited}");
+    assert_eq!(fake.with(|r| contents(r, TALK)), ["after the meeting"]);
+    no_records_left(&store).await;
+}
+
+/// Waits for an edit of the card containing `what`.
+async fn closed_with(fake: &FakeDiscord, card: u64, what: &str) -> String {
+    wait_until("the card's edit", PLATFORM_SOON, || async {
+        fake.with(|r| {
+            let p = r.posted.iter().find(|p| p.id == card)?;
+            p.edits.iter().rev().find(|e| e.contains(what)).cloned()
+        })
+    })
+    .await
+}
+
 /// A restarted ingest identifies afresh, and the gateway replays nothing to a
 /// new session: what approvers did on live cards meanwhile is read over REST
 /// when it connects. The approver's ✅ on one card delivers it (a stranger's

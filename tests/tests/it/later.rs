@@ -26,7 +26,9 @@ async fn trail(d: &Deployment) -> Vec<HashMap<String, String>> {
 /// deadline by `approval.snooze`, audited with who and why; a snooze past
 /// `max_snooze` and one past `max_snoozes` are refused; past the first
 /// deadline nothing expires, and the agent (who asked for progress) hears
-/// the new deadline; at the last one it expires, and says it was snoozed.
+/// the new deadline; at the last one it expires, and says it was snoozed (a
+/// deadline moved without the bridge's seal is not honoured). The same
+/// request applied twice moves the deadline once.
 /// Nothing was counted toward the quorum by any of it.
 #[tokio::test(start_paused = true)]
 async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
@@ -85,35 +87,34 @@ async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
     );
 
     // Straight through the rules (as the CLI without [operators] does).
-    let mut store = d.store().await;
+    let store = d.store().await;
     let clock = broker::Clock::starting_at(broker::now_secs_f64());
-    let too_long =
-        approval::snooze::snooze(&mut store, &d.config, &clock, &id, "cli:op", Some(6), "").await;
-    assert!(
-        matches!(&too_long, Err(broker::Error::Operator { message, .. }) if message.contains("max_snooze")),
-        "{too_long:?}"
-    );
-    let stranger =
-        approval::snooze::snooze(&mut store, &d.config, &clock, &id, "cli:eve", Some(2), "").await;
-    assert!(stranger.is_err(), "{stranger:?}");
-    let second = approval::snooze::snooze(
-        &mut store,
-        &d.config,
-        &clock,
-        &id,
-        "cli:op",
-        Some(5),
-        "back at 3",
-    )
-    .await
-    .unwrap();
+    let config = d.config.clone();
+    let later = |who: &'static str, seconds: u64, request: &'static str| {
+        let (config, id, mut store) = (config.clone(), id.clone(), store.clone());
+        async move {
+            let later = approval::snooze::Later {
+                seconds: Some(seconds),
+                reason: "back at 3",
+                request,
+            };
+            approval::snooze::snooze(&mut store, &config, &clock, &id, who, later).await
+        }
+    };
+    let refused = |r: &broker::Result<approval::snooze::Snoozed>, what: &str| matches!(r, Err(broker::Error::Operator { message, .. }) if message.contains(what));
+    let too_long = later("cli:op", 6, "n1").await;
+    assert!(refused(&too_long, "max_snooze"), "{too_long:?}");
+    let stranger = later("cli:eve", 2, "n2").await;
+    assert!(refused(&stranger, "may not answer"), "{stranger:?}");
+    let second = later("cli:op", 5, "n3").await.unwrap();
     assert_eq!((second.until, second.count, second.max), (first + 8, 2, 2));
-    let third =
-        approval::snooze::snooze(&mut store, &d.config, &clock, &id, "cli:op", Some(1), "").await;
-    assert!(
-        matches!(&third, Err(broker::Error::Operator { message, .. }) if message.contains("max_snoozes")),
-        "{third:?}"
-    );
+    // The same request applied again (a failure after it, retried) moves
+    // nothing twice and is not refused as one snooze too many.
+    let again = later("cli:op", 5, "n3").await.unwrap();
+    assert_eq!((again.until, again.count), (first + 8, 2));
+    let third = later("cli:op", 1, "n4").await;
+    assert!(refused(&third, "max_snoozes"), "{third:?}");
+    assert_eq!(record(&d, &id).await["expires_at"], (first + 8).to_string());
 
     // Past the first deadline and the first snooze's: nothing expires.
     let lead = first as f64 + 6.0 - clock.now_secs_f64();
@@ -135,6 +136,14 @@ async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
         "a snooze counts toward nothing: {r:?}"
     );
 
+    // A writer of records without the bridge's key (the notify side's
+    // password) moves the deadline far away: not sealed, so not honoured.
+    let mut admin = d.store().await;
+    let far = (first + 100_000).to_string();
+    let _: () =
+        redis::AsyncCommands::hset(&mut admin.conn, keys::approval(&id), "expires_at", &far)
+            .await
+            .unwrap();
     let expired = time
         .advance_until(
             "the expiry at the snoozed deadline",
@@ -161,6 +170,7 @@ async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
             .iter()
             .filter(|e| e["event"] == "snoozed")
             .count(),
-        2
+        3,
+        "the request applied again is in the trail again (written at least once)"
     );
 }

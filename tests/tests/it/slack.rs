@@ -413,6 +413,83 @@ async fn a_reaction_approves_and_a_thread_reply_rejects() {
     assert_eq!(posted(&fake, TALK).len(), 1);
 }
 
+/// "Later": a stranger's press moves nothing; the approver's Later button
+/// moves the deadline by `approval.snooze` and the card is redrawn, buttons
+/// and all, saying until when; `later 30m` in its thread moves it again; a
+/// snooze decides nothing, and the approver's ✅ then delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn later_moves_the_deadline_and_the_card_says_so() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let gated = GATED.replace("timeout = 0", "timeout = 600, snooze = 900");
+    let d = deployment(&fake, &gated);
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    let _ingest = d.process("cowboy-slack-ingest", "sl");
+    connected(&fake).await;
+    send(&d, &[("channel_id", TALK), ("content", "after lunch")]).await;
+    let first = card(&fake, &d, 0).await;
+    let mut store = d.store().await;
+    let id = approval::list_ids(&mut store).await.unwrap().remove(0);
+    let deadline =
+        |r: &std::collections::HashMap<String, String>| -> u64 { r["expires_at"].parse().unwrap() };
+    let before = deadline(&harness::hash(&mut store, &keys::approval(&id)).await);
+    let sha = digest(&first);
+    let env = fake.press(
+        &external(&first),
+        STRANGER,
+        TEAM,
+        slack::render::LATER,
+        &sha,
+    );
+    acked(&fake, &env).await;
+    let env = fake.press(&external(&first), BOSS, TEAM, slack::render::LATER, &sha);
+    acked(&fake, &env).await;
+    let redrawn = wait_until(
+        "the card redrawn with its snooze",
+        PLATFORM_SOON,
+        || async {
+            let m = fake.with(|r| r.at(&external(&first)).cloned())?;
+            m.edits
+                .last()
+                .map(|b| b.to_string())
+                .filter(|b| b.contains("snoozed by slack:U0BOSS001"))
+        },
+    )
+    .await;
+    let r = harness::hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(
+        deadline(&r),
+        before + 900,
+        "the stranger moved nothing: {r:?}"
+    );
+    assert!(
+        redrawn.contains(slack::render::APPROVE)
+            && redrawn.contains(slack::render::LATER)
+            && redrawn.contains("after lunch")
+            && redrawn.contains(&(before + 900).to_string()),
+        "the live card, with its new deadline: {redrawn}"
+    );
+    let (_, env) = fake.say(OPS, BOSS, "later 30m", Some(&first.ts));
+    acked(&fake, &env).await;
+    wait_until("the thread's snooze", PLATFORM_SOON, || {
+        let (mut store, id) = (store.clone(), id.clone());
+        async move {
+            let r = harness::hash(&mut store, &keys::approval(&id)).await;
+            (r.get("snoozes").map(String::as_str) == Some("2")).then_some(())
+        }
+    })
+    .await;
+    let r = harness::hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(deadline(&r), before + 900 + 1800);
+    assert_eq!(r["status"], "pending", "a snooze decides nothing");
+    let env = fake.react(&external(&first), BOSS, "white_check_mark", TEAM);
+    acked(&fake, &env).await;
+    wait_until("delivery", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().cloned()
+    })
+    .await;
+    assert_eq!(posted(&fake, TALK).len(), 1);
+}
+
 /// While the ingest is down: the approver reacts ✅ on one card, replies
 /// `reject not now` in another's thread, a stranger reacts on a third, and
 /// three messages are written in a listened channel. When the ingest
