@@ -33,6 +33,7 @@ let
     trust_surfaces = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether several people answering through one service password (the notify bridge's ingest, the page) count apart (default: one password counts once)."; };
     max_snooze = mkOption { type = types.ints.unsigned; default = 86400; description = "Longest one \"later\" may move an approval's deadline by, in seconds; 0 = approvers cannot snooze."; };
     max_snoozes = mkOption { type = types.ints.unsigned; default = 3; description = "How many times one approval may be snoozed."; };
+    remind_after = mkOption { type = types.ints.unsigned; default = 0; description = "Seconds after parking when the card's surface reminds the approvers of an approval still waiting (once); 0 = never."; };
     snooze = mkOption { type = types.ints.positive; default = 3600; description = "Seconds a \"later\" without a time (a reaction, a button) moves the deadline by."; };
   };
 

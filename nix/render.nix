@@ -65,6 +65,7 @@ let
         max_snooze = approval.max_snooze or null;
         max_snoozes = approval.max_snoozes or null;
         snooze = approval.snooze or null;
+        remind_after = approval.remind_after or null;
       };
       ping = nonNull {
         command = ping.command or null;

@@ -97,6 +97,8 @@ pub enum Kind {
     Delegated,
     /// The deadline moved by an approver's "later": by, until, reason.
     Snoozed,
+    /// The approvers reminded on the card's surface (`approval.remind_after`).
+    Reminded,
 }
 
 impl Kind {
@@ -115,6 +117,7 @@ impl Kind {
             Kind::Reconciled => "reconciled",
             Kind::Delegated => "delegated",
             Kind::Snoozed => "snoozed",
+            Kind::Reminded => "reminded",
         }
     }
 }

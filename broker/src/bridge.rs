@@ -128,7 +128,9 @@ pub enum SendError {
 pub struct CardUpdate<'a> {
     /// `approved`, `rejected`, `expired`, `failed` or `uncertain`, as the
     /// record says; `superseded` for a card an edit replaced; `snoozed` for
-    /// a live card whose deadline moved (redraw it, still answerable).
+    /// a live card whose deadline moved (redraw it, still answerable);
+    /// `reminder` for a live card still waiting after `approval.remind_after`
+    /// (remind its approvers, e.g. with a reply to it).
     pub outcome: &'a str,
     /// The notification's id on the platform.
     pub external_id: &'a str,

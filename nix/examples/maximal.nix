@@ -31,7 +31,7 @@
     dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
-    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; };
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; remind_after = 900; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
     redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
     secrets = { "token_file" = "/etc/cowboy/secrets/token"; };

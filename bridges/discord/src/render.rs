@@ -128,6 +128,21 @@ pub fn card(record: &Record, content: &str) -> Vec<String> {
     messages
 }
 
+/// The reminder posted as a reply to a card still waiting (from the record).
+pub fn reminder(record: &Record) -> String {
+    let deadline = match record.expires_at {
+        0 => String::new(),
+        t => format!(" It expires <t:{t}:R>."),
+    };
+    format!(
+        "⏰ **Still waiting for a decision:** approval `{}` from **{}** via **{}**, asked <t:{}:R>.{deadline} Answer on the card above.",
+        record.id,
+        record.agent().unwrap_or("an agent"),
+        record.source(),
+        record.created_at
+    )
+}
+
 /// The card head once the approval is over, from the settled record.
 pub fn closed_card(record: &Record, outcome: &str) -> String {
     let who = |a: &str| {

@@ -214,6 +214,13 @@ impl Sender for DiscordSender {
     async fn update(&self, outcome: CardUpdate<'_>) -> Result<(), SendError> {
         let channel_id = channel(outcome.channel_id)?;
         let id = message_id(outcome.external_id)?;
+        if outcome.outcome == "reminder" {
+            // A reply to the card: new activity where the approvers look.
+            let text = render::reminder(outcome.record);
+            let key = format!("{}#reminder", outcome.record.id);
+            self.post(channel_id, &[text], &key, Some(id), &[]).await?;
+            return Ok(());
+        }
         let text = match (outcome.outcome, outcome.content) {
             // Still answerable: the card as it was, with its new deadline.
             ("snoozed", Some(content)) => {

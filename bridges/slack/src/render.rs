@@ -260,6 +260,20 @@ fn later_button(record: &Record) -> Value {
     })
 }
 
+/// The reminder posted in a waiting card's thread (from the record).
+pub fn reminder(record: &Record) -> String {
+    let deadline = match record.expires_at {
+        0 => String::new(),
+        t => format!(" It expires at {} (UTC).", broker::clock::utc(t as f64)),
+    };
+    format!(
+        "⏰ Still waiting for a decision: approval {} from {} via {}.{deadline} Answer on the card above.",
+        record.id,
+        record.agent().unwrap_or("an agent"),
+        record.source(),
+    )
+}
+
 /// The notification text of a card (what a phone shows).
 pub fn card_fallback(record: &Record) -> String {
     format!(

@@ -298,6 +298,15 @@ impl Sender for SlackSender {
 
     async fn update(&self, u: CardUpdate<'_>) -> Result<(), SendError> {
         let (channel, ts) = parse_external(u.external_id)?;
+        if u.outcome == "reminder" {
+            // A reply in the card's thread, where its answers are given.
+            let text = render::reminder(u.record);
+            let key = format!("{}#reminder", u.record.id);
+            let parts = [(render::message_blocks(&text, &[]), text.clone())];
+            self.post_parts(channel, &key, &parts, Some(ts), false)
+                .await?;
+            return Ok(());
+        }
         if let ("snoozed", Some(content)) = (u.outcome, u.content) {
             // Still answerable: the card as it was, with its new deadline.
             let blocks = render::card_blocks(u.record, content);

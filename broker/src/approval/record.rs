@@ -86,6 +86,9 @@ pub mod field {
     /// The nonce of the last snooze request applied, so applying it again
     /// (after a failure further on) moves nothing twice.
     pub const SNOOZE_REQUEST: &str = "snooze_request";
+    /// When the requesting outbox asked the card's surface to remind the
+    /// approvers (`approval.remind_after`); once per approval.
+    pub const REMINDED: &str = "reminded";
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -142,6 +145,7 @@ pub mod field {
         SNOOZED_BY,
         SNOOZED_UNTIL,
         SNOOZE_REQUEST,
+        REMINDED,
     ];
 }
 
@@ -315,6 +319,8 @@ pub struct Record {
     pub snoozed_until: Option<u64>,
     /// See [`field::SNOOZE_REQUEST`].
     pub snooze_request: Option<String>,
+    /// See [`field::REMINDED`].
+    pub reminded: Option<u64>,
 }
 
 impl Record {
@@ -382,6 +388,7 @@ impl Record {
             snoozed_by: text(SNOOZED_BY),
             snoozed_until: number(text(SNOOZED_UNTIL)),
             snooze_request: text(SNOOZE_REQUEST),
+            reminded: number(text(REMINDED)),
         }
     }
 
@@ -446,6 +453,7 @@ impl Record {
             some(SNOOZED_BY, &self.snoozed_by),
             num(SNOOZED_UNTIL, self.snoozed_until),
             some(SNOOZE_REQUEST, &self.snooze_request),
+            num(REMINDED, self.reminded),
         ]
         .into_iter()
         .flatten()

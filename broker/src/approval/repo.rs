@@ -257,6 +257,17 @@ redis.call('HSET', KEYS[1], 'expires_at', ARGV[4], 'snoozes', ARGV[5], 'snoozed_
 return 'ok'
 "#;
 
+/// Notes that the approvers were reminded, once: only on a record that
+/// exists, is pending and unsettled, and was not reminded yet. ARGV: now.
+/// Returns whether it noted (then the reminder is to be written).
+const REMIND: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'settled_at', 'reminded')
+if f[1] ~= 'pending' or f[2] or f[3] then return 0 end
+redis.call('HSET', KEYS[1], 'reminded', ARGV[1])
+return 1
+"#;
+
+static REMIND_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REMIND));
 static SNOOZE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SNOOZE));
 static FORGET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FORGET_CLAIM));
 static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CREATE));
@@ -922,6 +933,18 @@ impl<'a> Approvals<'a> {
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA snooze {key}"), e))
+    }
+
+    /// Notes the reminder of a pending approval, once (see [`REMIND`]).
+    pub async fn mark_reminded(&mut self, id: &str, now: u64) -> Result<bool> {
+        let key = keys::approval(id);
+        let noted: i64 = REMIND_SCRIPT
+            .key(&key)
+            .arg(now)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA remind {key}"), e))?;
+        Ok(noted == 1)
     }
 
     /// Forgets that a send started: it was deferred, not attempted.

@@ -491,6 +491,10 @@ pub struct ApprovalConfig {
     /// How long a "later" without a time (a reaction, a button) snoozes, in seconds.
     #[serde(default = "default_snooze")]
     pub snooze: u64,
+    /// Seconds after parking when the card's surface reminds the approvers
+    /// of an approval still waiting (once). 0: no reminder.
+    #[serde(default)]
+    pub remind_after: u64,
 }
 
 fn default_max_snooze() -> u64 {
@@ -534,6 +538,7 @@ impl Default for ApprovalConfig {
             max_snooze: default_max_snooze(),
             max_snoozes: default_max_snoozes(),
             snooze: default_snooze(),
+            remind_after: 0,
         }
     }
 }

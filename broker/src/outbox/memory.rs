@@ -67,6 +67,9 @@ pub(super) struct Memory {
     /// entry (which anyone who writes the flat outbox can repeat) redraws a
     /// card once per snooze, never more. Bounded: cleared when full.
     pub redrawn: HashMap<String, u32>,
+    /// Approvals whose approvers this notify side reminded (once each, the
+    /// same way). Bounded: cleared when full.
+    pub reminded: std::collections::HashSet<String>,
 }
 
 impl Memory {

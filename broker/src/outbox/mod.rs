@@ -33,6 +33,7 @@ mod memory;
 mod parked;
 mod parking;
 mod reader;
+mod remind;
 mod retention;
 mod schedule;
 mod settle;

@@ -30,13 +30,20 @@ pub(super) struct Parked {
 pub(super) struct ParkedIndex {
     parked: HashMap<String, Parked>,
     deadlines: BTreeSet<(u64, String)>,
+    /// Reminders due (unix seconds, id), each once (`approval.remind_after`),
+    /// and each id's, to drop it without a scan.
+    reminders: BTreeSet<(u64, String)>,
+    reminder_of: HashMap<String, u64>,
     /// Ids still to be re-read this round of sweeps.
     sweep_queue: Vec<String>,
 }
 
 impl ParkedIndex {
     pub fn track(&mut self, id: String, source: SourceId, entry_id: String, expires_at: u64) {
-        self.untrack(&id);
+        // Tracked again (a moved deadline): its reminder stays.
+        if let Some(p) = self.parked.remove(&id) {
+            self.deadlines.remove(&(p.expires_at, id.clone()));
+        }
         if expires_at != 0 {
             self.deadlines.insert((expires_at, id.clone()));
         }
@@ -52,6 +59,38 @@ impl ParkedIndex {
         if let Some(p) = self.parked.remove(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
         }
+        self.forget_reminder(id);
+    }
+
+    fn forget_reminder(&mut self, id: &str) {
+        if let Some(at) = self.reminder_of.remove(id) {
+            self.reminders.remove(&(at, id.to_string()));
+        }
+    }
+
+    /// Reminds the approvers of parked `id` at `at` (once; a later call
+    /// replaces it).
+    pub fn remind(&mut self, id: &str, at: u64) {
+        self.forget_reminder(id);
+        if self.parked.contains_key(id) {
+            self.reminders.insert((at, id.to_string()));
+            self.reminder_of.insert(id.to_string(), at);
+        }
+    }
+
+    /// Ids whose reminder is due at `now`, earliest first, taken out.
+    pub fn due_reminders(&mut self, now: f64) -> Vec<String> {
+        let due: Vec<(u64, String)> = self
+            .reminders
+            .iter()
+            .take_while(|(t, _)| (*t as f64) <= now)
+            .cloned()
+            .collect();
+        for (at, id) in &due {
+            self.reminders.remove(&(*at, id.clone()));
+            self.reminder_of.remove(id);
+        }
+        due.into_iter().map(|(_, id)| id).collect()
     }
 
     /// Decided: its deadline no longer wakes the loop; the entry stays.
@@ -59,6 +98,7 @@ impl ParkedIndex {
         if let Some(p) = self.parked.get(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
         }
+        self.forget_reminder(id);
     }
 
     pub fn get(&self, id: &str) -> Option<&Parked> {
@@ -77,9 +117,11 @@ impl ParkedIndex {
         self.parked.is_empty()
     }
 
-    /// The earliest deadline still waiting for a decision.
+    /// The earliest deadline still waiting for a decision, or reminder.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.deadlines.first().map(|(t, _)| *t)
+        let deadline = self.deadlines.first().map(|(t, _)| *t);
+        let reminder = self.reminders.first().map(|(t, _)| *t);
+        deadline.into_iter().chain(reminder).min()
     }
 
     /// Ids whose deadline is at or before `now`, earliest first (not removed:
@@ -147,6 +189,27 @@ mod tests {
             ["never"],
             "tracking again replaces the deadline"
         );
+    }
+
+    /// A reminder wakes the loop before a later deadline, comes due once,
+    /// outlives a moved deadline, and goes with a decision or an untrack.
+    #[test]
+    fn reminders_come_due_once() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        p.track("a".into(), src, "1-1".into(), 100);
+        p.track("b".into(), src, "1-2".into(), 100);
+        p.remind("a", 40);
+        p.remind("b", 50);
+        p.remind("nobody", 10);
+        assert_eq!(p.next_deadline(), Some(40));
+        p.track("a".into(), src, "1-1".into(), 200);
+        assert_eq!(p.due_reminders(45.0), ["a"]);
+        assert!(p.due_reminders(45.0).is_empty(), "once");
+        p.decided("b");
+        assert!(p.due_reminders(1e9).is_empty());
+        p.remind("a", 60);
+        p.untrack("a");
+        assert_eq!((p.due_reminders(1e9).len(), p.next_deadline()), (0, None));
     }
 
     /// A round of sweeps visits each parked id once, in slices, and skips the

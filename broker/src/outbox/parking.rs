@@ -177,6 +177,7 @@ impl<S: Sender> OutboxService<S> {
         self.mem
             .parked
             .track(id.clone(), src, entry.id.clone(), record.expires_at);
+        self.arm_reminder(&record);
         if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
@@ -262,6 +263,7 @@ impl<S: Sender> OutboxService<S> {
             self.mem
                 .parked
                 .track(p.id, p.source, p.entry.id, record.expires_at);
+            self.arm_reminder(&record);
         }
         Ok(())
     }

@@ -207,6 +207,7 @@ impl<S: Sender> OutboxService<S> {
         }
         self.flush_acks_due().await?;
         self.settle_due().await?;
+        self.remind_due().await?;
         self.retry_due().await?;
         self.flush_shown().await?;
         if st.last_sweep.elapsed() >= self.timing.sweep_every {

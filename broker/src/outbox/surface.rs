@@ -6,6 +6,9 @@
 //!   first such entry (the record's `notify_entry` claim, one Lua step); its
 //!   destination is the record's `notify_channel`, which must also pass this
 //!   bridge's `destinations`. Anything else is dead-lettered.
+//! - A reminder (`reminder`, acted on only while the record says it was
+//!   reminded and is unsettled) asks the platform to remind the approvers of
+//!   a live card once; its text comes from the record.
 //! - A snooze redraws a live card (`snoozed`, acted on only while the record
 //!   is snoozed and unsettled), from the record and the notification's own
 //!   content in this bridge's stream.
@@ -21,7 +24,7 @@ use crate::approval::repo::{ClaimRequest, Claimed};
 /// The outcome entry an edit writes for the card of the version it replaced.
 const SUPERSEDED: &str = "superseded";
 
-/// How many snooze redraws are remembered (see `Memory::redrawn`).
+/// How many snooze redraws and reminders are remembered (see `Memory::redrawn`).
 const REDRAWN_KEPT: usize = 10_000;
 
 /// A notification shown on the platform, waiting to be recorded.
@@ -435,6 +438,15 @@ impl<S: Sender> OutboxService<S> {
             Some(_) if claimed == approval::snooze::OUTCOME => {
                 Some(format!("approval `{id}` is not snoozed and waiting"))
             }
+            // A reminder: the approvers are asked again on the surface.
+            Some(r)
+                if claimed == super::remind::OUTCOME && r.reminded.is_some() && !r.is_settled() =>
+            {
+                None
+            }
+            Some(_) if claimed == super::remind::OUTCOME => {
+                Some(format!("approval `{id}` is not waiting for a reminder"))
+            }
             Some(r) if !r.is_settled() => Some(format!("approval `{id}` is not settled")),
             Some(r) if r.outcome.as_deref() != Some(claimed) => Some(format!(
                 "the outcome `{claimed}` is not the record's `{}`",
@@ -454,6 +466,18 @@ impl<S: Sender> OutboxService<S> {
         if claimed == SUPERSEDED {
             for card in &record.superseded {
                 self.update_beside(&record, SUPERSEDED, card, None);
+            }
+            return self.ack(&self.sources[src].key.clone(), &entry.id).await;
+        }
+        if claimed == super::remind::OUTCOME {
+            if let (Some(external), true) =
+                (&record.notify_external_id, !self.mem.reminded.contains(&id))
+            {
+                if self.mem.reminded.len() >= REDRAWN_KEPT {
+                    self.mem.reminded.clear();
+                }
+                self.mem.reminded.insert(id.clone());
+                self.update_beside(&record, super::remind::OUTCOME, external, None);
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }

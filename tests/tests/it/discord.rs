@@ -678,6 +678,66 @@ async fn later_on_a_card_moves_its_deadline_and_redraws_it() {
     no_records_left(&store).await;
 }
 
+/// `approval.remind_after`: a card still waiting gets one reminder, a reply
+/// to it, once; a card decided first gets none; the trail says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_card_is_reminded_once_and_a_decided_one_never() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let gated = GATED.replace("timeout = 0", "timeout = 600, remind_after = 2");
+    let d = deployment(&fake, &gated, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    for content in ["waits", "decided at once"] {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let (waiting, decided) = (card(&fake, 0).await, card(&fake, 1).await);
+    answerable(&d, decided.id).await;
+    fake.user_reaction(OPS, decided.id, APPROVER, "✅");
+    closed(&fake, decided.id).await;
+    let reminders = |card: u64| {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .filter(|p| p.reference == Some(card) && p.content.contains("Still waiting"))
+                .count()
+        })
+    };
+    let reminder = wait_until("the waiting card's reminder", PLATFORM_SOON, || async {
+        fake.with(|r| {
+            r.posted
+                .iter()
+                .find(|p| p.reference == Some(waiting.id))
+                .cloned()
+        })
+    })
+    .await;
+    assert!(
+        reminder.content.contains("Still waiting") && reminder.channel_id == OPS,
+        "{}",
+        reminder.content
+    );
+    answerable(&d, waiting.id).await;
+    fake.user_reaction(OPS, waiting.id, APPROVER, "✅");
+    closed(&fake, waiting.id).await;
+    assert_eq!(reminders(waiting.id), 1, "reminded once");
+    assert_eq!(reminders(decided.id), 0, "a decided card is never reminded");
+    let trail = stream(&mut store, &keys::audit("dc")).await;
+    let reminded: Vec<_> = trail.iter().filter(|e| e["event"] == "reminded").collect();
+    assert_eq!(reminded.len(), 1, "{trail:?}");
+    no_records_left(&store).await;
+}
+
 /// Waits for an edit of the card containing `what`.
 async fn closed_with(fake: &FakeDiscord, card: u64, what: &str) -> String {
     wait_until("the card's edit", PLATFORM_SOON, || async {

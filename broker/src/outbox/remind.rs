@@ -1,0 +1,85 @@
+//! Reminders: once an approval has waited `approval.remind_after` seconds
+//! undecided, the card's surface is asked to remind its approvers.
+//!
+//! Invariants:
+//! - One reminder per approval: the record notes it (`reminded`, set once
+//!   by one server-side step, only while pending and unsettled) before the
+//!   reminder entry is written, so neither a restart nor a second worker
+//!   reminds twice; a crash between the two loses that reminder (it is a
+//!   courtesy, never part of the gate).
+//! - A reminder is an outcome entry on the notify bridge's outbox
+//!   (`approval_outcome = reminder`), which the notify side acts on only
+//!   when the record says it was reminded and is still waiting; its text is
+//!   built from the record, never from the entry.
+//! - No reminder for an approval decided, settled or expiring first, nor
+//!   before its card is shown (it is tried again a little later then).
+
+use super::*;
+
+/// The outcome entry that asks the notify side to remind the approvers.
+pub const OUTCOME: &str = "reminder";
+
+/// How long a reminder waits when the card is not shown yet.
+const NOT_SHOWN_YET_SECS: u64 = 10;
+
+impl<S: Sender> OutboxService<S> {
+    /// Arms `record`'s reminder, when the bridge wants one and it is not
+    /// spent: at `created_at + remind_after`, if that comes before the deadline.
+    pub(super) fn arm_reminder(&mut self, record: &Record) {
+        let after = self.bridge.approval.remind_after;
+        if after == 0 || record.reminded.is_some() {
+            return;
+        }
+        let at = record.created_at.saturating_add(after);
+        if record.expires_at == 0 || at < record.expires_at {
+            self.mem.parked.remind(&record.id, at);
+        }
+    }
+
+    /// Sends every reminder that is due.
+    pub(super) async fn remind_due(&mut self) -> Result<()> {
+        let now = self.clock.now_secs_f64();
+        for id in self.mem.parked.due_reminders(now) {
+            let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
+                continue;
+            };
+            if record.is_settled() || record.state(now) != State::Pending {
+                continue;
+            }
+            if record.notify_external_id.is_none() {
+                let later = self.clock.now_secs() + NOT_SHOWN_YET_SECS;
+                self.mem.parked.remind(&id, later);
+                continue;
+            }
+            let noted = Approvals::on(&mut self.store)
+                .mark_reminded(&id, now as u64)
+                .await?;
+            if !noted {
+                continue;
+            }
+            let fields: Vec<(&str, &[u8])> = vec![
+                (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
+                (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
+            ];
+            match self
+                .store
+                .xadd(&keys::outbox(&record.notify), &fields)
+                .await
+            {
+                Ok(_) => {}
+                // A refusing stream (see `notify`) only costs the reminder.
+                Err(Error::Redis(e)) if refused_by_stream(&e) => {
+                    tracing::warn!(approval = %id, error = %e, "reminder not written");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
+            tracing::info!(approval = %id, notify = %record.notify, "approvers reminded");
+            let event = self
+                .event(audit::Kind::Reminded, &id)
+                .with(audit::field::NOTIFY, record.notify.as_str());
+            self.audit(&[event]).await?;
+        }
+        Ok(())
+    }
+}
