@@ -33,6 +33,9 @@ let
     trust_surfaces = mkOption { type = types.bool; default = false; description = "Under a quorum above 1, whether several people answering through one service password (the notify bridge's ingest, the page) count apart (default: one password counts once)."; };
     max_snooze = mkOption { type = types.ints.unsigned; default = 86400; description = "Longest one \"later\" may move an approval's deadline by, in seconds; 0 = approvers cannot snooze."; };
     max_snoozes = mkOption { type = types.ints.unsigned; default = 3; description = "How many times one approval may be snoozed."; };
+    digest = mkOption { type = types.nullOr (types.enum [ "hourly" "daily" ]); default = null; description = "A summary of what waits on this bridge, oldest first, once an hour or a day while anything does."; };
+    digest_to = mkOption { type = types.nullOr types.str; default = null; description = "Bridge the digest is sent through (default: the notify bridge); it must not itself ask for approval."; };
+    digest_channel = mkOption { type = types.str; default = ""; description = "Where the digest goes on that bridge (on its destinations)."; };
     remind_after = mkOption { type = types.ints.unsigned; default = 0; description = "Seconds after parking when the card's surface reminds the approvers of an approval still waiting (once); 0 = never."; };
     snooze = mkOption { type = types.ints.positive; default = 3600; description = "Seconds a \"later\" without a time (a reaction, a button) moves the deadline by."; };
   };
@@ -112,7 +115,7 @@ let
     people = mapAttrs (_: p: { inherit (p) identities; }) cfg.people;
     audit = { inherit (cfg.audit) retentionDays; };
     web = if cfg.web.enable || cfg.web.exporter.enable then {
-      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile exporterRedisPasswordFile trustedProxies;
+      inherit (cfg.web) listen exporterListen sessionHours secureCookies sessionKeyFile redisPasswordFile exporterRedisPasswordFile trustedProxies publicUrl;
       users = mapAttrs (_: u: { inherit (u) passwordFile; }) cfg.web.users;
     } else null;
     bridges = mapAttrs bridgeInput enabledBridges;
@@ -263,6 +266,7 @@ in
       secureCookies = mkOption { type = types.bool; default = false; description = "Mark cookies Secure (set it when a TLS proxy serves the page)."; };
       redisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the page's Redis user cowboy-web (needed with redis.acl)."; };
       trustedProxies = mkOption { type = types.listOf types.str; default = [ ]; example = [ "127.0.0.1" ]; description = "Addresses of the reverse proxies in front of the page; from them the client is the X-Forwarded-For address (failed logins are counted per client)."; };
+      publicUrl = mkOption { type = types.nullOr types.str; default = null; example = "https://approvals.example.org"; description = "The page's address as approvers reach it, for links in digests."; };
       exporterRedisPasswordFile = mkOption { type = types.nullOr types.path; default = null; description = "Password of the exporter's read-only Redis user cowboy-exporter (needed with redis.acl and exporter.enable)."; };
     };
 

@@ -66,6 +66,9 @@ let
         max_snoozes = approval.max_snoozes or null;
         snooze = approval.snooze or null;
         remind_after = approval.remind_after or null;
+        digest = approval.digest or null;
+        digest_to = approval.digest_to or null;
+        digest_channel = approval.digest_channel or null;
       };
       ping = nonNull {
         command = ping.command or null;
@@ -103,6 +106,7 @@ let
       redis_password_file = webFile "web-redis-password" (web.redisPasswordFile or null);
       exporter_password_file = webFile "web-exporter-password" (web.exporterRedisPasswordFile or null);
       trusted_proxies = web.trustedProxies or null;
+      public_url = web.publicUrl or null;
     }
     + concatStringsSep "" (map (u: table "web.users.${key u}" { password_file = webFile "web-user-${u}" webUsers.${u}.passwordFile; }) (attrNames webUsers));
 in

@@ -91,6 +91,17 @@ pub fn delegations(bridge: &str) -> String {
     format!("{bridge}:delegations")
 }
 
+/// Set (with a time to live) by the outbox worker that sent bridge
+/// `bridge`'s digest of period `n`, so one digest goes out per period.
+pub fn digest_sent(bridge: &str, n: u64) -> String {
+    format!("{bridge}:digest:{n}")
+}
+
+/// Every [`digest_sent`] key of `bridge` (an ACL pattern).
+pub fn digest_sent_pattern(bridge: &str) -> String {
+    format!("{bridge}:digest:*")
+}
+
 /// The in-flight marks of the deliveries of one outbox stream
 /// (`outbox::inflight`), field = delivery key. Hash-tagged with the stream's
 /// whole name, so on Redis Cluster it lives in the stream's slot: the mark

@@ -126,6 +126,15 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 sels.push("+time".to_string());
                 let notify = keys::outbox(config.notify_bridge(name));
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
+                // Its digest: one per period (a key set once), written as a
+                // message to the bridge that carries it.
+                if let Some(to) = config.digest_bridge(name) {
+                    sels.push(selector(&[format!("~{}", keys::outbox(to))], "+xadd"));
+                    sels.push(selector(
+                        &[format!("~{}", keys::digest_sent_pattern(name))],
+                        "+set",
+                    ));
+                }
                 sels.push(selector(&[format!("~{}", keys::id_key(name))], "+get +set"));
                 // Delegations its operators ask for, sealed and kept here.
                 sels.push(selector(

@@ -656,6 +656,21 @@ impl<'a> Approvals<'a> {
             .collect())
     }
 
+    /// The oldest `n` of bridge `bridge`'s pending index (as [`Self::pending`]).
+    pub async fn pending_oldest(&mut self, bridge: &str, n: usize) -> Result<Vec<String>> {
+        let key = keys::pending(bridge);
+        let ids: Vec<String> = self
+            .store
+            .conn
+            .zrange(&key, 0, n.saturating_sub(1) as isize)
+            .await
+            .map_err(|e| Error::from_redis(&format!("ZRANGE {key}"), e))?;
+        Ok(ids
+            .into_iter()
+            .filter(|id| super::is_id_of(id, bridge))
+            .collect())
+    }
+
     /// How many approvals bridge `bridge` has parked.
     pub async fn pending_count(&mut self, bridge: &str) -> Result<usize> {
         let key = keys::pending(bridge);

@@ -140,6 +140,19 @@ impl Config {
             .unwrap_or(name)
     }
 
+    /// The bridge that carries bridge `name`'s digest of waiting approvals,
+    /// when it has one (`approval.digest_to`, default its notify bridge).
+    pub fn digest_bridge<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        let approval = &self.bridges.get(name)?.approval;
+        approval.digest?;
+        Some(
+            approval
+                .digest_to
+                .as_deref()
+                .unwrap_or(self.notify_bridge(name)),
+        )
+    }
+
     /// The Redis settings a service of bridge `name` connects with: its own ACL user
     /// (`cowboy-{bridge}-{service}`) when it has a password file, else `[redis]`.
     /// `COWBOY_REDIS_USERNAME` / `COWBOY_REDIS_PASSWORD_FILE` override both (for
@@ -268,6 +281,33 @@ mod tests {
             err("[bridges.c]\ntype = \"console\"\napproval = { approvers = [\"ann\"] }\n")
                 .contains("bridges.c.approval.approvers[0]")
         );
+        // A digest: through a bridge that would hold it for approval, to an
+        // approval channel (refused there), or off the destinations.
+        let digest = |extra: &str, to: &str| {
+            format!("[bridges.c]\ntype = \"console\"\ndestinations = [\"*\"]\napproval = {{ required = true, notify = \"e\", notify_channel = \"o\", approvers = [\"cli:a\"], digest = \"daily\", {extra} }}\n[bridges.e]\ntype = \"console\"\ndestinations = [\"o\", \"d\"]\n{to}")
+        };
+        assert!(Config::parse(&digest("digest_channel = \"d\"", "")).is_ok());
+        assert!(err(&digest("digest_channel = \"o\"", "")).contains("approval requests are shown"));
+        for (extra, key) in [
+            (
+                "digest_channel = \"o\"",
+                "bridges.c.approval.digest_channel",
+            ),
+            (
+                "digest_channel = \"x\"",
+                "bridges.c.approval.digest_channel",
+            ),
+            (
+                "digest_channel = \"d\", digest_to = \"nope\"",
+                "bridges.c.approval.digest_to",
+            ),
+            (
+                "digest_channel = \"d\", digest_to = \"c\"",
+                "bridges.c.approval.digest_to",
+            ),
+        ] {
+            assert!(err(&digest(extra, "")).contains(key), "{extra}");
+        }
         assert!(err("[redis]\nurl = \"redis://x\"\nport = 1\n").contains("port"));
         assert!(err("[agents.c]\n[bridges.c]\ntype = \"console\"\n").contains("bridges.c"));
         assert!(err("[bridges.\"a:b\"]\ntype = \"console\"\n").contains("bridges.a:b"));

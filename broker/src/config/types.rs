@@ -44,6 +44,10 @@ pub struct WebConfig {
     /// which only reads; without it the exporter connects as `[redis]`.
     #[serde(default)]
     pub exporter_password_file: Option<PathBuf>,
+    /// The page's address as approvers reach it (`https://approvals.example.org`),
+    /// for links in digests; none without it.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 /// `[web.users.NAME]`.
@@ -495,6 +499,34 @@ pub struct ApprovalConfig {
     /// of an approval still waiting (once). 0: no reminder.
     #[serde(default)]
     pub remind_after: u64,
+    /// A summary of what waits on this bridge, oldest first, once a period
+    /// while anything does: sent as a message through bridge `digest_to`
+    /// (default: the notify bridge) to `digest_channel`.
+    #[serde(default)]
+    pub digest: Option<DigestEvery>,
+    #[serde(default)]
+    pub digest_to: Option<String>,
+    #[serde(default)]
+    pub digest_channel: String,
+}
+
+/// How often a digest of waiting approvals goes out (at the turn of each
+/// hour or day, UTC).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DigestEvery {
+    Hourly,
+    Daily,
+}
+
+impl DigestEvery {
+    /// The period, in seconds.
+    pub fn seconds(self) -> u64 {
+        match self {
+            DigestEvery::Hourly => 3600,
+            DigestEvery::Daily => 86_400,
+        }
+    }
 }
 
 fn default_max_snooze() -> u64 {
@@ -539,6 +571,9 @@ impl Default for ApprovalConfig {
             max_snoozes: default_max_snoozes(),
             snooze: default_snooze(),
             remind_after: 0,
+            digest: None,
+            digest_to: None,
+            digest_channel: String::new(),
         }
     }
 }

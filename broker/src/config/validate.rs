@@ -212,6 +212,47 @@ impl Config {
                 ),
             ));
         }
+        if approval.digest.is_some() {
+            let to = approval.digest_to.as_deref().unwrap_or(notify);
+            let Some(through) = self.bridges.get(to) else {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.digest_to"),
+                    format!("`{to}` names no bridge"),
+                ));
+            };
+            if !approval.required {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.digest"),
+                    "only a bridge that asks for approval has approvals to digest",
+                ));
+            }
+            if through.approval.required {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.digest_to"),
+                    format!("bridge `{to}` holds what it sends for approval: a digest sent through it would wait for one"),
+                ));
+            }
+            if approval.digest_channel.is_empty()
+                || !through.allows_destination(&approval.digest_channel)
+            {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.digest_channel"),
+                    format!("a digest needs a channel on the `destinations` of bridge `{to}`"),
+                ));
+            }
+            // A digest is a plain message, which an approval channel refuses
+            // (nothing but the broker's cards may appear there).
+            let shown_there =
+                crate::outbox::not_an_approval_channel(self, to, &approval.digest_channel, |c| {
+                    Ok(c.to_string())
+                });
+            if let Err(why) = shown_there {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.digest_channel"),
+                    format!("{why}: a digest goes to another channel"),
+                ));
+            }
+        }
         if approval.max_snooze > 0 && !(1..=approval.max_snooze).contains(&approval.snooze) {
             return Err(ConfigError::invalid(
                 format!("{at}.approval.snooze"),
@@ -393,6 +434,15 @@ fn validate_web(web: &WebConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(
                 key,
                 format!("`{addr}` is not an address:port"),
+            ));
+        }
+    }
+    if let Some(url) = &web.public_url {
+        let scheme = url.starts_with("https://") || url.starts_with("http://");
+        if !scheme || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(ConfigError::invalid(
+                "web.public_url",
+                "must be an http(s) URL without spaces",
             ));
         }
     }

@@ -70,6 +70,8 @@ pub(super) struct Memory {
     /// Approvals whose approvers this notify side reminded (once each, the
     /// same way). Bounded: cleared when full.
     pub reminded: std::collections::HashSet<String>,
+    /// The digest period this worker last looked at (see `digest.rs`).
+    pub digest_period: Option<u64>,
 }
 
 impl Memory {

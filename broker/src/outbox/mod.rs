@@ -26,6 +26,7 @@
 
 mod claim;
 mod deliver;
+mod digest;
 mod fair;
 mod incoming;
 mod inflight;

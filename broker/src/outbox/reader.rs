@@ -208,6 +208,7 @@ impl<S: Sender> OutboxService<S> {
         self.flush_acks_due().await?;
         self.settle_due().await?;
         self.remind_due().await?;
+        self.digest_due().await?;
         self.retry_due().await?;
         self.flush_shown().await?;
         if st.last_sweep.elapsed() >= self.timing.sweep_every {
@@ -249,8 +250,9 @@ impl<S: Sender> OutboxService<S> {
         if let Some(t) = self.mem.acks_since {
             block = block.min(ACK_DELAY.saturating_sub(t.elapsed()));
         }
-        if let Some(deadline) = self.mem.parked.next_deadline() {
-            let until = deadline as f64 - self.clock.now_secs_f64();
+        let timers = self.mem.parked.next_deadline().into_iter();
+        if let Some(at) = timers.chain(self.next_digest_at()).min() {
+            let until = at as f64 - self.clock.now_secs_f64();
             block = block.min(Duration::from_secs_f64(until.max(0.0)));
         }
         block.max(Duration::from_millis(1))

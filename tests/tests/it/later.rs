@@ -174,3 +174,100 @@ async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
         "the request applied again is in the trail again (written at least once)"
     );
 }
+
+/// The digest lines on desk.out (messages, not cards).
+fn digests(d: &Deployment) -> Vec<console::send::Delivered> {
+    d.delivered("desk.out")
+        .into_iter()
+        .filter(|l| l.approval_id.is_none())
+        .collect()
+}
+
+/// Moves paused time to `secs` past the turn of the next hour (one jump: the
+/// services are idle), then lets their loops run.
+async fn past_the_next_hour(clock: &broker::Clock, secs: u64) {
+    let now = clock.now_secs_f64();
+    let next = ((now as u64) / 3600 + 1) * 3600 + secs;
+    tokio::time::advance(Duration::from_secs_f64(next as f64 - now)).await;
+    harness::real_sleep(Duration::from_millis(50)).await;
+}
+
+/// `approval.digest = "hourly"`: nothing in the hour the services started;
+/// at the turn of the next, one message through desk listing what waits,
+/// oldest first, with the page's links; no second one in that hour; none
+/// at the next turn once nothing waits.
+#[tokio::test(start_paused = true)]
+async fn a_digest_lists_what_waits_once_an_hour_and_nothing_when_nothing_does() {
+    let _time = harness::Frozen::hold();
+    let setup = Setup::approval(0)
+        .approval_key("digest = \"hourly\"")
+        .approval_key("digest_channel = \"digests\"")
+        .desk_destinations(&["ops", "digests"])
+        .with("[web]\npublic_url = \"https://approvals.example.org\"\n")
+        .toml();
+    let d = Deployment::new(&setup);
+    let timing = broker::timing::Timing::default();
+    let services = [
+        d.run_paused::<console::Console>(Service::Outbox, "mail", timing),
+        d.run_paused::<console::Console>(Service::Outbox, "desk", timing),
+    ];
+    let clock = broker::Clock::starting_at(broker::now_secs_f64());
+    for (content, request) in [("first", "r1"), ("second", "r2")] {
+        crate::approval::agent_sends(&d, content, request).await;
+    }
+    let (first, _) = notification(&d, 0).await;
+    let (second, _) = notification(&d, 1).await;
+    assert!(digests(&d).is_empty(), "nothing in the hour it started");
+
+    past_the_next_hour(&clock, 1).await;
+    let digest = wait_until("the hour's digest", SOON, || async {
+        digests(&d).into_iter().next()
+    })
+    .await;
+    assert_eq!(digest.channel_id, "digests");
+    assert_eq!(
+        digest.subject.as_deref(),
+        Some("2 approval(s) waiting on mail")
+    );
+    let (a, b) = (
+        digest.content.find(&first).expect("lists the first"),
+        digest.content.find(&second).expect("lists the second"),
+    );
+    assert!(a < b, "oldest first: {}", digest.content);
+    assert!(
+        digest
+            .content
+            .contains(&format!("https://approvals.example.org/approval/{first}")),
+        "{}",
+        digest.content
+    );
+    assert!(
+        !digest.content.contains("first\n") && !digest.content.contains("| "),
+        "no content of the messages: {}",
+        digest.content
+    );
+
+    // Later in the same hour: no second digest.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    harness::real_sleep(Duration::from_millis(300)).await;
+    assert_eq!(digests(&d).len(), 1, "one digest an hour");
+
+    for id in [&first, &second] {
+        crate::approval::approve_directly(&d, id, "console:boss").await;
+    }
+    wait_until("both delivered", SOON, || async {
+        (d.delivered("mail.out").len() == 2).then_some(())
+    })
+    .await;
+    past_the_next_hour(&clock, 1).await;
+    harness::real_sleep(Duration::from_millis(300)).await;
+    assert_eq!(digests(&d).len(), 1, "nothing waits: no digest");
+    let mut store = d.store().await;
+    let sent: Vec<String> = redis::AsyncCommands::keys(&mut store.conn, "mail:digest:*")
+        .await
+        .unwrap();
+    assert_eq!(sent.len(), 1, "one period sent: {sent:?}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
