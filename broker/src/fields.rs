@@ -15,6 +15,9 @@ pub mod outbox {
     /// On an outcome entry: how the approval ended (`approved`, `rejected`,
     /// `expired`, `failed`, `uncertain`, `superseded`, ...).
     pub const APPROVAL_OUTCOME: &str = "approval_outcome";
+    /// On a digest of waiting approvals: `{bridge}:{period}`, checked by the
+    /// carrying bridge against what the requesting bridge noted it sent.
+    pub const DIGEST_OF: &str = "digest_of";
 }
 
 /// Fields of a worker's wake-up stream (`{bridge}:decisions[:{worker}]`).

@@ -30,6 +30,9 @@ pub struct Kind {
     /// People answer on this platform: `TYPE:ID` is an approver identity and
     /// a bridge of this type can show cards.
     pub surface: bool,
+    /// Its cards can be brought up again in place (a reply to the card):
+    /// `approval.remind_after` works when a bridge of this type shows them.
+    pub reminds: bool,
     /// One line for the docs and the NixOS option.
     pub about: String,
 }
@@ -55,6 +58,11 @@ pub fn names() -> Vec<&'static str> {
 /// the careful way.
 pub fn is_gated(name: &str) -> bool {
     kind(name).is_none_or(|k| k.gated)
+}
+
+/// Whether bridges of type `name` can remind approvers on their cards.
+pub fn reminds(name: &str) -> bool {
+    kind(name).is_some_and(|k| k.reminds)
 }
 
 fn parse(text: &str) -> Result<Vec<Kind>, String> {

@@ -128,8 +128,13 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                 sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
                 // Its digest: one per period (a key set once), written as a
                 // message to the bridge that carries it.
-                if let Some(to) = config.digest_bridge(name) {
+                if let Some(to) = config
+                    .digest_bridge(name)
+                    .filter(|t| *t != config.notify_bridge(name))
+                {
                     sels.push(selector(&[format!("~{}", keys::outbox(to))], "+xadd"));
+                }
+                if config.digest_bridge(name).is_some() {
                     sels.push(selector(
                         &[format!("~{}", keys::digest_sent_pattern(name))],
                         "+set",
@@ -174,6 +179,14 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             // card at its approvals).
             if config.is_approval_surface(name) {
                 records.push(format!("~{}", keys::approval_map(name)));
+            }
+            // The digests it carries: what their bridges noted they sent.
+            let carried: Vec<String> = config
+                .digests_carried_by(name)
+                .map(|b| format!("~{}", keys::digest_sent_pattern(b)))
+                .collect();
+            if !carried.is_empty() {
+                sels.push(selector(&carried, "+get"));
             }
             if parks && config.notify_bridge(name) != name {
                 sels.push(selector(

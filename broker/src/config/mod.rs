@@ -185,13 +185,31 @@ impl Config {
             .map(|(b, _)| b.as_str())
     }
 
-    /// The destinations on bridge `name` where approval requests are shown: no
-    /// agent message may go there, so nothing but the broker's cards appears in
-    /// front of approvers (an agent's look-alike card would be one click away).
+    /// The destinations on bridge `name` where approval requests are shown,
+    /// and where digests of waiting approvals go: no agent message may go
+    /// there, so nothing but the broker's cards and digests appears in front
+    /// of approvers (an agent's look-alike card would be one click away).
     pub fn approval_channels<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.card_channels(name).chain(
+            self.digests_carried_by(name)
+                .filter_map(|b| self.bridges.get(b))
+                .map(|b| b.approval.digest_channel.as_str()),
+        )
+    }
+
+    /// Where bridge `name` shows other bridges' (or its own) cards.
+    pub fn card_channels<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
         self.requesters_of(name)
             .filter_map(|b| self.bridges.get(b))
             .map(|b| b.approval.notify_channel.as_str())
+    }
+
+    /// The bridges whose digest bridge `name` carries.
+    pub fn digests_carried_by<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
+        self.bridges
+            .keys()
+            .map(String::as_str)
+            .filter(move |b| self.digest_bridge(b) == Some(name))
     }
 
     /// Whether `name` carries some bridge's approval notifications, so its ingest
@@ -288,6 +306,9 @@ mod tests {
         };
         assert!(Config::parse(&digest("digest_channel = \"d\"", "")).is_ok());
         assert!(err(&digest("digest_channel = \"o\"", "")).contains("approval requests are shown"));
+        // Agents may not post where a digest goes.
+        let config = Config::parse(&digest("digest_channel = \"d\"", "")).unwrap();
+        assert!(config.approval_channels("e").any(|c| c == "d"));
         for (extra, key) in [
             (
                 "digest_channel = \"o\"",

@@ -240,16 +240,17 @@ impl Config {
                     format!("a digest needs a channel on the `destinations` of bridge `{to}`"),
                 ));
             }
-            // A digest is a plain message, which an approval channel refuses
-            // (nothing but the broker's cards may appear there).
-            let shown_there =
-                crate::outbox::not_an_approval_channel(self, to, &approval.digest_channel, |c| {
-                    Ok(c.to_string())
-                });
-            if let Err(why) = shown_there {
+            // Cards and digests apart: a channel of cards shows cards only.
+            let cards = self
+                .card_channels(to)
+                .any(|c| crate::outbox::same_destination(c, &approval.digest_channel));
+            if cards {
                 return Err(ConfigError::invalid(
                     format!("{at}.approval.digest_channel"),
-                    format!("{why}: a digest goes to another channel"),
+                    format!(
+                        "`{}` is where approval requests are shown on bridge `{to}`: a digest goes to another channel",
+                        approval.digest_channel
+                    ),
                 ));
             }
         }

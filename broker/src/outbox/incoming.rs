@@ -4,11 +4,11 @@
 //! Invariants:
 //! - Presence decides, not validity: a card whose `approval_id` is not UTF-8
 //!   is still a card (and refused as one), never an agent's message.
-//! - Only the flat outbox carries cards and outcomes: an `approval_id` on an
+//! - Only the flat outbox carries cards, outcomes and digests: an `approval_id` on an
 //!   agent's own stream is an agent entry (and refused as a reserved field).
 //! - Everything on the wake-up stream is a decision.
 
-use crate::fields::outbox::{APPROVAL_ID, APPROVAL_OUTCOME};
+use crate::fields::outbox::{APPROVAL_ID, APPROVAL_OUTCOME, DIGEST_OF};
 
 use super::source::Kind;
 
@@ -21,6 +21,8 @@ pub(super) enum Class {
     Notification,
     /// How an approval whose card this bridge showed ended.
     Outcome,
+    /// Another bridge's digest of waiting approvals, to carry.
+    Digest,
     /// A wake-up: an approval of this worker was decided.
     Decision,
 }
@@ -32,15 +34,17 @@ impl Class {
             Kind::Decisions => Class::Decision,
             Kind::Agent => Class::Agent,
             Kind::Flat => {
-                let (mut id, mut outcome) = (false, false);
+                let (mut id, mut outcome, mut digest) = (false, false, false);
                 for name in names {
                     id |= name == APPROVAL_ID;
                     outcome |= name == APPROVAL_OUTCOME;
+                    digest |= name == DIGEST_OF;
                 }
-                match (id, outcome) {
-                    (_, true) => Class::Outcome,
-                    (true, false) => Class::Notification,
-                    (false, false) => Class::Agent,
+                match (id, outcome, digest) {
+                    (_, true, _) => Class::Outcome,
+                    (_, false, true) => Class::Digest,
+                    (true, false, false) => Class::Notification,
+                    (false, false, false) => Class::Agent,
                 }
             }
         }
@@ -70,6 +74,8 @@ mod tests {
             Class::Outcome
         );
         assert_eq!(of(Kind::Flat, &["approval_outcome"]), Class::Outcome);
+        assert_eq!(of(Kind::Flat, &["digest_of", "content"]), Class::Digest);
+        assert_eq!(of(Kind::Agent, &["digest_of", "content"]), Class::Agent);
         assert_eq!(
             of(Kind::Agent, &["approval_id", "content"]),
             Class::Agent,

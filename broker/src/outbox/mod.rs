@@ -357,7 +357,7 @@ pub fn not_an_approval_channel(
 /// without an email display name (`Boss <boss@example.org>`) and without a
 /// subaddress (`boss+x@example.org` reaches `boss@example.org` on most mail
 /// systems).
-fn same_destination(a: &str, b: &str) -> bool {
+pub fn same_destination(a: &str, b: &str) -> bool {
     let bare = |s: &str| {
         let s = s.trim();
         let inner = match (s.rfind('<'), s.rfind('>')) {

@@ -78,12 +78,14 @@ impl ParkedIndex {
         }
     }
 
-    /// Ids whose reminder is due at `now`, earliest first, taken out.
-    pub fn due_reminders(&mut self, now: f64) -> Vec<String> {
+    /// At most `most` ids whose reminder is due at `now`, earliest first,
+    /// taken out.
+    pub fn due_reminders(&mut self, now: f64, most: usize) -> Vec<String> {
         let due: Vec<(u64, String)> = self
             .reminders
             .iter()
             .take_while(|(t, _)| (*t as f64) <= now)
+            .take(most)
             .cloned()
             .collect();
         for (at, id) in &due {
@@ -203,13 +205,20 @@ mod tests {
         p.remind("nobody", 10);
         assert_eq!(p.next_deadline(), Some(40));
         p.track("a".into(), src, "1-1".into(), 200);
-        assert_eq!(p.due_reminders(45.0), ["a"]);
-        assert!(p.due_reminders(45.0).is_empty(), "once");
+        assert_eq!(p.due_reminders(45.0, 10), ["a"]);
+        assert!(p.due_reminders(45.0, 10).is_empty(), "once");
         p.decided("b");
-        assert!(p.due_reminders(1e9).is_empty());
+        assert!(p.due_reminders(1e9, 10).is_empty());
         p.remind("a", 60);
-        p.untrack("a");
-        assert_eq!((p.due_reminders(1e9).len(), p.next_deadline()), (0, None));
+        p.track("c".into(), src, "1-3".into(), 0);
+        p.remind("c", 70);
+        assert_eq!(p.due_reminders(1e9, 1), ["a"], "a turn's worth at a time");
+        p.untrack("c");
+        assert_eq!(
+            (p.due_reminders(1e9, 10).len(), p.next_deadline()),
+            (0, Some(200)),
+            "c's reminder went with it; a's deadline stays"
+        );
     }
 
     /// A round of sweeps visits each parked id once, in slices, and skips the

@@ -363,7 +363,7 @@ impl<S: Sender> OutboxService<S> {
         let checked_later = match class {
             Class::Agent => self.bridge.approval.required,
             Class::Notification | Class::Decision => true,
-            Class::Outcome => false,
+            Class::Outcome | Class::Digest => false,
         };
         // One waiting for its retry was handed out again by a reconnect, not by a crash.
         let waiting = || {
@@ -384,6 +384,7 @@ impl<S: Sender> OutboxService<S> {
                 return self.ack(&source.key, &entry.id).await;
             }
             Class::Outcome => return self.handle_outcome(src, &entry, true).await,
+            Class::Digest => return self.handle_digest(src, &entry, retry).await,
             Class::Notification => return self.handle_notification(src, &entry, deliveries).await,
             Class::Agent => {}
         }

@@ -20,14 +20,20 @@ use super::*;
 pub const OUTCOME: &str = "reminder";
 
 /// How long a reminder waits when the card is not shown yet.
-const NOT_SHOWN_YET_SECS: u64 = 10;
+const NOT_SHOWN_YET_SECS: u64 = 60;
+/// Reminders sent per turn of the loop (the rest wait for the next turns).
+const PER_TURN: usize = 64;
 
 impl<S: Sender> OutboxService<S> {
     /// Arms `record`'s reminder, when the bridge wants one and it is not
     /// spent: at `created_at + remind_after`, if that comes before the deadline.
     pub(super) fn arm_reminder(&mut self, record: &Record) {
         let after = self.bridge.approval.remind_after;
-        if after == 0 || record.reminded.is_some() {
+        // Only where cards can be brought up again (Discord, Slack): else
+        // the trail would say reminded when nobody was.
+        let shown_on = self.config.bridges.get(&record.notify);
+        let reminds = shown_on.is_some_and(|b| registry::reminds(&b.kind));
+        if after == 0 || record.reminded.is_some() || !reminds {
             return;
         }
         let at = record.created_at.saturating_add(after);
@@ -36,50 +42,50 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// Sends every reminder that is due.
+    /// Sends the reminders that are due (at most [`PER_TURN`] a turn). A
+    /// failure other than Redis being away is logged: reminders are a
+    /// courtesy, and stop nothing.
     pub(super) async fn remind_due(&mut self) -> Result<()> {
         let now = self.clock.now_secs_f64();
-        for id in self.mem.parked.due_reminders(now) {
-            let Some(record) = Approvals::on(&mut self.store).load(&id).await? else {
-                continue;
-            };
-            if record.is_settled() || record.state(now) != State::Pending {
-                continue;
+        for id in self.mem.parked.due_reminders(now, PER_TURN) {
+            match self.remind(&id, now).await {
+                Err(e) if e.is_retriable() => return Err(e),
+                Err(e) => tracing::warn!(approval = %id, error = %e, "reminder not sent"),
+                Ok(()) => {}
             }
-            if record.notify_external_id.is_none() {
-                let later = self.clock.now_secs() + NOT_SHOWN_YET_SECS;
-                self.mem.parked.remind(&id, later);
-                continue;
-            }
-            let noted = Approvals::on(&mut self.store)
-                .mark_reminded(&id, now as u64)
-                .await?;
-            if !noted {
-                continue;
-            }
-            let fields: Vec<(&str, &[u8])> = vec![
-                (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
-                (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
-            ];
-            match self
-                .store
-                .xadd(&keys::outbox(&record.notify), &fields)
-                .await
-            {
-                Ok(_) => {}
-                // A refusing stream (see `notify`) only costs the reminder.
-                Err(Error::Redis(e)) if refused_by_stream(&e) => {
-                    tracing::warn!(approval = %id, error = %e, "reminder not written");
-                    continue;
-                }
-                Err(e) => return Err(e),
-            }
-            tracing::info!(approval = %id, notify = %record.notify, "approvers reminded");
-            let event = self
-                .event(audit::Kind::Reminded, &id)
-                .with(audit::field::NOTIFY, record.notify.as_str());
-            self.audit(&[event]).await?;
         }
         Ok(())
+    }
+
+    async fn remind(&mut self, id: &str, now: f64) -> Result<()> {
+        let Some(record) = Approvals::on(&mut self.store).load(id).await? else {
+            return Ok(());
+        };
+        if record.is_settled() || record.state(now) != State::Pending {
+            return Ok(());
+        }
+        if record.notify_external_id.is_none() {
+            let later = self.clock.now_secs() + NOT_SHOWN_YET_SECS;
+            self.mem.parked.remind(id, later);
+            return Ok(());
+        }
+        let noted = Approvals::on(&mut self.store)
+            .mark_reminded(id, now as u64)
+            .await?;
+        if !noted {
+            return Ok(());
+        }
+        let fields: Vec<(&str, &[u8])> = vec![
+            (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
+            (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
+        ];
+        self.store
+            .xadd(&keys::outbox(&record.notify), &fields)
+            .await?;
+        tracing::info!(approval = %id, notify = %record.notify, "approvers reminded");
+        let event = self
+            .event(audit::Kind::Reminded, id)
+            .with(audit::field::NOTIFY, record.notify.as_str());
+        self.audit(&[event]).await
     }
 }

@@ -65,6 +65,8 @@ impl<S: Sender> OutboxService<S> {
                 self.mem
                     .parked
                     .track(id, src, parked.entry_id.clone(), moved);
+                // A reminder the old deadline came before may fit now.
+                self.arm_reminder(&record);
                 return Ok(());
             }
             if tracked != 0 && now >= tracked as f64 {

@@ -440,7 +440,10 @@ impl<S: Sender> OutboxService<S> {
             }
             // A reminder: the approvers are asked again on the surface.
             Some(r)
-                if claimed == super::remind::OUTCOME && r.reminded.is_some() && !r.is_settled() =>
+                if claimed == super::remind::OUTCOME
+                    && r.reminded.is_some()
+                    && r.status == approval::Status::Pending
+                    && !r.is_settled() =>
             {
                 None
             }

@@ -458,7 +458,8 @@ async fn prometheus_scrapes_pending_and_time_to_decision() {
 
 /// In a real browser: log in, see the whole message (HTML in it shown as text,
 /// its script never run), watch the queue grow without a reload, approve (sent
-/// once) and reject with a reason (the agent hears it).
+/// once) and reject with a reason (the agent hears it), edit, and say "not
+/// now" (the deadline moves; nothing is decided).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_browser_logs_in_sees_everything_and_decides() {
     use fantoccini::Locator;
@@ -605,6 +606,38 @@ async fn a_real_browser_logs_in_sees_everything_and_decides() {
         "{}",
         card.content
     );
+
+    // Not now: the deadline moves two hours (never a decision).
+    let mut store = d.store().await;
+    let before: u64 = hash(&mut store, &keys::approval(&third)).await["expires_at"]
+        .parse()
+        .unwrap();
+    c.goto(&web.url(&format!("/approval/{third}")))
+        .await
+        .unwrap();
+    let span = c.find(Locator::Id("later-for")).await.unwrap();
+    span.clear().await.unwrap();
+    span.send_keys("2h").await.unwrap();
+    c.find(Locator::Id("later-reason"))
+        .await
+        .unwrap()
+        .send_keys("after the meeting")
+        .await
+        .unwrap();
+    click(c, Locator::Id("later")).await;
+    let result = result_of_post(c).await;
+    assert!(result.contains("Snoozed by web:boss"), "{result}");
+    let shown = c
+        .find(Locator::Id("snoozed"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(shown.contains("snoozed by web:boss"), "{shown}");
+    let after = hash(&mut store, &keys::approval(&third)).await;
+    assert_eq!(after["expires_at"], (before + 7200).to_string());
+    assert_eq!(after["status"], "pending");
     browser.close().await;
     for s in services {
         s.stop().await.unwrap();
