@@ -73,13 +73,16 @@ impl<S: Sender> OutboxService<S> {
             .pending_oldest(&self.name, LISTED)
             .await?;
         let now = self.clock.now_secs_f64();
-        let records: Vec<Record> = Approvals::on(&mut self.store)
+        let mut records: Vec<Record> = Approvals::on(&mut self.store)
             .load_many(&ids)
             .await?
             .into_iter()
             .flatten()
             .filter(|r| !r.is_settled() && r.state(now) == State::Pending)
             .collect();
+        // The index orders by the second parked, then by id: within one
+        // second, stream order is the true one.
+        records.sort_by_key(|r| (r.created_at, super::parking::stream_id(&r.entry_id)));
         if records.is_empty() {
             return Ok(());
         }
