@@ -305,23 +305,33 @@ pub async fn answer_card(
     card: &str,
     answer: &Answer<'_>,
 ) -> Result<()> {
+    let action = Action::Decide {
+        approved: answer.verdict == Verdict::Approved,
+        reason: answer.reason.to_string(),
+        seen: answer.seen.map(str::to_string),
+        card: Some(card.to_string()),
+    };
+    hand_on(store, requester, bridge, id, answer.approver, action).await
+}
+
+/// Writes a surface's request without waiting for its reply (a human acted
+/// on a card; nobody waits on the platform).
+async fn hand_on(
+    store: &mut Store,
+    requester: &Requester,
+    bridge: &str,
+    id: &str,
+    identity: &str,
+    action: Action,
+) -> Result<()> {
     let request = Request {
         nonce: uuid::Uuid::new_v4().simple().to_string(),
         approval_id: id.to_string(),
-        identity: answer.approver.to_string(),
-        action: Action::Decide {
-            approved: answer.verdict == Verdict::Approved,
-            reason: answer.reason.to_string(),
-            seen: answer.seen.map(str::to_string),
-            card: Some(card.to_string()),
-        },
+        identity: identity.to_string(),
+        action,
     };
-    write(
-        store,
-        &keys::requests(bridge, &requester.suffix()),
-        &request,
-    )
-    .await?;
+    let requests = keys::requests(bridge, &requester.suffix());
+    write(store, &requests, &request).await?;
     Ok(())
 }
 
@@ -368,24 +378,13 @@ pub async fn snooze_card(
     seconds: Option<u64>,
     reason: &str,
 ) -> Result<()> {
-    let (bridge, id) = (record.source(), record.id.as_str());
-    let request = Request {
-        nonce: uuid::Uuid::new_v4().simple().to_string(),
-        approval_id: id.to_string(),
-        identity: identity.to_string(),
-        action: Action::Snooze {
-            seconds,
-            reason: reason.to_string(),
-            card: Some(card.to_string()),
-        },
+    let action = Action::Snooze {
+        seconds,
+        reason: reason.to_string(),
+        card: Some(card.to_string()),
     };
-    write(
-        store,
-        &keys::requests(bridge, &requester.suffix()),
-        &request,
-    )
-    .await?;
-    Ok(())
+    let (bridge, id) = (record.source(), record.id.as_str());
+    hand_on(store, requester, bridge, id, identity, action).await
 }
 
 /// Appends one request to its stream; returns the entry's id.

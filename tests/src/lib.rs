@@ -492,6 +492,9 @@ pub struct Deployment {
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
     pub config: Arc<Config>,
+    /// The one clock of this deployment's services on paused time (see
+    /// [`Deployment::run_paused`]).
+    paused_clock: std::sync::OnceLock<broker::Clock>,
 }
 
 impl Deployment {
@@ -534,6 +537,7 @@ impl Deployment {
             dir,
             config_path,
             config,
+            paused_clock: std::sync::OnceLock::new(),
         }
     }
 
@@ -613,7 +617,12 @@ impl Deployment {
     ) -> Running {
         // A whole second, as deadlines are written in whole seconds: a
         // deadline `timeout` away is then exactly that much tokio time away.
-        let clock = broker::Clock::starting_at(broker::now_secs() as f64);
+        // One for every service of the deployment: two started either side
+        // of a second's turn would otherwise disagree by a second, and a
+        // one-second deadline read as passed by the other at once.
+        let clock = *self
+            .paused_clock
+            .get_or_init(|| broker::Clock::starting_at(broker::now_secs() as f64));
         self.launch::<B>(service, name, timing, clock)
     }
 

@@ -230,6 +230,26 @@ pub async fn may_be_delegate(
         .is_empty())
 }
 
+/// The delegations recorded on `record`'s bridge that cover it at `now`
+/// (running, and made in a second before it was parked), as lines for
+/// approvers ("dep answers for boss until …"). As recorded: the outbox
+/// checks each one's seal before an answer counts.
+pub async fn covering(store: &mut Store, record: &super::Record, now: u64) -> Result<Vec<String>> {
+    let all = list(store, record.source()).await?;
+    Ok(all
+        .into_iter()
+        .filter(|d| d.until > now && d.at < record.created_at)
+        .map(|d| {
+            format!(
+                "{} answers for {} until {}",
+                d.to,
+                d.from,
+                crate::clock::utc(d.until as f64)
+            )
+        })
+        .collect())
+}
+
 /// Every delegation recorded on `bridge` (running or not), by delegator; one
 /// filed under another person's field than its own is left out.
 pub async fn list(store: &mut Store, bridge: &str) -> Result<Vec<Delegation>> {

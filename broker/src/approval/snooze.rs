@@ -114,13 +114,13 @@ async fn snooze_once(
             || delegation::acting_for(store, config, &bridge, &who, now, record.created_at)
                 .await?
                 .is_some();
-        if !allowed {
-            let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
+        let ignored = |why: &str| {
+            audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
                 .with(audit::field::BY, who.as_str())
-                .with(
-                    audit::field::WHY,
-                    "a snooze from someone who may not answer",
-                );
+                .with(audit::field::WHY, why)
+        };
+        if !allowed {
+            let event = ignored("a snooze from someone who may not answer");
             audit::append(store, config, &[event]).await?;
             return refuse(format!(
                 "{who} may not answer approval {id}, so may not snooze it"
@@ -168,10 +168,7 @@ async fn snooze_once(
                 approval = id,
                 "a record changed outside the broker (version seal); not snoozed"
             );
-            let event = audit::Event::new(&bridge, audit::Kind::Ignored, id, now)
-            .with(audit::field::BY, who.as_str())
-            .with(
-                audit::field::WHY,
+            let event = ignored(
                 "a snooze of a record changed outside the broker (its version seal does not verify)",
             );
             audit::append(store, config, &[event]).await?;

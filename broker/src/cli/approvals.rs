@@ -82,6 +82,12 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
     if let Some(progress) = r.progress() {
         let _ = writeln!(out, "approvals: {progress}");
     }
+    if let Some(later) = r.snoozed(|t| crate::clock::utc(t as f64)) {
+        let _ = writeln!(out, "later: {later}");
+    }
+    for d in approval::delegation::covering(store, &r, crate::now_secs()).await? {
+        let _ = writeln!(out, "delegation: {d}");
+    }
     out.push('\n');
     let view = approval::View::load(store, config, r).await?;
     let r = &view.record;

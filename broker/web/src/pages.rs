@@ -140,6 +140,8 @@ pub struct Detail<'a> {
     pub editable: bool,
     /// What the last action did (already escaped text of ours).
     pub message: Option<String>,
+    /// The delegations that let someone answer for an approver here.
+    pub delegations: Vec<String>,
 }
 
 pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
@@ -163,6 +165,9 @@ pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
                     tr { th { "approvals" } td { @match r.progress() { Some(p) => (p), None => "one approver decides" } } }
                     @if let Some(later) = r.snoozed(|t| broker::clock::utc(t as f64)) {
                         tr { th { "later" } td id="snoozed" { (display_safe(&later)) } }
+                    }
+                    @for d in &d.delegations {
+                        tr { th { "delegated" } td class="delegation" { (display_safe(d)) } }
                     }
                     @if let (Some(by), Some(orig)) = (&r.edited_by, &r.original_sha256) {
                         tr { th { "edited" } td { "by " (display_safe(by)) "; the agent's version had digest " code { (orig) } } }

@@ -1659,6 +1659,13 @@ identities = ["cli:eve"]
     .await;
     let card = card_of("needs two").await;
     let id = card.approval_id.clone().unwrap();
+    // What approvers are shown of it names the delegation.
+    let shown = d.cowboy(&["approvals", "show", &id]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(
+        shown.contains("delegation: dep answers for boss until"),
+        "{shown}"
+    );
     react(&card, "dep");
     let counted = audited(&admin, "dep's answer counted for boss", |e| {
         e["event"] == "answered" && e["by"] == "console:dep"

@@ -689,18 +689,7 @@ async fn a_waiting_card_is_reminded_once_and_a_decided_one_never() {
     let _ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let mut store = d.store().await;
-    for content in ["waits", "decided at once"] {
-        store
-            .xadd(
-                "ann:dc:outbox",
-                &[
-                    ("channel_id", TALK.to_string().as_bytes()),
-                    ("content", content.as_bytes()),
-                ],
-            )
-            .await
-            .unwrap();
-    }
+    ann_posts(&mut store, &["waits", "decided at once"]).await;
     let (waiting, decided) = (card(&fake, 0).await, card(&fake, 1).await);
     answerable(&d, decided.id).await;
     fake.user_reaction(OPS, decided.id, APPROVER, "✅");
@@ -736,6 +725,22 @@ async fn a_waiting_card_is_reminded_once_and_a_decided_one_never() {
     let reminded: Vec<_> = trail.iter().filter(|e| e["event"] == "reminded").collect();
     assert_eq!(reminded.len(), 1, "{trail:?}");
     no_records_left(&store).await;
+}
+
+/// Ann writes each of `contents` to TALK through dc, in order.
+async fn ann_posts(store: &mut broker::Store, contents: &[&str]) {
+    for content in contents {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
 }
 
 /// Waits for an edit of the card containing `what`.
@@ -1536,18 +1541,7 @@ async fn super_reactions_approve_live_and_when_caught_up() {
     let ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let mut store = d.store().await;
-    for content in ["live", "away"] {
-        store
-            .xadd(
-                "ann:dc:outbox",
-                &[
-                    ("channel_id", TALK.to_string().as_bytes()),
-                    ("content", content.as_bytes()),
-                ],
-            )
-            .await
-            .unwrap();
-    }
+    ann_posts(&mut store, &["live", "away"]).await;
     let (first, second) = (card(&fake, 0).await, card(&fake, 1).await);
     answerable(&d, first.id).await;
     answerable(&d, second.id).await;

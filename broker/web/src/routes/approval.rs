@@ -52,6 +52,7 @@ pub(crate) async fn render_detail(
             cannot_decide: None,
             editable: false,
             message,
+            delegations: Vec::new(),
         };
         return page(status, pages::approval(&session.user, &csrf, &d));
     };
@@ -61,6 +62,11 @@ pub(crate) async fn render_detail(
         Err(e) => return failed(e),
     };
     let bridge = app.config.bridges.get(r.source());
+    let now_secs = now as u64;
+    let delegations = match approval::delegation::covering(&mut store, &r, now_secs).await {
+        Ok(d) => d,
+        Err(e) => return failed(e),
+    };
     let view = match approval::View::load(&mut store, &app.config, r).await {
         Ok(v) => v,
         Err(e) => return failed(e),
@@ -118,6 +124,7 @@ pub(crate) async fn render_detail(
         cannot_decide,
         editable: !gated,
         message,
+        delegations,
     };
     page(status, pages::approval(&session.user, &csrf, &d))
 }
@@ -218,15 +225,36 @@ pub(crate) async fn decide(
             "Nothing decided: no such approval.".to_string(),
             StatusCode::NOT_FOUND,
         ),
-        Err(broker::Error::Operator { message: why, .. }) => (format!("Nothing decided: {why}"), StatusCode::CONFLICT),
         // The outbox did not answer in time, or failed: say so, not "Redis".
-        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
-            tracing::warn!(error = %e, "web: a decision was not applied");
-            (format!("Nothing decided yet: {e}"), StatusCode::SERVICE_UNAVAILABLE)
-        }
-        Err(e) => return failed(e),
+        Err(e) => match not_applied(e, "Nothing decided", "a decision") {
+            Ok(said) => said,
+            Err(page) => return *page,
+        },
     };
     render_detail(&app, &s, &id, Some(message), status).await
+}
+
+/// How the outbox's refusal or failure reads on the page: a refusal says
+/// why (409); the outbox not answering, or failing, says so (503); any other
+/// error is the page's own.
+fn not_applied(
+    e: broker::Error,
+    nothing: &str,
+    what: &str,
+) -> Result<(String, StatusCode), Box<Response>> {
+    match e {
+        broker::Error::Operator { message, .. } => {
+            Ok((format!("{nothing}: {message}"), StatusCode::CONFLICT))
+        }
+        e @ (broker::Error::Platform { .. } | broker::Error::Internal(_)) => {
+            tracing::warn!(error = %e, "web: {what} was not applied");
+            Ok((
+                format!("{nothing} yet: {e}"),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ))
+        }
+        e => Err(Box::new(failed(e))),
+    }
 }
 
 /// "Not now": moves the deadline (never a decision), through the requesting
@@ -267,17 +295,10 @@ pub(crate) async fn later(
             ),
             StatusCode::OK,
         ),
-        Err(broker::Error::Operator { message: why, .. }) => {
-            (format!("Not snoozed: {why}"), StatusCode::CONFLICT)
-        }
-        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
-            tracing::warn!(error = %e, "web: a snooze was not applied");
-            (
-                format!("Not snoozed yet: {e}"),
-                StatusCode::SERVICE_UNAVAILABLE,
-            )
-        }
-        Err(e) => return failed(e),
+        Err(e) => match not_applied(e, "Not snoozed", "a snooze") {
+            Ok(said) => said,
+            Err(page) => return *page,
+        },
     };
     render_detail(&app, &s, &id, Some(message), status).await
 }
@@ -323,17 +344,10 @@ pub(crate) async fn edit(
             ),
             StatusCode::OK,
         ),
-        Err(broker::Error::Operator { message: why, .. }) => {
-            (format!("Nothing edited: {why}"), StatusCode::CONFLICT)
-        }
-        Err(e @ (broker::Error::Platform { .. } | broker::Error::Internal(_))) => {
-            tracing::warn!(error = %e, "web: an edit was not applied");
-            (
-                format!("Nothing edited yet: {e}"),
-                StatusCode::SERVICE_UNAVAILABLE,
-            )
-        }
-        Err(e) => return failed(e),
+        Err(e) => match not_applied(e, "Nothing edited", "an edit") {
+            Ok(said) => said,
+            Err(page) => return *page,
+        },
     };
     render_detail(&app, &s, &id, Some(message), status).await
 }
