@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use broker::approval::{self, Record};
-use broker::bridge::{Outgoing, SendError, Sender, Sent};
+use broker::bridge::{CardUpdate, Outgoing, SendError, Sender, Sent};
 use broker::config::read_secret;
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::transport::smtp::authentication::Credentials;
@@ -305,6 +305,51 @@ impl Sender for EmailSender {
     async fn send(&self, out: Outgoing<'_>) -> Result<Sent, SendError> {
         self.deliver(out).await.map(Sent::from)
     }
+
+    /// An email cannot be edited: only a reminder is sent, as a short mail
+    /// threaded under the approval email (a reply to it answers, as a
+    /// reply to the approval email does).
+    async fn update(&self, u: CardUpdate<'_>) -> Result<(), SendError> {
+        if u.outcome != "reminder" || u.record.nonce.is_empty() {
+            return Ok(());
+        }
+        let r = u.record;
+        let domain = self.settings.domain();
+        let approval = verdict::approval_message_id(&r.nonce, domain);
+        let id = format!("cowboy-reminder.{}@{domain}", uuid::Uuid::new_v4().simple());
+        let subject = format!(
+            "Reminder: approval needed [{}]: {} → {}",
+            &r.id[..8.min(r.id.len())],
+            r.agent().unwrap_or(r.source()),
+            r.channel_id
+        );
+        self.send_text(
+            &r.notify_channel,
+            &subject,
+            reminder_body(r),
+            id,
+            &[approval.as_str()],
+            Some("auto-generated"),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// The reminder's text (from the record; the message itself is in the
+/// approval email it answers).
+fn reminder_body(r: &Record) -> String {
+    let deadline = match r.expires_at {
+        0 => String::new(),
+        t => format!(" It expires at {} (UTC).", broker::clock::utc(t as f64)),
+    };
+    format!(
+        "Approval {} from {} via {} still waits for a decision.{deadline}\n\n\
+         Reply to this email, or to the approval email, with APPROVE, REJECT and a reason, or LATER.\n",
+        r.id,
+        r.agent().unwrap_or("an agent"),
+        r.source()
+    )
 }
 
 impl EmailSender {

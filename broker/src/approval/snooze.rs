@@ -105,11 +105,6 @@ async fn snooze_once(
     let next = if again {
         record.clone()
     } else {
-        if rules.max_snooze == 0 {
-            return refuse(format!(
-                "approvals of bridge `{bridge}` cannot be snoozed (approval.max_snooze = 0)"
-            ));
-        }
         let allowed = rules.allows(&who)
             || delegation::acting_for(store, config, &bridge, &who, now, record.created_at)
                 .await?
@@ -126,35 +121,40 @@ async fn snooze_once(
                 "{who} may not answer approval {id}, so may not snooze it"
             ));
         }
+        // Out of bounds: refused, and in the trail like any answer that
+        // changed nothing.
         let seconds = seconds.unwrap_or(rules.snooze);
-        if seconds == 0 || seconds > rules.max_snooze {
-            return refuse(format!(
+        let out_of_bounds = if rules.max_snooze == 0 {
+            Some(format!(
+                "approvals of bridge `{bridge}` cannot be snoozed (approval.max_snooze = 0)"
+            ))
+        } else if seconds == 0 || seconds > rules.max_snooze {
+            Some(format!(
                 "a snooze is between 1 second and approval.max_snooze ({} s) on bridge `{bridge}`",
                 rules.max_snooze
-            ));
-        }
-        match record.state(now) {
-            State::Pending => {}
-            state => {
-                return refuse(format!(
-                    "approval {id} is {}: nothing to snooze",
-                    state.as_str()
-                ))
-            }
-        }
-        if record.expires_at == 0 {
-            return refuse(format!("approval {id} never expires: nothing to snooze"));
-        }
-        if (record.expires_at as f64) - now < MARGIN_SECS {
-            return refuse(format!(
+            ))
+        } else if record.state(now) != State::Pending {
+            Some(format!(
+                "approval {id} is {}: nothing to snooze",
+                record.state(now).as_str()
+            ))
+        } else if record.expires_at == 0 {
+            Some(format!("approval {id} never expires: nothing to snooze"))
+        } else if (record.expires_at as f64) - now < MARGIN_SECS {
+            Some(format!(
                 "approval {id} expires in under {MARGIN_SECS} seconds: too late to snooze"
-            ));
-        }
-        if record.snoozes >= rules.max_snoozes {
-            return refuse(format!(
+            ))
+        } else if record.snoozes >= rules.max_snoozes {
+            Some(format!(
                 "approval {id} was snoozed {} times already (approval.max_snoozes = {})",
                 record.snoozes, rules.max_snoozes
-            ));
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = out_of_bounds {
+            audit::append(store, config, &[ignored(&why)]).await?;
+            return refuse(why);
         }
         let Some(key) = IdKey::existing(store, &bridge).await? else {
             return Err(Error::internal(format!("bridge `{bridge}` has no id key")));

@@ -13,6 +13,7 @@ use mail_parser::MessageParser;
 /// Mail arrives within a second or so (Dovecot delays IDLE notifications by 500 ms).
 pub(crate) const MAIL: Duration = Duration::from_secs(20);
 
+#[derive(Debug)]
 pub(crate) struct Mail {
     pub(crate) from: String,
     pub(crate) to: String,
@@ -716,6 +717,61 @@ async fn a_console_bridge_is_approved_by_email() {
     })
     .await;
     assert_eq!(sent.content, "via console");
+}
+
+/// `approval.remind_after` on an email surface: once the approval has
+/// waited that long, one reminder mail threaded under the approval email;
+/// a reply to the reminder decides; no second reminder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_approval_is_reminded_by_mail_and_the_reminder_answers() {
+    let stack = MailStack::start();
+    let d = deployment(
+        &stack,
+        "",
+        "[bridges.desk]\ntype = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"\ndestinations = [\"*\"]\napproval = { required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 600, remind_after = 1, approvers = [\"email:approver@bridge.test\"] }\n",
+    );
+    let _mail_outbox = d.process("cowboy-email-outbox", "mail");
+    let _mail_ingest = d.process("cowboy-email-ingest", "mail");
+    let _desk = d.process("cowboy-console-outbox", "desk");
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:desk:outbox",
+            &[("channel_id", b"ops"), ("content", b"remind me")],
+        )
+        .await
+        .unwrap();
+    let mails = wait_mails(&stack, "approver", 2).await;
+    let (note, reminder) = (&mails[0], &mails[1]);
+    assert!(note.body.contains("remind me"));
+    assert!(
+        reminder.subject.starts_with("Reminder: approval needed")
+            && reminder.body.contains("still waits")
+            && !reminder.body.contains("remind me"),
+        "{reminder:?}"
+    );
+    assert_eq!(
+        reminder.in_reply_to, note.message_id,
+        "threaded under the approval email"
+    );
+    stack.send_raw(
+        "approver@bridge.test",
+        "bridge@bridge.test",
+        &reply_in_thread(reminder, "yes"),
+        Some("approver"),
+    );
+    let sent = wait_until("console delivery", MAIL, || async {
+        d.delivered("desk.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.content, "remind me");
+    assert_eq!(stack.mails("approver").len(), 2, "reminded once");
+    let trail = stream(&mut store, &keys::audit("desk")).await;
+    assert_eq!(
+        trail.iter().filter(|e| e["event"] == "reminded").count(),
+        1,
+        "{trail:?}"
+    );
 }
 
 /// Mail written by machines never decides and is never answered: an

@@ -104,6 +104,12 @@ async fn later_moves_the_deadline_within_its_bounds_and_never_decides() {
     let refused = |r: &broker::Result<approval::snooze::Snoozed>, what: &str| matches!(r, Err(broker::Error::Operator { message, .. }) if message.contains(what));
     let too_long = later("cli:op", 6, "n1").await;
     assert!(refused(&too_long, "max_snooze"), "{too_long:?}");
+    assert!(
+        trail(&d).await.iter().any(|e| e["event"] == "ignored"
+            && e["by"] == "cli:op"
+            && e["why"].contains("max_snooze")),
+        "a refused snooze is in the trail"
+    );
     let stranger = later("cli:eve", 2, "n2").await;
     assert!(refused(&stranger, "may not answer"), "{stranger:?}");
     let second = later("cli:op", 5, "n3").await.unwrap();
