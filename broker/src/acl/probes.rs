@@ -334,6 +334,23 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
             p.push(probe(u, Refused, true, &["XTRIM", &audit, "MAXLEN", "0"]));
             p.push(probe(u, Refused, true, &["XDEL", &audit, "0-1"]));
             p.push(probe(u, when(parks), false, &["GET", &keys::id_key(name)]));
+            // Its digest: its own period keys set, the digests it carries
+            // read; nobody else's written.
+            let digests = config.digest_bridge(name).is_some();
+            let own = keys::digest_sent(name, 0);
+            p.push(probe(
+                u,
+                when(digests),
+                true,
+                &["SET", &own, "acl-check", "EX", "1"],
+            ));
+            for b in config.digests_carried_by(name) {
+                p.push(probe(u, Allowed, false, &["GET", &keys::digest_sent(b, 0)]));
+                if b != name {
+                    let theirs = keys::digest_sent(b, 0);
+                    p.push(probe(u, Refused, true, &["SET", &theirs, "x", "EX", "1"]));
+                }
+            }
             p.push(probe(
                 u,
                 Allowed,

@@ -361,10 +361,13 @@ async fn service_users_hold_only_their_jobs(engine: Engine) {
     );
 }
 
-/// `cowboy acl check` passes on the rendered rules and reports a widened user.
+/// `cowboy acl check` passes on the rendered rules (a digest's included) and
+/// reports a widened user.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_check_reports_surprises() {
-    let secrets = Secrets::new();
+    let mut secrets = Secrets::new();
+    // With a digest, so its rights are probed too.
+    secrets.approval_extra = ", digest = \"daily\", digest_channel = \"digests\"".into();
     let (d, _) = secrets.deployment();
     let out = d.cowboy(&["acl", "check"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
