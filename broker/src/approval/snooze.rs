@@ -124,6 +124,7 @@ async fn snooze_once(
         // Out of bounds: refused, and in the trail like any answer that
         // changed nothing.
         let seconds = seconds.unwrap_or(rules.snooze);
+        let state = record.state(now);
         let out_of_bounds = if rules.max_snooze == 0 {
             Some(format!(
                 "approvals of bridge `{bridge}` cannot be snoozed (approval.max_snooze = 0)"
@@ -133,10 +134,10 @@ async fn snooze_once(
                 "a snooze is between 1 second and approval.max_snooze ({} s) on bridge `{bridge}`",
                 rules.max_snooze
             ))
-        } else if record.state(now) != State::Pending {
+        } else if state != State::Pending {
             Some(format!(
                 "approval {id} is {}: nothing to snooze",
-                record.state(now).as_str()
+                state.as_str()
             ))
         } else if record.expires_at == 0 {
             Some(format!("approval {id} never expires: nothing to snooze"))

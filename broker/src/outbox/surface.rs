@@ -486,9 +486,11 @@ impl<S: Sender> OutboxService<S> {
         }
         if claimed == approval::snooze::OUTCOME {
             // The card is drawn again, as it was shown (the notification's
-            // content, from this bridge's own stream) with the new deadline.
+            // content, from this bridge's own stream) with the new deadline;
+            // once per snooze, so a repeated entry costs no read.
+            let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
             let shown = match (&record.notify_external_id, &record.notify_entry) {
-                (Some(_), Some(shown)) => {
+                (Some(_), Some(shown)) if record.snoozes > drawn => {
                     self.store.entry(&keys::outbox(&self.name), shown).await?
                 }
                 _ => None,
@@ -497,10 +499,7 @@ impl<S: Sender> OutboxService<S> {
                 e.text(crate::fields::outbox::APPROVAL_CONTENT)
                     .map(str::to_string)
             });
-            let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
-            if let (Some(external), Some(content), true) =
-                (&record.notify_external_id, content, record.snoozes > drawn)
-            {
+            if let (Some(external), Some(content)) = (&record.notify_external_id, content) {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();
                 }

@@ -602,16 +602,7 @@ async fn later_on_a_card_moves_its_deadline_and_redraws_it() {
     let _ingest = d.process("cowboy-discord-ingest", "dc");
     connected(&fake).await;
     let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:dc:outbox",
-            &[
-                ("channel_id", TALK.to_string().as_bytes()),
-                ("content", b"after the meeting"),
-            ],
-        )
-        .await
-        .unwrap();
+    ann_posts(&mut store, &["after the meeting"]).await;
     let card = card(&fake, 0).await;
     answerable(&d, card.id).await;
     let id = approval::list_ids(&mut store).await.unwrap().remove(0);

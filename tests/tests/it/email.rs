@@ -683,27 +683,46 @@ async fn handled_mail_can_be_moved() {
     .await;
 }
 
+/// A console bridge `desk` whose approvals go out by email to the approver
+/// (`approval` keys besides the standard ones), with its outbox and mail's
+/// services running.
+fn desk_asking_by_email(stack: &MailStack, approval: &str) -> (Deployment, [Process; 3]) {
+    let d = deployment(
+        stack,
+        "",
+        &format!("[bridges.desk]\ntype = \"console\"\noutput = \"{{dir}}/desk.out\"\ninput = \"{{dir}}/desk.in\"\ndestinations = [\"*\"]\napproval = {{ required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", approvers = [\"email:approver@bridge.test\"], {approval} }}\n"),
+    );
+    let services = [
+        d.process("cowboy-email-outbox", "mail"),
+        d.process("cowboy-email-ingest", "mail"),
+        d.process("cowboy-console-outbox", "desk"),
+    ];
+    (d, services)
+}
+
+/// Ann writes `content` to desk (to `ops`); returns the store.
+async fn desk_gets(d: &Deployment, content: &str) -> broker::Store {
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:desk:outbox",
+            &[
+                ("channel_id", b"ops".as_slice()),
+                ("content", content.as_bytes()),
+            ],
+        )
+        .await
+        .unwrap();
+    store
+}
+
 /// Approval across bridges: a console bridge whose approvals go out by email is
 /// decided by an email reply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_console_bridge_is_approved_by_email() {
     let stack = MailStack::start();
-    let d = deployment(
-        &stack,
-        "",
-        "[bridges.desk]\ntype = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"\ndestinations = [\"*\"]\napproval = { required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 0, approvers = [\"email:approver@bridge.test\"] }\n",
-    );
-    let _mail_outbox = d.process("cowboy-email-outbox", "mail");
-    let _mail_ingest = d.process("cowboy-email-ingest", "mail");
-    let _desk = d.process("cowboy-console-outbox", "desk");
-    let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:desk:outbox",
-            &[("channel_id", b"ops"), ("content", b"via console")],
-        )
-        .await
-        .unwrap();
+    let (d, _services) = desk_asking_by_email(&stack, "timeout = 0");
+    desk_gets(&d, "via console").await;
     let note = wait_mails(&stack, "approver", 1).await.remove(0);
     assert!(note.body.contains("via console"));
     stack.send_raw(
@@ -725,22 +744,8 @@ async fn a_console_bridge_is_approved_by_email() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_approval_is_reminded_by_mail_and_the_reminder_answers() {
     let stack = MailStack::start();
-    let d = deployment(
-        &stack,
-        "",
-        "[bridges.desk]\ntype = \"console\"\noutput = \"{dir}/desk.out\"\ninput = \"{dir}/desk.in\"\ndestinations = [\"*\"]\napproval = { required = true, notify = \"mail\", notify_channel = \"approver@bridge.test\", timeout = 600, remind_after = 1, approvers = [\"email:approver@bridge.test\"] }\n",
-    );
-    let _mail_outbox = d.process("cowboy-email-outbox", "mail");
-    let _mail_ingest = d.process("cowboy-email-ingest", "mail");
-    let _desk = d.process("cowboy-console-outbox", "desk");
-    let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:desk:outbox",
-            &[("channel_id", b"ops"), ("content", b"remind me")],
-        )
-        .await
-        .unwrap();
+    let (d, _services) = desk_asking_by_email(&stack, "timeout = 600, remind_after = 1");
+    let mut store = desk_gets(&d, "remind me").await;
     let mails = wait_mails(&stack, "approver", 2).await;
     let (note, reminder) = (&mails[0], &mails[1]);
     assert!(note.body.contains("remind me"));
