@@ -36,6 +36,14 @@ let
     digest = mkOption { type = types.nullOr (types.enum [ "hourly" "daily" ]); default = null; description = "A summary of what waits on this bridge, oldest first, once an hour or a day while anything does."; };
     digest_to = mkOption { type = types.nullOr types.str; default = null; description = "Bridge the digest is sent through (default: the notify bridge); it must not itself ask for approval."; };
     digest_channel = mkOption { type = types.str; default = ""; description = "Where the digest goes on that bridge (on its destinations)."; };
+    also = mkOption {
+      type = types.listOf (types.submodule { options = {
+        notify = mkOption { type = types.str; description = "Bridge that shows this card."; };
+        notify_channel = mkOption { type = types.str; description = "Where on that bridge (on its destinations)."; };
+      }; });
+      default = [ ];
+      description = "More surfaces asked at the same time as notify, one card each; an answer on any of them counts.";
+    };
     remind_after = mkOption { type = types.ints.unsigned; default = 0; description = "Seconds after parking when the card's surface reminds the approvers of an approval still waiting (once); 0 = never."; };
     snooze = mkOption { type = types.ints.positive; default = 3600; description = "Seconds a \"later\" without a time (a reaction, a button) moves the deadline by."; };
   };

@@ -69,6 +69,7 @@ let
         digest = approval.digest or null;
         digest_to = approval.digest_to or null;
         digest_channel = approval.digest_channel or null;
+        also = if (approval.also or [ ]) == [ ] then null else approval.also;
       };
       ping = nonNull {
         command = ping.command or null;

@@ -99,6 +99,9 @@ pub enum Kind {
     Snoozed,
     /// The approvers reminded on the card's surface (`approval.remind_after`).
     Reminded,
+    /// One surface of several could not show its card (the others are
+    /// asked still): notify, reason.
+    Unshown,
 }
 
 impl Kind {
@@ -118,6 +121,7 @@ impl Kind {
             Kind::Delegated => "delegated",
             Kind::Snoozed => "snoozed",
             Kind::Reminded => "reminded",
+            Kind::Unshown => "unshown",
         }
     }
 }

@@ -230,7 +230,7 @@ impl Ingest {
             d => d,
         };
         let answer = Answer::new(&self.clock, verdict, &approver, reason).seeing(shown);
-        let requester = crate::request::Requester::surface_of(&self.config, record.source())?;
+        let requester = crate::request::Requester::surface(&self.config, &self.name)?;
         crate::request::answer_card(
             &mut self.store,
             &requester,
@@ -260,7 +260,7 @@ impl Ingest {
             Ok(found) => found,
             Err(outcome) => return Ok(outcome),
         };
-        let requester = crate::request::Requester::surface_of(&self.config, record.source())?;
+        let requester = crate::request::Requester::surface(&self.config, &self.name)?;
         crate::request::snooze_card(
             &mut self.store,
             &requester,

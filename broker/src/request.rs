@@ -95,9 +95,8 @@ impl Requester {
         }
     }
 
-    /// The surface that shows `bridge`'s cards, as a requester.
-    pub fn surface_of(config: &Config, bridge: &str) -> Result<Requester> {
-        let name = config.notify_bridge(bridge);
+    /// Surface bridge `name` (one that shows cards), as a requester.
+    pub fn surface(config: &Config, name: &str) -> Result<Requester> {
         Ok(Requester::Surface {
             name: name.to_string(),
             kind: config.bridge(name)?.kind.clone(),
@@ -105,7 +104,7 @@ impl Requester {
     }
 
     /// Every requester of `bridge`'s approvals: the operators, the page, and
-    /// the surface that shows its cards.
+    /// each surface that shows its cards.
     pub fn all(config: &Config, bridge: &str) -> Result<Vec<Requester>> {
         let mut all: Vec<Requester> = config
             .operators
@@ -116,7 +115,9 @@ impl Requester {
             all.push(Requester::Web);
         }
         if config.bridge(bridge)?.approval.required {
-            all.push(Requester::surface_of(config, bridge)?);
+            for (surface, _) in config.surfaces_of(bridge) {
+                all.push(Requester::surface(config, surface)?);
+            }
         }
         Ok(all)
     }

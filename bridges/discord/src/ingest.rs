@@ -506,13 +506,14 @@ impl Handler {
     /// it, read over REST. An approver already counted on the record is not
     /// answered for again.
     async fn catch_up(&self) -> Result<()> {
-        let cards = {
+        let (name, cards) = {
             let mut ingest = self.ingest.lock().await;
             if !ingest.is_approval_surface() {
                 return Ok(());
             }
             let name = ingest.name().to_string();
-            ingest.approvals().map_entries(&name).await?
+            let cards = ingest.approvals().map_entries(&name).await?;
+            (name, cards)
         };
         let (mut reactions, mut replies) = (0, 0);
         for (card, approval_id) in cards {
@@ -529,7 +530,9 @@ impl Handler {
             let Some(record) = record.filter(|r| !r.is_settled()) else {
                 continue;
             };
-            let Some(channel) = crate::send::canonical_snowflake(&record.notify_channel) else {
+            let shown_here = record.card(&name).map(|c| c.channel);
+            let Some(channel) = shown_here.and_then(|c| crate::send::canonical_snowflake(&c))
+            else {
                 continue;
             };
             let channel = ChannelId::new(channel);

@@ -324,7 +324,7 @@ impl Sender for EmailSender {
             r.channel_id
         );
         self.send_text(
-            &r.notify_channel,
+            u.channel_id,
             &subject,
             reminder_body(r),
             id,

@@ -362,24 +362,20 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 ],
             ));
             if parks {
-                p.push(probe(
-                    u,
-                    Allowed,
-                    true,
-                    &[
-                        "XADD",
-                        &keys::outbox(config.notify_bridge(name)),
-                        "*",
-                        "acl_check",
-                        "1",
-                    ],
-                ));
-                // Its surface's card map: drop a settled card, never point one.
-                let notify = config.notify_bridge(name);
-                if notify != name {
-                    let map = keys::approval_map(notify);
-                    p.push(probe(u, Allowed, true, &["HDEL", &map, "acl-check"]));
-                    p.push(probe(u, Refused, true, &["HSET", &map, "acl-check", "x"]));
+                // Each surface it asks on: its notifications written, its
+                // card map's settled cards dropped, no card ever pointed.
+                for (notify, _) in config.surfaces_of(name) {
+                    p.push(probe(
+                        u,
+                        Allowed,
+                        true,
+                        &["XADD", &keys::outbox(notify), "*", "acl_check", "1"],
+                    ));
+                    if notify != name {
+                        let map = keys::approval_map(notify);
+                        p.push(probe(u, Allowed, true, &["HDEL", &map, "acl-check"]));
+                        p.push(probe(u, Refused, true, &["HSET", &map, "acl-check", "x"]));
+                    }
                 }
             }
             p.push(probe(u, Refused, true, &["FLUSHALL"]));

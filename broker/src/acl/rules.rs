@@ -124,14 +124,21 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
                     "+xadd",
                 ));
                 sels.push("+time".to_string());
-                let notify = keys::outbox(config.notify_bridge(name));
-                sels.push(selector(&[format!("~{notify}")], "+xadd +xrange"));
+                // Every surface it asks on: notifications written, and
+                // searched for after a crash.
+                let surfaces: Vec<&str> = config
+                    .surfaces_of(name)
+                    .into_iter()
+                    .map(|(b, _)| b)
+                    .collect();
+                let notify: Vec<String> = surfaces
+                    .iter()
+                    .map(|b| format!("~{}", keys::outbox(b)))
+                    .collect();
+                sels.push(selector(&notify, "+xadd +xrange"));
                 // Its digest: one per period (a key set once), written as a
                 // message to the bridge that carries it.
-                if let Some(to) = config
-                    .digest_bridge(name)
-                    .filter(|t| *t != config.notify_bridge(name))
-                {
+                if let Some(to) = config.digest_bridge(name).filter(|t| !surfaces.contains(t)) {
                     sels.push(selector(&[format!("~{}", keys::outbox(to))], "+xadd"));
                 }
                 if config.digest_bridge(name).is_some() {
@@ -188,14 +195,14 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             if !carried.is_empty() {
                 sels.push(selector(&carried, "+get"));
             }
-            if parks && config.notify_bridge(name) != name {
-                sels.push(selector(
-                    &[format!(
-                        "~{}",
-                        keys::approval_map(config.notify_bridge(name))
-                    )],
-                    "+hget +hdel",
-                ));
+            let maps: Vec<String> = config
+                .surfaces_of(name)
+                .into_iter()
+                .filter(|(b, _)| parks && *b != name)
+                .map(|(b, _)| format!("~{}", keys::approval_map(b)))
+                .collect();
+            if !maps.is_empty() {
+                sels.push(selector(&maps, "+hget +hdel"));
             }
             if !records.is_empty() {
                 sels.push(selector(

@@ -184,8 +184,23 @@ pub async fn edit(
             .or(Some(record.content_preview.clone())),
         ..record.clone()
     };
-    let notification = super::notification_fields(&next, &new.for_approvers());
-    next.notify_sha256 = super::notification_digest(&notification);
+    // One new notification per surface the approval is asked on, each bound
+    // by its digest before it exists.
+    for card in &mut next.also {
+        card.notified = None;
+        card.entry = None;
+        card.external_id = None;
+    }
+    let shown = new.for_approvers();
+    let mut notifications = Vec::new();
+    for card in next.cards() {
+        let fields = super::notification_fields(&next, &card.channel, &shown);
+        let digest = super::notification_digest(&fields);
+        notifications.push((card, fields, digest));
+    }
+    for (card, _, digest) in &notifications {
+        next.bind_card(card, digest.clone());
+    }
     let mut pairs: Vec<(&str, String)> = vec![
         (field::STATUS, next.status.as_str().to_string()),
         (field::CHANNEL_ID, next.channel_id.clone()),
@@ -200,7 +215,6 @@ pub async fn edit(
         (field::EDITED_BY, editor.to_string()),
         (field::EDITED_AT, (now as u64).to_string()),
         (field::REVISION, revision.to_string()),
-        (field::NOTIFY_SHA256, next.notify_sha256.clone()),
         (field::NONCE, next.nonce.clone()),
     ];
     if let Some(subject) = &next.subject {
@@ -210,6 +224,11 @@ pub async fn edit(
     // services and the administrator hold the key).
     if let Some(key) = super::IdKey::existing(store, record.source()).await? {
         pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
+    }
+    let mut pairs: Vec<(String, String)> =
+        pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    for (card, _, digest) in &notifications {
+        pairs.push((card.field(field::NOTIFY_SHA256), digest.clone()));
     }
     let answer = Approvals::on(store)
         .edit(
@@ -221,8 +240,8 @@ pub async fn edit(
             &pairs,
         )
         .await?;
-    let old_card = match answer {
-        EditAnswer::Edited { superseded_card } => superseded_card,
+    let old_cards = match answer {
+        EditAnswer::Edited { superseded_cards } => superseded_cards,
         refused => {
             let why = match refused {
                 EditAnswer::Changed => "it changed meanwhile (another edit); show it again",
@@ -237,27 +256,29 @@ pub async fn edit(
         }
     };
 
-    // Answers to the old card are late now; disarm it and tell its surface.
-    let notify = keys::outbox(&record.notify);
-    if !old_card.is_empty() {
-        Approvals::on(store)
-            .map_delete(&record.notify, &old_card)
-            .await?;
+    // Answers to the old cards are late now; disarm them and tell their surfaces.
+    for (bridge, old_card) in &old_cards {
+        Approvals::on(store).map_delete(bridge, old_card).await?;
     }
-    let fields: Vec<(&str, &[u8])> = notification
-        .iter()
-        .map(|(k, v)| (*k, v.as_slice()))
-        .collect();
-    // Should this stop here, the requester's sweep writes the card (the record
-    // is pending, unnotified, its card's digest bound).
-    let written = store.xadd(&notify, &fields).await?;
-    Approvals::on(store).mark_notified(id, &written).await?;
-    if !old_card.is_empty() {
-        let superseded: Vec<(&str, &[u8])> = vec![
-            (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
-            (crate::fields::outbox::APPROVAL_OUTCOME, b"superseded"),
-        ];
-        store.xadd(&notify, &superseded).await?;
+    for (card, notification, _) in &notifications {
+        let notify = keys::outbox(&card.bridge);
+        let fields: Vec<(&str, &[u8])> = notification
+            .iter()
+            .map(|(k, v)| (*k, v.as_slice()))
+            .collect();
+        // Should this stop here, the requester's sweep writes the card (the
+        // record is pending, unnotified, its card's digest bound).
+        let written = store.xadd(&notify, &fields).await?;
+        Approvals::on(store)
+            .mark_notified(id, card, &written)
+            .await?;
+        if old_cards.iter().any(|(b, _)| *b == card.bridge) {
+            let superseded: Vec<(&str, &[u8])> = vec![
+                (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
+                (crate::fields::outbox::APPROVAL_OUTCOME, b"superseded"),
+            ];
+            store.xadd(&notify, &superseded).await?;
+        }
     }
     let event = audit::Event::new(record.source(), audit::Kind::Edited, id, now)
         .with(audit::field::BY, editor)

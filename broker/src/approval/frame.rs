@@ -183,14 +183,19 @@ pub fn render_notification(
 /// approval id, the destination from the record, the plain-text frame (for
 /// platforms that show text as is) and the exact content (for those that lay out
 /// their own card). Deterministic, so a resumed park writes the same entry.
-pub fn notification_fields(record: &Record, content: &str) -> Vec<(&'static str, Vec<u8>)> {
+/// `channel`: where the card goes on its surface (each card's own).
+pub fn notification_fields(
+    record: &Record,
+    channel: &str,
+    content: &str,
+) -> Vec<(&'static str, Vec<u8>)> {
     let frame = render_notification(record, content, REACT_HINT, None);
     vec![
         (
             crate::fields::outbox::APPROVAL_ID,
             record.id.clone().into_bytes(),
         ),
-        ("channel_id", record.notify_channel.as_bytes().to_vec()),
+        ("channel_id", channel.as_bytes().to_vec()),
         ("content", frame.into_bytes()),
         (
             crate::fields::outbox::APPROVAL_CONTENT,

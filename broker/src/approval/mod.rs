@@ -40,7 +40,7 @@ pub mod view;
 
 pub use frame::*;
 pub use id::*;
-pub use record::{field, Record, State, Status, Verdict};
+pub use record::{field, Card, Record, State, Status, Verdict};
 pub use repo::{Approvals, Decided};
 pub use view::{Shown, View};
 
@@ -432,7 +432,9 @@ pub struct Count {
 /// Rejects a pending approval whose request could not be shown to anyone (the
 /// notify platform refused it): failing closed at once, and telling the agent
 /// why, instead of waiting for a deadline that may never come. The approver is
-/// `broker:{notify bridge}`, which no config can name.
+/// `broker:{notify bridge}`, which no config can name. An approval asked on
+/// several surfaces is not rejected for one of them: the failure is audited
+/// (`unshown`) and the others stay asked.
 pub async fn reject_unshown(
     store: &mut Store,
     config: &Config,
@@ -441,6 +443,22 @@ pub async fn reject_unshown(
     notify: &str,
     reason: &str,
 ) -> Result<Outcome> {
+    if !record.also.is_empty() {
+        let event = audit::Event::new(
+            record.source(),
+            audit::Kind::Unshown,
+            &record.id,
+            clock.now_secs_f64(),
+        )
+        .with(audit::field::NOTIFY, notify)
+        .with(
+            audit::field::REASON,
+            reason.chars().take(2000).collect::<String>(),
+        );
+        audit::append(store, config, &[event]).await?;
+        tracing::warn!(approval = %record.id, surface = notify, reason, "one surface could not show its card; the others are asked");
+        return Ok(Outcome::Late(Late::Busy));
+    }
     let reason = format!("the approval request could not be shown to approvers: {reason}");
     let approver = crate::identity::Identity::broker(notify);
     let answer = Answer::new(clock, Verdict::Rejected, &approver, &reason);

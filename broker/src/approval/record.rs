@@ -89,6 +89,29 @@ pub mod field {
     /// When the requesting outbox asked the card's surface to remind the
     /// approvers (`approval.remind_after`); once per approval.
     pub const REMINDED: &str = "reminded";
+    /// The surfaces asked beside `notify` (`approval.also`), one bridge a
+    /// line. Each one's card is kept under the card fields prefixed with
+    /// `{bridge}.` (see [`card_field`]); `notify`'s own under the plain names.
+    pub const ALSO: &str = "also";
+
+    /// The fields each card of a record has: the primary card's under these
+    /// names, every other card's prefixed with its bridge (see [`card_field`]).
+    pub const CARD: &[&str] = &[
+        NOTIFY,
+        NOTIFY_CHANNEL,
+        NOTIFY_SHA256,
+        NOTIFIED,
+        NOTIFY_ENTRY,
+        NOTIFY_EXTERNAL_ID,
+        OUTCOME_SENT,
+        SUPERSEDED,
+    ];
+
+    /// Card field `name` under `prefix` (empty for the primary card, else
+    /// `{bridge}.`, see [`super::Card::prefix`]).
+    pub fn card_field(prefix: &str, name: &str) -> String {
+        format!("{prefix}{name}")
+    }
 
     /// Every field, in the order `approvals show` lists them.
     pub const ALL: &[&str] = &[
@@ -146,7 +169,106 @@ pub mod field {
         SNOOZED_UNTIL,
         SNOOZE_REQUEST,
         REMINDED,
+        ALSO,
     ];
+}
+
+/// One surface's card of an approval: where it is asked, and how far its
+/// notify side got. The primary card (`approval.notify`) is kept in the
+/// record's own fields; the others (`approval.also`) under prefixed names.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Card {
+    /// The notify bridge that shows it.
+    pub bridge: String,
+    /// Where on that bridge.
+    pub channel: String,
+    /// The digest of the one notification entry its notify side will show.
+    pub sha256: String,
+    /// The notification's entry id in the notify bridge's outbox.
+    pub notified: Option<String>,
+    /// The notification entry the notify side claimed (the only one it shows).
+    pub entry: Option<String>,
+    /// The shown card's id on the notify platform.
+    pub external_id: Option<String>,
+    /// The outcome entry was written to the notify bridge's outbox.
+    pub outcome_sent: bool,
+    /// Cards of earlier versions on this surface: answers to them no longer count.
+    pub superseded: Vec<String>,
+    /// Whether it is the primary card (its fields unprefixed).
+    pub primary: bool,
+}
+
+impl Card {
+    /// What its field names start with: nothing for the primary card,
+    /// `{bridge}.` for the others (bridge names are plain words, so the
+    /// prefixed names cannot collide with the record's own).
+    pub fn prefix(&self) -> String {
+        if self.primary {
+            String::new()
+        } else {
+            format!("{}.", self.bridge)
+        }
+    }
+
+    /// Its field `name` (one of [`field::CARD`]).
+    pub fn field(&self, name: &str) -> String {
+        field::card_field(&self.prefix(), name)
+    }
+
+    /// Its fields as stored (absent ones left out).
+    fn to_pairs(&self) -> Vec<(String, String)> {
+        use field::*;
+        let mut pairs = vec![
+            (NOTIFY, Some(self.bridge.clone())),
+            (NOTIFY_CHANNEL, Some(self.channel.clone())),
+            (NOTIFY_SHA256, Some(self.sha256.clone())),
+            (NOTIFIED, self.notified.clone()),
+            (NOTIFY_ENTRY, self.entry.clone()),
+            (NOTIFY_EXTERNAL_ID, self.external_id.clone()),
+            (OUTCOME_SENT, self.outcome_sent.then(|| "1".to_string())),
+            (SUPERSEDED, Some(self.superseded.join("\n"))),
+        ];
+        pairs
+            .drain(..)
+            .filter_map(|(k, v)| v.filter(|v| !v.is_empty()).map(|v| (self.field(k), v)))
+            .collect()
+    }
+
+    /// Reads card `bridge` (`primary`: the unprefixed one) out of a hash.
+    fn from_map(bridge: &str, primary: bool, map: &mut HashMap<String, String>) -> Card {
+        use field::*;
+        let card = Card {
+            bridge: bridge.to_string(),
+            primary,
+            ..Card::default()
+        };
+        let mut text = |k: &str| map.remove(&card.field(k)).filter(|v| !v.is_empty());
+        let bridge = text(NOTIFY);
+        let channel = text(NOTIFY_CHANNEL).unwrap_or_default();
+        let sha256 = text(NOTIFY_SHA256).unwrap_or_default();
+        let notified = text(NOTIFIED);
+        let entry = text(NOTIFY_ENTRY);
+        let external_id = text(NOTIFY_EXTERNAL_ID);
+        let outcome_sent = text(OUTCOME_SENT).is_some();
+        let superseded = text(SUPERSEDED)
+            .map(|a| a.lines().map(str::to_string).collect())
+            .unwrap_or_default();
+        Card {
+            bridge: if primary {
+                bridge.unwrap_or_default()
+            } else {
+                card.bridge.clone()
+            },
+            channel,
+            sha256,
+            notified,
+            entry,
+            external_id,
+            outcome_sent,
+            superseded,
+            ..card
+        }
+    }
 }
 
 /// A decision a human can take.
@@ -321,12 +443,21 @@ pub struct Record {
     pub snooze_request: Option<String>,
     /// See [`field::REMINDED`].
     pub reminded: Option<u64>,
+    /// The cards asked beside the primary one (`approval.also`), in order.
+    pub also: Vec<Card>,
 }
 
 impl Record {
     /// Reads a hash as a record. Unknown fields are ignored.
     pub fn from_map(id: &str, mut map: HashMap<String, String>) -> Record {
         use field::*;
+        let also: Vec<Card> = map
+            .remove(ALSO)
+            .unwrap_or_default()
+            .lines()
+            .filter(|b| !b.is_empty())
+            .map(|b| Card::from_map(b, false, &mut map))
+            .collect();
         let mut text = |k: &str| map.remove(k).filter(|v| !v.is_empty());
         let number = |v: Option<String>| v.and_then(|v| v.parse::<u64>().ok());
         Record {
@@ -389,11 +520,12 @@ impl Record {
             snoozed_until: number(text(SNOOZED_UNTIL)),
             snooze_request: text(SNOOZE_REQUEST),
             reminded: number(text(REMINDED)),
+            also,
         }
     }
 
     /// The hash's fields, in [`field::ALL`] order; absent ones left out.
-    pub fn to_pairs(&self) -> Vec<(&'static str, String)> {
+    pub fn to_pairs(&self) -> Vec<(String, String)> {
         use field::*;
         let some = |k: &'static str, v: &Option<String>| v.clone().map(|v| (k, v));
         let num = |k: &'static str, v: Option<u64>| v.map(|v| (k, v.to_string()));
@@ -454,11 +586,55 @@ impl Record {
             num(SNOOZED_UNTIL, self.snoozed_until),
             some(SNOOZE_REQUEST, &self.snooze_request),
             num(REMINDED, self.reminded),
+            text(
+                ALSO,
+                &self
+                    .also
+                    .iter()
+                    .map(|c| c.bridge.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
         ]
         .into_iter()
         .flatten()
         .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.to_string(), v))
+        .chain(self.also.iter().flat_map(Card::to_pairs))
         .collect()
+    }
+
+    /// Every card of the approval: the primary one (`notify`), then those
+    /// asked beside it.
+    pub fn cards(&self) -> Vec<Card> {
+        let primary = Card {
+            bridge: self.notify.clone(),
+            channel: self.notify_channel.clone(),
+            sha256: self.notify_sha256.clone(),
+            notified: self.notified.clone(),
+            entry: self.notify_entry.clone(),
+            external_id: self.notify_external_id.clone(),
+            outcome_sent: self.outcome_sent,
+            superseded: self.superseded.clone(),
+            primary: true,
+        };
+        std::iter::once(primary)
+            .chain(self.also.iter().cloned())
+            .collect()
+    }
+
+    /// Binds `card`'s notification digest (the one entry its notify side shows).
+    pub fn bind_card(&mut self, card: &Card, digest: String) {
+        if card.primary {
+            self.notify_sha256 = digest;
+        } else if let Some(c) = self.also.iter_mut().find(|c| c.bridge == card.bridge) {
+            c.sha256 = digest;
+        }
+    }
+
+    /// The card surface `bridge` shows, if it shows one.
+    pub fn card(&self, bridge: &str) -> Option<Card> {
+        self.cards().into_iter().find(|c| c.bridge == bridge)
     }
 
     /// The state now (lazy expiry).
@@ -586,6 +762,40 @@ mod tests {
         );
         assert_eq!(Record::from_map("x", map), r);
         assert!(r.approved_in_time());
+    }
+
+    /// Each more surface's card is kept under its own prefixed fields, and
+    /// reads back as written, after the primary one.
+    #[test]
+    fn cards_of_several_surfaces_read_back_apart() {
+        let r = Record {
+            id: "x".into(),
+            notify: "desk".into(),
+            notify_channel: "ops".into(),
+            notify_external_id: Some("7".into()),
+            quorum: 1,
+            also: vec![Card {
+                bridge: "mail".into(),
+                channel: "ann@example.org".into(),
+                sha256: "ab".into(),
+                notified: Some("2-0".into()),
+                superseded: vec!["<a@x>".into(), "<b@x>".into()],
+                ..Card::default()
+            }],
+            ..Record::default()
+        };
+        let map: HashMap<String, String> = r.to_pairs().into_iter().collect();
+        assert_eq!(map.get("also").map(String::as_str), Some("mail"));
+        assert_eq!(map.get("mail.notified").map(String::as_str), Some("2-0"));
+        assert!(!map.contains_key("mail.notify_external_id"));
+        let back = Record::from_map("x", map);
+        assert_eq!(back, r);
+        let cards = back.cards();
+        assert_eq!(cards.len(), 2);
+        assert!(cards[0].primary && cards[0].field(field::NOTIFIED) == "notified");
+        assert_eq!(cards[1].field(field::NOTIFIED), "mail.notified");
+        assert_eq!(back.card("mail").unwrap().superseded.len(), 2);
+        assert_eq!(back.card("desk").unwrap().external_id.as_deref(), Some("7"));
     }
 
     #[test]

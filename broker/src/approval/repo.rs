@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 
 use redis::AsyncCommands;
 
-use super::record::{field, Record, Status};
+use super::record::{field, Card, Record, Status};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::store::Store;
@@ -65,9 +65,16 @@ if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', '', hav
 -- HMGET, not HEXISTS: the notify outbox's Redis user has no HEXISTS.
 if f[4] then return {'settled', '', have} end
 local sep = '[^' .. ARGV[6] .. ']+'
-if ARGV[7] ~= '' and f[7] then
-  for card in string.gmatch(f[7], sep) do
-    if card == ARGV[7] then return {'superseded', '', have} end
+if ARGV[7] ~= '' then
+  -- Every surface's earlier cards: the primary's, and each other card's.
+  local lists = {f[7] or ''}
+  for b in string.gmatch(redis.call('HGET', KEYS[1], 'also') or '', sep) do
+    lists[#lists + 1] = redis.call('HGET', KEYS[1], b .. '.superseded') or ''
+  end
+  for _, list in ipairs(lists) do
+    for card in string.gmatch(list, sep) do
+      if card == ARGV[7] then return {'superseded', '', have} end
+    end
   end
 end
 if ARGV[8] ~= '' and ARGV[8] ~= f[8] then return {'superseded', '', have} end
@@ -126,34 +133,43 @@ return {'decided', worker, have}
 /// pending or approved, inside its window, not settled, its send not started,
 /// and still at that digest; otherwise returns why not (`missing`, `settled`,
 /// `expired`, `sending`, `changed`, the status). Keeps the agent's version on
-/// the first edit, and moves the shown card to `superseded`; returns `ok` and
-/// that card's external id (or empty).
+/// the first edit, and moves each surface's shown card to its `superseded`;
+/// returns `ok` and those cards, as (bridge, external id) pairs in a flat list.
 const EDIT: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify_external_id', 'superseded')
-if not f[1] then return {'missing', ''} end
-if f[3] then return {'settled', ''} end
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify', 'also')
+if not f[1] then return {'missing', {}} end
+if f[3] then return {'settled', {}} end
 local expires = tonumber(f[2]) or 0
-if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', ''} end
-if f[4] then return {'sending', ''} end
-if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], ''} end
-if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] then return {'changed', ''} end
+if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', {}} end
+if f[4] then return {'sending', {}} end
+if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], {}} end
+if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] then return {'changed', {}} end
 if not f[6] then
   redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
 end
-local card = f[10] or ''
-if card ~= '' then
-  local list = f[11] or ''
-  if list ~= '' then list = list .. ARGV[3] end
-  redis.call('HSET', KEYS[1], 'superseded', list .. card)
+local cards = {}
+local surfaces = {{f[10] or '', ''}}
+for b in string.gmatch(f[11] or '', '[^' .. ARGV[3] .. ']+') do surfaces[#surfaces + 1] = {b, b .. '.'} end
+for _, s in ipairs(surfaces) do
+  local P = s[2]
+  local c = redis.call('HMGET', KEYS[1], P .. 'notify_external_id', P .. 'superseded')
+  if c[1] and c[1] ~= '' then
+    local list = c[2] or ''
+    if list ~= '' then list = list .. ARGV[3] end
+    redis.call('HSET', KEYS[1], P .. 'superseded', list .. c[1])
+    cards[#cards + 1] = s[1]
+    cards[#cards + 1] = c[1]
+  end
+  redis.call('HDEL', KEYS[1], P .. 'notify_external_id', P .. 'notify_entry', P .. 'notified')
 end
-redis.call('HDEL', KEYS[1], 'notify_external_id', 'notify_entry', 'notified', 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal', 'count_seal')
+redis.call('HDEL', KEYS[1], 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal', 'count_seal')
 local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
 local fields = {}
 for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
-return {'ok', card}
+return {'ok', cards}
 "#;
 
 /// Marks the approved send started, only while the record is approved at the
@@ -173,18 +189,21 @@ return 1
 /// the entry that card was shown from. A card whose version an edit replaced
 /// while it was being sent is listed as superseded in the same step, so even
 /// before its map entry is removed again an answer to it is late. ARGV: the
-/// entry, the card's external id, the list separator. Returns whether it was
-/// noted as the record's card.
+/// entry, the card's external id, the list separator, the notify bridge (its
+/// card's fields are the plain ones when it is `notify`, else prefixed with
+/// its name). Returns whether it was noted as the record's card.
 const NOTE_SHOWN: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'notify_entry', 'superseded', 'status')
+local P = ''
+if redis.call('HGET', KEYS[1], 'notify') ~= ARGV[4] then P = ARGV[4] .. '.' end
+local f = redis.call('HMGET', KEYS[1], P .. 'notify_entry', P .. 'superseded', 'status')
 if not f[3] then return 0 end
 if f[1] ~= ARGV[1] then
   local list = f[2] or ''
   if list ~= '' then list = list .. ARGV[3] end
-  redis.call('HSET', KEYS[1], 'superseded', list .. ARGV[2])
+  redis.call('HSET', KEYS[1], P .. 'superseded', list .. ARGV[2])
   return 0
 end
-redis.call('HSET', KEYS[1], 'notify_external_id', ARGV[2])
+redis.call('HSET', KEYS[1], P .. 'notify_external_id', ARGV[2])
 return 1
 "#;
 
@@ -207,31 +226,37 @@ return 1
 "#;
 
 /// The notify side's check of a notification entry against its record, and the
-/// claim that makes it the only one. ARGV: this bridge, the entry id, the entry's
-/// digest. Returns `ok`, or why the entry is not the notification: `missing`,
+/// claim that makes it the only one on this surface. ARGV: this bridge, the
+/// entry id, the entry's digest (its card's fields are the plain ones when it is
+/// `notify`, else prefixed with its name). Returns `ok`, or why the entry is not the notification: `missing`,
 /// `not-ours` (another notify bridge), `settled`, `digest` (not the entry the
 /// requesting service wrote), `claimed` (another entry was shown already); and
 /// the record as it is after the claim (one round trip for both).
 const CLAIM: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'notify', 'notify_sha256', 'notify_entry', 'settled_at')
+local P = ''
+local primary = redis.call('HGET', KEYS[1], 'notify')
+if not primary then return {'missing', {}} end
+if primary ~= ARGV[1] then P = ARGV[1] .. '.' end
+local f = redis.call('HMGET', KEYS[1], P .. 'notify', P .. 'notify_sha256', P .. 'notify_entry', 'settled_at')
 local answer = 'ok'
-if not f[1] then return {'missing', {}} end
 if f[1] ~= ARGV[1] then answer = 'not-ours'
 elseif f[4] then answer = 'settled'
 elseif f[2] ~= ARGV[3] then answer = 'digest'
 elseif f[3] and f[3] ~= ARGV[2] then answer = 'claimed'
-elseif not f[3] then redis.call('HSET', KEYS[1], 'notify_entry', ARGV[2]) end
+elseif not f[3] then redis.call('HSET', KEYS[1], P .. 'notify_entry', ARGV[2]) end
 return {answer, redis.call('HGETALL', KEYS[1])}
 "#;
 
 /// Forgets the notify side's claim of notification entry ARGV[1] when that
 /// entry vanished unshown (a flat-stream writer trimmed it while a worker
 /// held it), so the notification can be written and claimed again. Not once
-/// the card was shown. Returns 1 when forgotten.
+/// the card was shown. ARGV[2]: the card's field prefix (empty for the
+/// primary card, else `{bridge}.`). Returns 1 when forgotten.
 const FORGET_CLAIM: &str = r#"
-if redis.call('HGET', KEYS[1], 'notify_external_id') then return 0 end
-if redis.call('HGET', KEYS[1], 'notify_entry') ~= ARGV[1] then return 0 end
-redis.call('HDEL', KEYS[1], 'notify_entry', 'notified')
+local P = ARGV[2]
+if redis.call('HGET', KEYS[1], P .. 'notify_external_id') then return 0 end
+if redis.call('HGET', KEYS[1], P .. 'notify_entry') ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[1], P .. 'notify_entry', P .. 'notified')
 return 1
 "#;
 
@@ -399,9 +424,9 @@ impl Claimed {
 /// [`EDIT`]'s answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EditAnswer {
-    /// Edited; the card the edit superseded (its external id), if one was shown.
+    /// Edited; the cards the edit superseded (bridge, external id), those shown.
     Edited {
-        superseded_card: String,
+        superseded_cards: Vec<(String, String)>,
     },
     Missing,
     Settled,
@@ -415,10 +440,13 @@ pub enum EditAnswer {
 }
 
 impl EditAnswer {
-    fn parse(answer: &str, card: String) -> EditAnswer {
+    fn parse(answer: &str, cards: Vec<String>) -> EditAnswer {
         match answer {
             "ok" => EditAnswer::Edited {
-                superseded_card: card,
+                superseded_cards: cards
+                    .chunks_exact(2)
+                    .map(|c| (c[0].clone(), c[1].clone()))
+                    .collect(),
             },
             "missing" => EditAnswer::Missing,
             "settled" => EditAnswer::Settled,
@@ -826,35 +854,44 @@ impl<'a> Approvals<'a> {
         Ok(set == 1)
     }
 
-    /// Binds the digest of the one notification the notify side will show.
-    pub async fn bind_notification(&mut self, id: &str, digest: &str) -> Result<bool> {
-        self.set(id, &[(field::NOTIFY_SHA256, digest)]).await
+    /// Binds the digest of the one notification `card`'s notify side will show.
+    pub async fn bind_notification(&mut self, id: &str, card: &Card, digest: &str) -> Result<bool> {
+        self.set(id, &[(card.field(field::NOTIFY_SHA256).as_str(), digest)])
+            .await
     }
 
     /// Remembers the notification entry written for a record.
     /// See [`FORGET_CLAIM`]. Returns whether the claim was forgotten.
-    pub async fn forget_claim(&mut self, id: &str, entry: &str) -> Result<bool> {
+    pub async fn forget_claim(&mut self, id: &str, card: &Card, entry: &str) -> Result<bool> {
         let key = keys::approval(id);
         let n: i64 = FORGET_SCRIPT
             .key(&key)
             .arg(entry)
+            .arg(card.prefix())
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA forget claim {key}"), e))?;
         Ok(n == 1)
     }
 
-    pub async fn mark_notified(&mut self, id: &str, notification: &str) -> Result<bool> {
-        self.set(id, &[(field::NOTIFIED, notification)]).await
+    pub async fn mark_notified(
+        &mut self,
+        id: &str,
+        card: &Card,
+        notification: &str,
+    ) -> Result<bool> {
+        self.set(id, &[(card.field(field::NOTIFIED).as_str(), notification)])
+            .await
     }
 
-    /// [`Self::mark_notified`] for many records in one round trip.
-    pub async fn mark_notified_many(&mut self, notified: &[(&str, &str)]) -> Result<()> {
+    /// [`Self::mark_notified`] for many records in one round trip:
+    /// (approval id, card, notification entry id).
+    pub async fn mark_notified_many(&mut self, notified: &[(&str, &Card, &str)]) -> Result<()> {
         let invocations: Vec<_> = notified
             .iter()
-            .map(|(id, entry)| {
+            .map(|(id, card, entry)| {
                 let mut inv = SET_SCRIPT.key(keys::approval(id));
-                inv.arg(field::NOTIFIED).arg(*entry);
+                inv.arg(card.field(field::NOTIFIED)).arg(*entry);
                 inv
             })
             .collect();
@@ -906,7 +943,7 @@ impl<'a> Approvals<'a> {
         now: f64,
         editor_counts_as: &str,
         expires_at: u64,
-        fields: &[(&str, String)],
+        fields: &[(String, String)],
     ) -> Result<EditAnswer> {
         let key = keys::approval(id);
         let mut inv = EDIT_SCRIPT.key(&key);
@@ -916,13 +953,13 @@ impl<'a> Approvals<'a> {
             .arg(editor_counts_as)
             .arg(expires_at);
         for (k, v) in fields {
-            inv.arg(*k).arg(v);
+            inv.arg(k).arg(v);
         }
-        let (answer, card): (String, String) = inv
-            .invoke_async(&mut self.store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))?;
-        Ok(EditAnswer::parse(&answer, card))
+        let (answer, cards): (String, Vec<String>) =
+            inv.invoke_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis(&format!("EVALSHA edit {key}"), e))?;
+        Ok(EditAnswer::parse(&answer, cards))
     }
 
     /// Moves a pending record's deadline (see [`SNOOZE`]): `ok` or why not.
@@ -975,8 +1012,9 @@ impl<'a> Approvals<'a> {
     }
 
     /// Notes that the outcome entry was written to the notify bridge.
-    pub async fn mark_outcome_sent(&mut self, id: &str) -> Result<bool> {
-        self.set(id, &[(field::OUTCOME_SENT, "1")]).await
+    pub async fn mark_outcome_sent(&mut self, id: &str, card: &Card) -> Result<bool> {
+        self.set(id, &[(card.field(field::OUTCOME_SENT).as_str(), "1")])
+            .await
     }
 
     /// Decides a record (see [`DECIDE`]).
@@ -1055,9 +1093,11 @@ impl<'a> Approvals<'a> {
             pipe.hdel(keys::agent_pending_bytes(&record.source, agent), &record.id)
                 .ignore();
         }
-        if let Some(external) = &record.notify_external_id {
-            pipe.hdel(keys::approval_map(&record.notify), external)
-                .ignore();
+        for card in record.cards() {
+            if let Some(external) = &card.external_id {
+                pipe.hdel(keys::approval_map(&card.bridge), external)
+                    .ignore();
+            }
         }
         if delete {
             pipe.del(&key).ignore();
@@ -1087,13 +1127,18 @@ impl<'a> Approvals<'a> {
         Ok(())
     }
 
-    /// The notify side's last step: the record and its card's map entry deleted.
-    pub async fn delete_shown(&mut self, record: &Record) -> Result<()> {
+    /// The notify side's last step: its card's map entry deleted, and the
+    /// record with it when it is the approval's only card. A record asked on
+    /// several surfaces is left to its TTL (set when it settled): each
+    /// surface's outcome is shown from it, in whatever order they come.
+    pub async fn delete_shown(&mut self, record: &Record, card: &Card) -> Result<()> {
         let key = keys::approval(&record.id);
         let mut pipe = redis::pipe();
-        pipe.del(&key).ignore();
-        if let Some(external) = &record.notify_external_id {
-            pipe.hdel(keys::approval_map(&record.notify), external)
+        if record.also.is_empty() {
+            pipe.del(&key).ignore();
+        }
+        if let Some(external) = &card.external_id {
+            pipe.hdel(keys::approval_map(&card.bridge), external)
                 .ignore();
         }
         let _: () = pipe
@@ -1157,7 +1202,10 @@ impl<'a> Approvals<'a> {
             .iter()
             .map(|(id, entry, external)| {
                 let mut note = SHOWN_SCRIPT.key(keys::approval(id));
-                note.arg(*entry).arg(*external).arg(APPROVALS_SEPARATOR);
+                note.arg(*entry)
+                    .arg(*external)
+                    .arg(APPROVALS_SEPARATOR)
+                    .arg(bridge);
                 note
             })
             .collect();
@@ -1246,21 +1294,23 @@ impl<'a> Approvals<'a> {
                 field::STATUS,
                 field::NOTIFIED,
                 field::NOTIFY_EXTERNAL_ID,
+                field::ALSO,
             ]);
         }
         // Bytes: a forged field that is not UTF-8 reads as an unknown status.
-        let states: Vec<(RawField, RawField, RawField)> = pipe
+        let states: Vec<(RawField, RawField, RawField, RawField)> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
         Ok(states
             .into_iter()
-            .map(|(status, notified, shown)| SweepState {
+            .map(|(status, notified, shown, also)| SweepState {
                 status: status
                     .as_deref()
                     .map(|s| Status::parse(&String::from_utf8_lossy(s))),
                 notified: notified.is_some(),
-                shown: shown.is_some(),
+                // Asked on several surfaces: each card is checked on the record.
+                shown: shown.is_some() && also.is_none_or(|a| a.is_empty()),
             })
             .collect())
     }
@@ -1321,18 +1371,18 @@ mod tests {
     #[test]
     fn edit_answers_are_typed_and_a_forged_status_edits_nothing() {
         assert_eq!(
-            EditAnswer::parse("ok", "card".into()),
+            EditAnswer::parse("ok", vec!["desk".into(), "card".into()]),
             EditAnswer::Edited {
-                superseded_card: "card".into()
+                superseded_cards: vec![("desk".into(), "card".into())]
             }
         );
         assert_eq!(
-            EditAnswer::parse("sending", String::new()),
+            EditAnswer::parse("sending", Vec::new()),
             EditAnswer::Sending
         );
         for forged in ["already:ok", "already:rejected", "ok-ish"] {
             assert_eq!(
-                EditAnswer::parse(forged, String::new()),
+                EditAnswer::parse(forged, Vec::new()),
                 EditAnswer::Closed(Status::Rejected),
                 "{forged}"
             );

@@ -215,13 +215,13 @@ async fn snooze_once(
 /// against the record) and tells an agent that asked for progress of its new
 /// deadline. Both are informational: a failure is logged, never retried.
 async fn show(store: &mut Store, record: &Record) {
-    if record.notified.is_some() {
-        let fields: Vec<(&str, &[u8])> = vec![
-            (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
-            (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
-        ];
-        if let Err(e) = store.xadd(&keys::outbox(&record.notify), &fields).await {
-            tracing::warn!(approval = %record.id, error = %e, "the card was not told of the snooze");
+    let fields: Vec<(&str, &[u8])> = vec![
+        (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
+        (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
+    ];
+    for card in record.cards().iter().filter(|c| c.notified.is_some()) {
+        if let Err(e) = store.xadd(&keys::outbox(&card.bridge), &fields).await {
+            tracing::warn!(approval = %record.id, surface = %card.bridge, error = %e, "the card was not told of the snooze");
         }
     }
     if record.progress {

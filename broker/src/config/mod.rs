@@ -176,12 +176,37 @@ impl Config {
         redis
     }
 
+    /// Every surface bridge `name`'s approvals are asked on, as (notify
+    /// bridge, channel): `approval.notify` first, then `approval.also`.
+    pub fn surfaces_of<'a>(&'a self, name: &'a str) -> Vec<(&'a str, &'a str)> {
+        let Some(bridge) = self.bridges.get(name) else {
+            return Vec::new();
+        };
+        let approval = &bridge.approval;
+        std::iter::once((self.notify_bridge(name), approval.notify_channel.as_str()))
+            .chain(
+                approval
+                    .also
+                    .iter()
+                    .map(|s| (s.notify.as_str(), s.notify_channel.as_str())),
+            )
+            .collect()
+    }
+
+    /// Where surface `surface` shows bridge `name`'s cards, if it shows them.
+    pub fn card_channel_on<'a>(&'a self, name: &'a str, surface: &str) -> Option<&'a str> {
+        self.surfaces_of(name)
+            .into_iter()
+            .find(|(b, _)| *b == surface)
+            .map(|(_, c)| c)
+    }
+
     /// The bridges that park entries and ask through `name` (approval required,
-    /// `notify` naming it). Only these make `name` an approval surface.
+    /// `notify` or `also` naming it). Only these make `name` an approval surface.
     pub fn requesters_of<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
         self.bridges
             .iter()
-            .filter(move |(b, c)| c.approval.required && self.notify_bridge(b) == name)
+            .filter(move |(b, c)| c.approval.required && self.card_channel_on(b, name).is_some())
             .map(|(b, _)| b.as_str())
     }
 
@@ -200,8 +225,7 @@ impl Config {
     /// Where bridge `name` shows other bridges' (or its own) cards.
     pub fn card_channels<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> {
         self.requesters_of(name)
-            .filter_map(|b| self.bridges.get(b))
-            .map(|b| b.approval.notify_channel.as_str())
+            .filter_map(move |b| self.card_channel_on(b, name))
     }
 
     /// The bridges whose digest bridge `name` carries.

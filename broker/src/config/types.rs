@@ -508,6 +508,21 @@ pub struct ApprovalConfig {
     pub digest_to: Option<String>,
     #[serde(default)]
     pub digest_channel: String,
+    /// More surfaces asked at the same time as `notify`, each with its own
+    /// card: an answer on any of them counts (the quorum counts people, not
+    /// surfaces), and every card is closed when the approval is settled.
+    #[serde(default)]
+    pub also: Vec<SurfaceConfig>,
+}
+
+/// One more surface an approval is asked on: `{ notify, notify_channel }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SurfaceConfig {
+    /// The bridge that shows the card.
+    pub notify: String,
+    /// Where on it (channel id, address, ...).
+    pub notify_channel: String,
 }
 
 /// How often a digest of waiting approvals goes out (at the turn of each
@@ -574,6 +589,7 @@ impl Default for ApprovalConfig {
             digest: None,
             digest_to: None,
             digest_channel: String::new(),
+            also: Vec::new(),
         }
     }
 }

@@ -212,6 +212,36 @@ impl Config {
                 ),
             ));
         }
+        // Each more surface: a bridge of its own, asked on a channel it may show.
+        for (i, also) in approval.also.iter().enumerate() {
+            let key = format!("{at}.approval.also[{i}]");
+            let Some(shows) = self.bridges.get(&also.notify) else {
+                return Err(ConfigError::invalid(
+                    format!("{key}.notify"),
+                    format!("names no configured bridge: `{}`", also.notify),
+                ));
+            };
+            let earlier =
+                std::iter::once(notify).chain(approval.also[..i].iter().map(|s| s.notify.as_str()));
+            if earlier.into_iter().any(|b| b == also.notify) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.notify"),
+                    format!(
+                        "bridge `{}` is asked already: one card per surface",
+                        also.notify
+                    ),
+                ));
+            }
+            if also.notify_channel.is_empty() || !shows.allows_destination(&also.notify_channel) {
+                return Err(ConfigError::invalid(
+                    format!("{key}.notify_channel"),
+                    format!(
+                        "a card needs a channel on the `destinations` of bridge `{}`",
+                        also.notify
+                    ),
+                ));
+            }
+        }
         if approval.digest.is_some() {
             let to = approval.digest_to.as_deref().unwrap_or(notify);
             let Some(through) = self.bridges.get(to) else {

@@ -18,6 +18,10 @@
 //!   not grow with the number parked.
 
 use super::*;
+use crate::approval::Card;
+
+/// A notification entry's fields, as written.
+type Notification = Vec<(&'static str, Vec<u8>)>;
 
 impl<S: Sender> OutboxService<S> {
     pub(super) fn approval_id(&self, stream: &str, entry_id: &str) -> Result<String> {
@@ -156,13 +160,13 @@ impl<S: Sender> OutboxService<S> {
         if !indexed {
             Approvals::on(&mut self.store).index(&[&record]).await?;
         }
-        let lost = record.notified.is_some() && self.notification_lost(&record).await?;
-        if lost || record.notified.is_none() {
+        let todo = self.cards_to_notify(&record, resumed).await?;
+        if !todo.is_empty() {
             // A card must never show a record a failover can lose.
             self.store.conn.replicated("the approval record").await?;
             // Told before the card is marked asked (see `park_batch`).
             self.tell_parked(src, entry, message, &record).await?;
-            if let Err(why) = self.notify(&record, message, resumed && !lost).await? {
+            if let Err(why) = self.notify(&record, &todo, message).await? {
                 let reason =
                     format!("the notify bridge's outbox refused the notification: {why}; not sent");
                 let n = Notice::new(NoticeStatus::Failed, &reason)
@@ -224,13 +228,15 @@ impl<S: Sender> OutboxService<S> {
         // not confirm them, each entry is parked again by the careful path.
         self.store.conn.replicated("approval records").await?;
         let mut pipe = redis::pipe();
-        for (_, record, fields) in &fresh {
-            let mut cmd = redis::cmd("XADD");
-            cmd.arg(keys::outbox(&record.notify)).arg("*");
-            for (k, v) in fields {
-                cmd.arg(*k).arg(v.as_slice());
+        for (_, _, notes) in &fresh {
+            for (card, fields) in notes {
+                let mut cmd = redis::cmd("XADD");
+                cmd.arg(keys::outbox(&card.bridge)).arg("*");
+                for (k, v) in fields {
+                    cmd.arg(*k).arg(v.as_slice());
+                }
+                pipe.add_command(cmd);
             }
-            pipe.add_command(cmd);
         }
         let notified: Vec<String> = match pipe.query_async(&mut self.store.conn).await {
             Ok(ids) => ids,
@@ -243,10 +249,11 @@ impl<S: Sender> OutboxService<S> {
             }
             Err(e) => return Err(Error::from_redis("XADD notifications", e)),
         };
-        let marks: Vec<(&str, &str)> = fresh
+        let marks: Vec<(&str, &Card, &str)> = fresh
             .iter()
+            .flat_map(|(_, record, notes)| notes.iter().map(move |(card, _)| (record, card)))
             .zip(&notified)
-            .map(|((_, record, _), entry_id)| (record.id.as_str(), entry_id.as_str()))
+            .map(|((record, card), entry_id)| (record.id.as_str(), card, entry_id.as_str()))
             .collect();
         // Told before the cards are marked: a crash between the two asks again
         // (and tells again) rather than never telling.
@@ -412,7 +419,7 @@ impl<S: Sender> OutboxService<S> {
         source: &Source,
         entry: &Entry,
         message: &Message,
-    ) -> (Record, Vec<(&'static str, Vec<u8>)>) {
+    ) -> (Record, Vec<(Card, Notification)>) {
         let now = self.clock.now_secs();
         let timeout = self.bridge.approval.timeout;
         let mut record = Record {
@@ -434,6 +441,18 @@ impl<S: Sender> OutboxService<S> {
             entry_id: entry.id.clone(),
             notify: self.config.notify_bridge(&self.name).to_string(),
             notify_channel: self.bridge.approval.notify_channel.clone(),
+            // Every other surface asked at the same time, each its own card.
+            also: self
+                .config
+                .surfaces_of(&self.name)
+                .into_iter()
+                .skip(1)
+                .map(|(bridge, channel)| Card {
+                    bridge: bridge.to_string(),
+                    channel: channel.to_string(),
+                    ..Card::default()
+                })
+                .collect(),
             quorum: self.bridge.approval.quorum,
             gated: Some(registry::is_gated(&self.bridge.kind)),
             progress: message.progress,
@@ -444,39 +463,94 @@ impl<S: Sender> OutboxService<S> {
             nonce: uuid::Uuid::new_v4().simple().to_string(),
             ..Record::default()
         };
-        // Written with the record, before the notification exists: the notify side
-        // shows only the entry with exactly this digest.
-        // The notification is rendered once: its digest goes in the record, and
-        // the fields are written as they are.
-        let fields = approval::notification_fields(&record, &message.for_approvers());
-        record.notify_sha256 = approval::notification_digest(&fields);
+        // Written with the record, before the notification exists: each notify
+        // side shows only the entry with exactly its card's digest.
+        // Each notification is rendered once: its digest goes in the record,
+        // and the fields are written as they are.
+        let shown = message.for_approvers();
+        let notes: Vec<(Card, Notification)> = record
+            .cards()
+            .into_iter()
+            .map(|card| {
+                let fields = approval::notification_fields(&record, &card.channel, &shown);
+                (card, fields)
+            })
+            .collect();
+        for (card, fields) in &notes {
+            record.bind_card(card, approval::notification_digest(fields));
+        }
         record.version_seal = self.id_key.as_ref().map(|k| k.seal_version(&record));
-        (record, fields)
+        (record, notes)
     }
 
-    /// Writes the notification for `record` once. When a previous attempt may have
-    /// written it (`resumed`), the notify outbox is searched first. `Ok(Err(why))`:
-    /// the notify stream refused the entry (a writer of that flat stream gave it an
-    /// id no later entry can follow), so this approval cannot be asked.
+    /// The cards of `record` whose notification is still to be written, each
+    /// with whether an earlier attempt may have written it (then its notify
+    /// outbox is searched first): never written, or gone unshown.
+    pub(super) async fn cards_to_notify(
+        &mut self,
+        record: &Record,
+        resumed: bool,
+    ) -> Result<Vec<(Card, bool)>> {
+        let mut todo = Vec::new();
+        for card in record.cards() {
+            if card.notified.is_none() {
+                todo.push((card, resumed));
+            } else if self.notification_lost(record, &card).await? {
+                todo.push((card, false));
+            }
+        }
+        Ok(todo)
+    }
+
+    /// Writes the notifications of cards `todo` of `record` (see
+    /// [`Self::cards_to_notify`]). `Ok(Err(why))`: every notify stream asked
+    /// refused its entry (a writer of that flat stream gave it an id no later
+    /// entry can follow) and no card was written before, so this approval
+    /// cannot be asked. A surface that refuses while another asks does not
+    /// hold the others up: it is logged, and the approval is asked elsewhere.
     pub(super) async fn notify(
         &mut self,
         record: &Record,
+        todo: &[(Card, bool)],
         message: &Message,
+    ) -> Result<std::result::Result<(), String>> {
+        let shown = message.for_approvers();
+        let mut refused = Vec::new();
+        for (card, resumed) in todo {
+            if let Err(why) = self.notify_card(record, card, &shown, *resumed).await? {
+                tracing::warn!(approval = %record.id, surface = %card.bridge, why, "a surface refused its card");
+                refused.push(why);
+            }
+        }
+        let asked_before = record.cards().iter().any(|c| c.notified.is_some());
+        match refused.len() == record.cards().len() && !asked_before {
+            true => Ok(Err(refused.join("; "))),
+            false => Ok(Ok(())),
+        }
+    }
+
+    /// Writes card `card`'s notification once. When a previous attempt may
+    /// have written it (`resumed`), its notify outbox is searched first.
+    async fn notify_card(
+        &mut self,
+        record: &Record,
+        card: &Card,
+        shown: &str,
         resumed: bool,
     ) -> Result<std::result::Result<(), String>> {
-        let stream = keys::outbox(&record.notify);
-        let fields = approval::notification_fields(record, &message.for_approvers());
+        let stream = keys::outbox(&card.bridge);
+        let fields = approval::notification_fields(record, &card.channel, shown);
         let digest = approval::notification_digest(&fields);
-        if digest != record.notify_sha256 {
+        if digest != card.sha256 {
             // A record parked by an older version: bind the notification now, before it exists.
             Approvals::on(&mut self.store)
-                .bind_notification(&record.id, &digest)
+                .bind_notification(&record.id, card, &digest)
                 .await?;
         }
         if resumed {
             if let Some(found) = self.find_notification(&stream, record, &digest).await? {
                 Approvals::on(&mut self.store)
-                    .mark_notified(&record.id, &found)
+                    .mark_notified(&record.id, card, &found)
                     .await?;
                 return Ok(Ok(()));
             }
@@ -488,27 +562,27 @@ impl<S: Sender> OutboxService<S> {
             Err(e) => return Err(e),
         };
         Approvals::on(&mut self.store)
-            .mark_notified(&record.id, &notification)
+            .mark_notified(&record.id, card, &notification)
             .await?;
         Ok(Ok(()))
     }
 
-    /// Whether the notification the record says was written is gone before the
-    /// notify side took it (someone trimmed the flat notify outbox): then it must
-    /// be written again, or nobody is ever asked.
-    pub(super) async fn notification_lost(&mut self, record: &Record) -> Result<bool> {
-        if record.notify_external_id.is_some() {
+    /// Whether the notification `card` says was written is gone before its
+    /// notify side took it (someone trimmed the flat notify outbox): then it
+    /// must be written again, or nobody is asked there.
+    pub(super) async fn notification_lost(&mut self, record: &Record, card: &Card) -> Result<bool> {
+        if card.external_id.is_some() {
             return Ok(false);
         }
-        if let Some(claimed) = &record.notify_entry {
+        if let Some(claimed) = &card.entry {
             // Taken by the notify side and not shown yet: lost only if the
             // entry is gone, which then no worker's recovery will show.
-            let stream = keys::outbox(&record.notify);
+            let stream = keys::outbox(&card.bridge);
             if self.store.entry(&stream, claimed).await?.is_some() {
                 return Ok(false);
             }
             let forgot = Approvals::on(&mut self.store)
-                .forget_claim(&record.id, claimed)
+                .forget_claim(&record.id, card, claimed)
                 .await?;
             if forgot {
                 tracing::warn!(approval = %record.id, stream, "the notification vanished while the notify side held it, unshown; writing it again");
@@ -516,10 +590,10 @@ impl<S: Sender> OutboxService<S> {
             return Ok(forgot);
         }
         // An edit clears it before writing the new version's notification.
-        let Some(notified) = &record.notified else {
+        let Some(notified) = &card.notified else {
             return Ok(true);
         };
-        let stream = keys::outbox(&record.notify);
+        let stream = keys::outbox(&card.bridge);
         let found = self.store.entry(&stream, notified).await?;
         if found.is_none() {
             tracing::warn!(approval = %record.id, stream, "the notification vanished before it was shown; writing it again");
@@ -636,7 +710,8 @@ impl<S: Sender> OutboxService<S> {
         let Some(record) = Approvals::on(&mut self.store).load(id).await? else {
             return Ok(());
         };
-        if !self.notification_lost(&record).await? {
+        let todo = self.cards_to_notify(&record, true).await?;
+        if todo.is_empty() {
             return Ok(());
         }
         let key = self.sources[parked.source].key.clone();
@@ -647,9 +722,8 @@ impl<S: Sender> OutboxService<S> {
         match requested.and_then(|m| approval::edit::apply(m, &record)) {
             Ok(message) => {
                 // Not written yet, or written by an edit that stopped before
-                // noting it: search before writing.
-                let resumed = record.notified.is_none();
-                if let Err(why) = self.notify(&record, &message, resumed).await? {
+                // noting it: searched before writing.
+                if let Err(why) = self.notify(&record, &todo, &message).await? {
                     tracing::warn!(approval = %id, why, "the notification cannot be written again");
                 }
                 Ok(())

@@ -29,10 +29,9 @@ impl<S: Sender> OutboxService<S> {
     /// spent: at `created_at + remind_after`, if that comes before the deadline.
     pub(super) fn arm_reminder(&mut self, record: &Record) {
         let after = self.bridge.approval.remind_after;
-        // Only where cards can be brought up again (Discord, Slack): else
-        // the trail would say reminded when nobody was.
-        let shown_on = self.config.bridges.get(&record.notify);
-        let reminds = shown_on.is_some_and(|b| registry::reminds(&b.kind));
+        // Only where cards can be brought up again (Discord, Slack, email):
+        // else the trail would say reminded when nobody was.
+        let reminds = record.cards().iter().any(|c| self.reminds_on(c));
         if after == 0 || record.reminded.is_some() || !reminds {
             return;
         }
@@ -57,6 +56,12 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
+    /// Whether `card`'s surface can remind its approvers.
+    fn reminds_on(&self, card: &approval::Card) -> bool {
+        let shown_on = self.config.bridges.get(&card.bridge);
+        shown_on.is_some_and(|b| registry::reminds(&b.kind))
+    }
+
     async fn remind(&mut self, id: &str, now: f64) -> Result<()> {
         let Some(record) = Approvals::on(&mut self.store).load(id).await? else {
             return Ok(());
@@ -64,8 +69,16 @@ impl<S: Sender> OutboxService<S> {
         if record.is_settled() || record.state(now) != State::Pending {
             return Ok(());
         }
-        if record.notify_external_id.is_none() {
-            let later = self.clock.now_secs() + NOT_SHOWN_YET_SECS;
+        // Each surface that can remind and shows its card; none yet: later.
+        let cards: Vec<approval::Card> = record
+            .cards()
+            .into_iter()
+            .filter(|c| c.external_id.is_some() && self.reminds_on(c))
+            .collect();
+        if cards.is_empty() {
+            // Looked at again soon, never later than a reminder's own delay.
+            let wait = NOT_SHOWN_YET_SECS.min(self.bridge.approval.remind_after.max(1));
+            let later = self.clock.now_secs() + wait;
             self.mem.parked.remind(id, later);
             return Ok(());
         }
@@ -79,13 +92,17 @@ impl<S: Sender> OutboxService<S> {
             (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
             (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
         ];
-        self.store
-            .xadd(&keys::outbox(&record.notify), &fields)
-            .await?;
-        tracing::info!(approval = %id, notify = %record.notify, "approvers reminded");
-        let event = self
-            .event(audit::Kind::Reminded, id)
-            .with(audit::field::NOTIFY, record.notify.as_str());
-        self.audit(&[event]).await
+        let mut events = Vec::new();
+        for card in &cards {
+            self.store
+                .xadd(&keys::outbox(&card.bridge), &fields)
+                .await?;
+            tracing::info!(approval = %id, notify = %card.bridge, "approvers reminded");
+            events.push(
+                self.event(audit::Kind::Reminded, id)
+                    .with(audit::field::NOTIFY, card.bridge.as_str()),
+            );
+        }
+        self.audit(&events).await
     }
 }

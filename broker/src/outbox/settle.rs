@@ -353,7 +353,8 @@ impl<S: Sender> OutboxService<S> {
         record: &Record,
         outcome: Option<&str>,
     ) -> Result<()> {
-        let handed_over = record.notified.is_some();
+        // Handed over once any surface was asked: each shows its outcome.
+        let handed_over = record.cards().iter().any(|c| c.notified.is_some());
         let outcome = outcome.or(record.outcome.as_deref()).unwrap_or("failed");
         if !record.is_settled() {
             Approvals::on(&mut self.store)
@@ -364,24 +365,23 @@ impl<S: Sender> OutboxService<S> {
         // outcome it deletes the record, and an unacked entry would then be
         // parked again as if new.
         self.ack(&self.sources[src].key.clone(), entry_id).await?;
-        if handed_over && !record.outcome_sent {
-            let fields: Vec<(&str, &[u8])> = vec![
-                (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
-                (crate::fields::outbox::APPROVAL_OUTCOME, outcome.as_bytes()),
-            ];
-            match self
-                .store
-                .xadd(&keys::outbox(&record.notify), &fields)
-                .await
-            {
+        let fields: Vec<(&str, &[u8])> = vec![
+            (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
+            (crate::fields::outbox::APPROVAL_OUTCOME, outcome.as_bytes()),
+        ];
+        for card in record.cards() {
+            if card.notified.is_none() || card.outcome_sent {
+                continue;
+            }
+            match self.store.xadd(&keys::outbox(&card.bridge), &fields).await {
                 Ok(_) => {
                     Approvals::on(&mut self.store)
-                        .mark_outcome_sent(&record.id)
+                        .mark_outcome_sent(&record.id, &card)
                         .await?;
                 }
                 // A refusing stream (see `notify`) only costs the card its closing edit.
                 Err(Error::Redis(e)) if refused_by_stream(&e) => {
-                    tracing::warn!(approval = %record.id, error = %e, "outcome not written");
+                    tracing::warn!(approval = %record.id, surface = %card.bridge, error = %e, "outcome not written");
                 }
                 Err(e) => return Err(e),
             }

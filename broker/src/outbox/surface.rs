@@ -334,12 +334,17 @@ impl<S: Sender> OutboxService<S> {
             return Ok(Err(format!("approval `{id}` does not exist")));
         };
         let claim = claim.answer;
-        if record.notify != self.name || self.config.notify_bridge(record.source()) != self.name {
+        let card = record.card(&self.name).filter(|_| {
+            self.config
+                .card_channel_on(record.source(), &self.name)
+                .is_some()
+        });
+        let Some(card) = card else {
             return Ok(Err(format!(
                 "approval `{id}` does not notify through bridge `{}`",
                 self.name
             )));
-        }
+        };
         match record.state(self.clock.now_secs_f64()) {
             State::Pending => {}
             other => return Ok(Err(format!("approval `{id}` is {}", other.as_str()))),
@@ -351,7 +356,7 @@ impl<S: Sender> OutboxService<S> {
             )),
             Claimed::Claimed => Some(format!(
                 "approval `{id}` was already notified by entry {}; a second notification is not shown",
-                record.notify_entry.as_deref().unwrap_or("")
+                card.entry.as_deref().unwrap_or("")
             )),
             Claimed::Missing => Some(format!("approval `{id}` does not exist")),
             Claimed::Settled => Some(format!("approval `{id}` is settled")),
@@ -365,7 +370,7 @@ impl<S: Sender> OutboxService<S> {
         }
         // Genuine from here on: a refusal now is one no human saw, so the
         // approval is rejected at once and the agent told.
-        let channel = record.notify_channel.clone();
+        let channel = card.channel.clone();
         if !self.bridge.allows_destination(&channel) {
             let reason = format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
@@ -418,16 +423,21 @@ impl<S: Sender> OutboxService<S> {
         } else {
             None
         };
+        // This surface's card of it.
+        let card = record
+            .as_ref()
+            .and_then(|r| r.card(&self.name))
+            .unwrap_or_default();
         let refusal = match &record {
             _ if entry.fields.len() != 2 => {
                 Some("outcome entries carry `approval_id` and `approval_outcome` only".to_string())
             }
             None => Some(format!("no settled approval `{id}` to show an outcome for")),
-            Some(r) if r.notify != self.name => Some(format!(
+            Some(r) if r.card(&self.name).is_none() => Some(format!(
                 "approval `{id}` was not notified through this bridge"
             )),
             // An edit: the record's earlier cards say so; the record lives on.
-            Some(r) if claimed == SUPERSEDED && !r.superseded.is_empty() => None,
+            Some(_) if claimed == SUPERSEDED && !card.superseded.is_empty() => None,
             Some(_) if claimed == SUPERSEDED => {
                 Some(format!("approval `{id}` has no superseded card"))
             }
@@ -467,15 +477,13 @@ impl<S: Sender> OutboxService<S> {
             }
         };
         if claimed == SUPERSEDED {
-            for card in &record.superseded {
-                self.update_beside(&record, SUPERSEDED, card, None);
+            for old in &card.superseded {
+                self.update_beside(&record, SUPERSEDED, old, None);
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
         if claimed == super::remind::OUTCOME {
-            if let (Some(external), true) =
-                (&record.notify_external_id, !self.mem.reminded.contains(&id))
-            {
+            if let (Some(external), true) = (&card.external_id, !self.mem.reminded.contains(&id)) {
                 if self.mem.reminded.len() >= REDRAWN_KEPT {
                     self.mem.reminded.clear();
                 }
@@ -489,7 +497,7 @@ impl<S: Sender> OutboxService<S> {
             // content, from this bridge's own stream) with the new deadline;
             // once per snooze, so a repeated entry costs no read.
             let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
-            let shown = match (&record.notify_external_id, &record.notify_entry) {
+            let shown = match (&card.external_id, &card.entry) {
                 (Some(_), Some(shown)) if record.snoozes > drawn => {
                     self.store.entry(&keys::outbox(&self.name), shown).await?
                 }
@@ -499,7 +507,7 @@ impl<S: Sender> OutboxService<S> {
                 e.text(crate::fields::outbox::APPROVAL_CONTENT)
                     .map(str::to_string)
             });
-            if let (Some(external), Some(content)) = (&record.notify_external_id, content) {
+            if let (Some(external), Some(content)) = (&card.external_id, content) {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();
                 }
@@ -508,17 +516,17 @@ impl<S: Sender> OutboxService<S> {
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
-        let sending = record.notify_entry.as_deref().and_then(|shown| {
+        let sending = card.entry.as_deref().and_then(|shown| {
             let key = delivery_key(&self.sources[src].key, shown);
             self.mem.sched.is_sending(&key).then_some(key)
         });
-        if let (true, None, Some(card)) = (may_wait, &record.notify_external_id, sending) {
+        if let (true, None, Some(key)) = (may_wait, &card.external_id, sending) {
             // Its card is being sent: the outcome edits it once it exists (the
             // entry stays pending until then, so a restart loses nothing).
-            self.mem.outcomes_waiting.insert(card, (src, entry.clone()));
+            self.mem.outcomes_waiting.insert(key, (src, entry.clone()));
             return Ok(());
         }
-        if let Some(external) = &record.notify_external_id {
+        if let Some(external) = &card.external_id {
             self.update_beside(
                 &record,
                 record.outcome.as_deref().unwrap_or(""),
@@ -526,7 +534,9 @@ impl<S: Sender> OutboxService<S> {
                 None,
             );
         }
-        Approvals::on(&mut self.store).delete_shown(&record).await?;
+        Approvals::on(&mut self.store)
+            .delete_shown(&record, &card)
+            .await?;
         self.ack(&self.sources[src].key.clone(), &entry.id).await
     }
 
@@ -543,11 +553,15 @@ impl<S: Sender> OutboxService<S> {
     ) {
         let (sender, record) = (self.sender.clone(), record.clone());
         let (outcome, external) = (outcome.to_string(), external.to_string());
+        let channel = record
+            .card(&self.name)
+            .map(|c| c.channel)
+            .unwrap_or_default();
         tokio::spawn(async move {
             let update = CardUpdate {
                 outcome: &outcome,
                 external_id: &external,
-                channel_id: &record.notify_channel,
+                channel_id: &channel,
                 record: &record,
                 content: content.as_deref(),
             };
