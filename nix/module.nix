@@ -44,6 +44,16 @@ let
       default = [ ];
       description = "More surfaces asked at the same time as notify, one card each; an answer on any of them counts.";
     };
+    escalate = mkOption {
+      type = types.listOf (types.submodule { options = {
+        after = mkOption { type = types.ints.positive; description = "Seconds after parking when this step is taken, if still undecided (each step later than the one before, and before the timeout)."; };
+        notify = mkOption { type = types.str; description = "Bridge asked from this step on."; };
+        notify_channel = mkOption { type = types.str; description = "Where on that bridge (on its destinations)."; };
+        approvers = mkOption { type = types.listOf types.str; default = [ ]; description = "Who may decide from this step on, besides the approvers before."; };
+      }; });
+      default = [ ];
+      description = "The escalation ladder: each step asks one more surface, and lets its approvers answer, once its time passes undecided.";
+    };
     remind_after = mkOption { type = types.ints.unsigned; default = 0; description = "Seconds after parking when the card's surface reminds the approvers of an approval still waiting (once); 0 = never."; };
     snooze = mkOption { type = types.ints.positive; default = 3600; description = "Seconds a \"later\" without a time (a reaction, a button) moves the deadline by."; };
   };

@@ -70,6 +70,7 @@ let
         digest_to = approval.digest_to or null;
         digest_channel = approval.digest_channel or null;
         also = if (approval.also or [ ]) == [ ] then null else approval.also;
+        escalate = if (approval.escalate or [ ]) == [ ] then null else approval.escalate;
       };
       ping = nonNull {
         command = ping.command or null;

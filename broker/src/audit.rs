@@ -54,6 +54,8 @@ pub mod field {
     pub const EVIDENCE: &str = "evidence";
     /// Approvals counted so far, as `have/need`.
     pub const COUNT: &str = "count";
+    /// The escalation steps taken when an approval was decided (0: none).
+    pub const STEP: &str = "step";
     /// An uncertain delivery's id (see [`crate::deliveries`]).
     pub const DELIVERY: &str = "delivery";
     /// Seconds from parking to the decision.
@@ -102,6 +104,9 @@ pub enum Kind {
     /// One surface of several could not show its card (the others are
     /// asked still): notify, reason.
     Unshown,
+    /// A step of the escalation ladder taken: count (the step), notify (its
+    /// surface), after (its seconds since parking).
+    Escalated,
 }
 
 impl Kind {
@@ -122,6 +127,7 @@ impl Kind {
             Kind::Snoozed => "snoozed",
             Kind::Reminded => "reminded",
             Kind::Unshown => "unshown",
+            Kind::Escalated => "escalated",
         }
     }
 }

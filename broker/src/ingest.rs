@@ -176,7 +176,7 @@ impl Ingest {
             .config
             .bridges
             .get(record.source())
-            .is_some_and(|b| b.approval.allows(identity));
+            .is_some_and(|b| b.approval.allows_at(identity, record.escalated));
         if approver {
             return Ok(true);
         }

@@ -32,7 +32,7 @@
     dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
-    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; remind_after = 900; digest = "daily"; digest_to = "desk"; digest_channel = "ann@example.org"; also = [ { notify = "desk"; notify_channel = "cards"; } ]; };
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; remind_after = 900; digest = "daily"; digest_to = "desk"; digest_channel = "ann@example.org"; also = [ { notify = "desk"; notify_channel = "cards"; } ]; escalate = [ { after = 3600; notify = "night"; notify_channel = "pager"; approvers = [ "web:root" ]; } ]; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
     redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
     secrets = { "token_file" = "/etc/cowboy/secrets/token"; };
@@ -40,5 +40,7 @@
   };
   # Carries the digest of `all` (a bridge that asks for no approval).
   # Also asked on (`also`): its cards go to `cards`, its digests elsewhere.
+  # Asked an hour later when nobody answered (`escalate`).
+  bridges.night = { type = "console"; destinations = [ "pager" ]; settings = { output = "/n"; input = "/ni"; }; };
   bridges.desk = { type = "console"; destinations = [ "ann@example.org" "cards" ]; settings = { output = "/d"; input = "/di"; }; };
 }

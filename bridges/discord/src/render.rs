@@ -80,6 +80,13 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         ),
         None => String::new(),
     };
+    let escalated = match record.escalation() {
+        Some(step) => format!(
+            "⏫ **Escalated**: {}\n",
+            broker::approval::display_safe(&step)
+        ),
+        None => String::new(),
+    };
     let edited = match (&record.edited_by, &record.original_sha256) {
         (Some(by), Some(original)) => format!(
             "✏️ **Edited** by {} (edit {}): this is not the agent's text; the agent's had sha256 `{original}`\n",
@@ -89,7 +96,7 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         _ => String::new(),
     };
     format!(
-        "{status}{snoozed}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
+        "{status}{snoozed}{escalated}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
         id = record.id,
         who = record.agent().unwrap_or("an agent"),
         bridge = record.source(),

@@ -223,10 +223,11 @@ impl Sender for DiscordSender {
         }
         let text = match (outcome.outcome, outcome.content) {
             // Still answerable: the card as it was, with its new deadline.
-            ("snoozed", Some(content)) => {
+            ("snoozed" | "escalated", Some(content)) => {
                 let redrawn = render::card(outcome.record, content);
                 let unsnoozed = broker::approval::Record {
                     snoozed_until: None,
+                    escalated: 0,
                     ..outcome.record.clone()
                 };
                 // The snooze's line must not push the content into parts

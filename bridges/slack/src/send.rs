@@ -307,7 +307,7 @@ impl Sender for SlackSender {
                 .await?;
             return Ok(());
         }
-        if let ("snoozed", Some(content)) = (u.outcome, u.content) {
+        if let ("snoozed" | "escalated", Some(content)) = (u.outcome, u.content) {
             // Still answerable: the card as it was, with its new deadline.
             let blocks = render::card_blocks(u.record, content);
             let fallback = render::card_fallback(u.record);

@@ -52,15 +52,21 @@ pub struct Delegation {
     pub seal: String,
 }
 
-/// Whether any identity of person `name` is on bridge `bridge`'s approvers.
-fn approves(config: &Config, bridge: &str, name: &str) -> bool {
+/// Whether any identity of person `name` is on bridge `bridge`'s approvers:
+/// from the start, or (`ever`) at some step of its escalation ladder. Only
+/// the first may delegate (a step's approvers answer once it is taken, and
+/// a delegation does not bring that forward); nobody of the second may be a
+/// delegate (after the step they would count again, as themself).
+fn approves(config: &Config, bridge: &str, name: &str, ever: bool) -> bool {
     let Some(person) = config.people.get(name) else {
         return false;
     };
-    config
-        .bridges
-        .get(bridge)
-        .is_some_and(|b| person.identities.iter().any(|i| b.approval.allows(i)))
+    config.bridges.get(bridge).is_some_and(|b| {
+        person.identities.iter().any(|i| match ever {
+            true => b.approval.allows_ever(i),
+            false => b.approval.allows(i),
+        })
+    })
 }
 
 /// Records (or, with `until = 0`, ends) the delegation asked by `identity`
@@ -89,7 +95,7 @@ pub async fn set(
             .map_err(|e| Error::from_redis(&format!("HDEL {key}"), e))?;
         return Ok(Ok(None));
     }
-    if !approves(config, bridge, from) {
+    if !approves(config, bridge, from, false) {
         return Ok(Err(format!(
             "{from} is not on bridge `{bridge}`'s approvers: nothing to delegate"
         )));
@@ -102,7 +108,7 @@ pub async fn set(
     if to == from {
         return Ok(Err(format!("{from} cannot delegate to themself")));
     }
-    if approves(config, bridge, to) {
+    if approves(config, bridge, to, true) {
         return Ok(Err(format!(
             "{to} approves on bridge `{bridge}` in their own right: their answers count for themself only"
         )));
@@ -162,7 +168,7 @@ async fn candidates(
     let Some(person) = config.person_of(identity) else {
         return Ok(Vec::new());
     };
-    if approves(config, bridge, person) {
+    if approves(config, bridge, person, true) {
         return Ok(Vec::new());
     }
     Ok(list(store, bridge)
@@ -174,7 +180,7 @@ async fn candidates(
                 // Strictly after: `at` and `parked_at` are whole seconds, and
                 // one parked in the delegation's own second may predate it.
                 && d.at < parked_at
-                && approves(config, bridge, &d.from)
+                && approves(config, bridge, &d.from, false)
         })
         .collect())
 }

@@ -95,7 +95,7 @@ pub async fn edit(
             "{id} asks to run a declared action: its command is bound to a commit, not to text; reject it and ask the agent instead"
         ));
     }
-    if !bridge.approval.allows(editor) {
+    if !bridge.approval.allows_at(editor, record.escalated) {
         return refuse(format!(
             "{editor} is not on the approvers list of bridge `{}`: only approvers edit",
             record.source()
@@ -193,7 +193,7 @@ pub async fn edit(
     }
     let shown = new.for_approvers();
     let mut notifications = Vec::new();
-    for card in next.cards() {
+    for card in super::cards_asked(config, &next) {
         let fields = super::notification_fields(&next, &card.channel, &shown);
         let digest = super::notification_digest(&fields);
         notifications.push((card, fields, digest));
@@ -236,7 +236,7 @@ pub async fn edit(
             &record.message_sha256,
             now,
             &editor_counts_as,
-            record.expires_at,
+            (record.expires_at, record.escalated),
             &pairs,
         )
         .await?;
@@ -258,7 +258,9 @@ pub async fn edit(
 
     // Answers to the old cards are late now; disarm them and tell their surfaces.
     for (bridge, old_card) in &old_cards {
-        Approvals::on(store).map_delete(bridge, old_card).await?;
+        if notifications.iter().any(|(c, _, _)| c.bridge == *bridge) {
+            Approvals::on(store).map_delete(bridge, old_card).await?;
+        }
     }
     for (card, notification, _) in &notifications {
         let notify = keys::outbox(&card.bridge);

@@ -111,6 +111,10 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
     if let Some(later) = record.snoozed(|t| format!("{t} (unix seconds)")) {
         head.insert(9, format!("Later:     {}", display_safe(&later)));
     }
+    // Only once escalated, likewise.
+    if let Some(step) = record.escalation() {
+        head.insert(9, format!("Escalated: {}", display_safe(&step)));
+    }
     head
 }
 

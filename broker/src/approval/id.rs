@@ -146,6 +146,10 @@ impl IdKey {
         if record.snoozes > 0 {
             text.push_str(&format!("\nsnoozes {}", record.snoozes));
         }
+        // So are the escalation steps taken: each lets more approvers answer.
+        if record.escalated > 0 {
+            text.push_str(&format!("\nescalated {}", record.escalated));
+        }
         self.seal(&text)
     }
 

@@ -156,6 +156,25 @@ impl<'a> Answer<'a> {
     }
 }
 
+/// The cards of `record` its requesting bridge acts on: those on a surface
+/// its config still asks on, each with the channel the config names. A
+/// record's card fields are writable by every surface that shows one (Redis
+/// ACLs do not reach inside a hash), so where a card goes and which bridge
+/// is written to come from the config, never from the record; a card of a
+/// surface no longer configured is left alone (its bridge's streams are out
+/// of this bridge's reach).
+pub fn cards_asked(config: &Config, record: &Record) -> Vec<Card> {
+    record
+        .cards()
+        .into_iter()
+        .filter_map(|mut card| {
+            let channel = config.card_channel_on(record.source(), &card.bridge)?;
+            card.channel = channel.to_string();
+            Some(card)
+        })
+        .collect()
+}
+
 /// Whether `id` is an approval of a bridge that asks through surface
 /// `surface`: the only records that surface's services may touch (their ACL
 /// follows the ids' tags), so anything else is refused unread.
@@ -306,7 +325,7 @@ async fn decide_once(
     let allowed = config
         .bridges
         .get(record.source())
-        .is_some_and(|b| b.approval.allows(&approver));
+        .is_some_and(|b| b.approval.allows_at(&approver, record.escalated));
     // Not an approver: a delegate's answer counts for whom it stands in.
     let delegation = match allowed {
         true => None,
@@ -433,8 +452,9 @@ pub struct Count {
 /// notify platform refused it): failing closed at once, and telling the agent
 /// why, instead of waiting for a deadline that may never come. The approver is
 /// `broker:{notify bridge}`, which no config can name. An approval asked on
-/// several surfaces is not rejected for one of them: the failure is audited
-/// (`unshown`) and the others stay asked.
+/// several surfaces is rejected only once none of them could show its card:
+/// each failure is audited (`unshown`) and noted on its card, and while one
+/// card is shown or on its way the approval stays asked.
 pub async fn reject_unshown(
     store: &mut Store,
     config: &Config,
@@ -444,6 +464,9 @@ pub async fn reject_unshown(
     reason: &str,
 ) -> Result<Outcome> {
     if !record.also.is_empty() {
+        if let Some(card) = record.card(notify) {
+            Approvals::on(store).mark_unshown(&record.id, &card).await?;
+        }
         let event = audit::Event::new(
             record.source(),
             audit::Kind::Unshown,
@@ -456,8 +479,16 @@ pub async fn reject_unshown(
             reason.chars().take(2000).collect::<String>(),
         );
         audit::append(store, config, &[event]).await?;
-        tracing::warn!(approval = %record.id, surface = notify, reason, "one surface could not show its card; the others are asked");
-        return Ok(Outcome::Late(Late::Busy));
+        let now = Approvals::on(store).load(&record.id).await?;
+        let others = now.as_ref().is_some_and(|r| {
+            cards_asked(config, r)
+                .iter()
+                .any(|c| !c.unshown && c.bridge != notify)
+        });
+        if others {
+            tracing::warn!(approval = %record.id, surface = notify, reason, "one surface could not show its card; the others are asked");
+            return Ok(Outcome::Late(Late::Busy));
+        }
     }
     let reason = format!("the approval request could not be shown to approvers: {reason}");
     let approver = crate::identity::Identity::broker(notify);
@@ -592,7 +623,8 @@ async fn apply(
                 .with(
                     audit::field::WAITED,
                     format!("{:.3}", (at - record.created_at as f64).max(0.0)),
-                );
+                )
+                .with(audit::field::STEP, record.escalated.to_string());
             (
                 vec![answered, decided],
                 Outcome::Decided,

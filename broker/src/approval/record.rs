@@ -93,6 +93,13 @@ pub mod field {
     /// line. Each one's card is kept under the card fields prefixed with
     /// `{bridge}.` (see [`card_field`]); `notify`'s own under the plain names.
     pub const ALSO: &str = "also";
+    /// How many steps of the escalation ladder (`approval.escalate`) were
+    /// taken: each asked its surface (a card in `also`) and let its
+    /// approvers answer. Covered by the version seal.
+    pub const ESCALATED: &str = "escalated";
+    /// `1` once the card's surface could not show it (one of several: the
+    /// approval is rejected unshown only when every card is).
+    pub const UNSHOWN: &str = "unshown";
 
     /// The fields each card of a record has: the primary card's under these
     /// names, every other card's prefixed with its bridge (see [`card_field`]).
@@ -105,6 +112,7 @@ pub mod field {
         NOTIFY_EXTERNAL_ID,
         OUTCOME_SENT,
         SUPERSEDED,
+        UNSHOWN,
     ];
 
     /// Card field `name` under `prefix` (empty for the primary card, else
@@ -170,6 +178,8 @@ pub mod field {
         SNOOZE_REQUEST,
         REMINDED,
         ALSO,
+        ESCALATED,
+        UNSHOWN,
     ];
 }
 
@@ -194,6 +204,8 @@ pub struct Card {
     pub outcome_sent: bool,
     /// Cards of earlier versions on this surface: answers to them no longer count.
     pub superseded: Vec<String>,
+    /// Its surface could not show it (see [`field::UNSHOWN`]).
+    pub unshown: bool,
     /// Whether it is the primary card (its fields unprefixed).
     pub primary: bool,
 }
@@ -227,6 +239,7 @@ impl Card {
             (NOTIFY_EXTERNAL_ID, self.external_id.clone()),
             (OUTCOME_SENT, self.outcome_sent.then(|| "1".to_string())),
             (SUPERSEDED, Some(self.superseded.join("\n"))),
+            (UNSHOWN, self.unshown.then(|| "1".to_string())),
         ];
         pairs
             .drain(..)
@@ -253,6 +266,7 @@ impl Card {
         let superseded = text(SUPERSEDED)
             .map(|a| a.lines().map(str::to_string).collect())
             .unwrap_or_default();
+        let unshown = text(UNSHOWN).is_some();
         Card {
             bridge: if primary {
                 bridge.unwrap_or_default()
@@ -266,6 +280,7 @@ impl Card {
             external_id,
             outcome_sent,
             superseded,
+            unshown,
             ..card
         }
     }
@@ -443,8 +458,13 @@ pub struct Record {
     pub snooze_request: Option<String>,
     /// See [`field::REMINDED`].
     pub reminded: Option<u64>,
-    /// The cards asked beside the primary one (`approval.also`), in order.
+    /// The cards asked beside the primary one (`approval.also`, then the
+    /// escalation steps taken), in order.
     pub also: Vec<Card>,
+    /// See [`field::ESCALATED`].
+    pub escalated: u32,
+    /// The primary card's [`field::UNSHOWN`].
+    pub unshown: bool,
 }
 
 impl Record {
@@ -520,6 +540,8 @@ impl Record {
             snoozed_until: number(text(SNOOZED_UNTIL)),
             snooze_request: text(SNOOZE_REQUEST),
             reminded: number(text(REMINDED)),
+            escalated: number(text(ESCALATED)).map_or(0, |n| n.min(u32::MAX as u64) as u32),
+            unshown: text(UNSHOWN).is_some(),
             also,
         }
     }
@@ -586,6 +608,8 @@ impl Record {
             num(SNOOZED_UNTIL, self.snoozed_until),
             some(SNOOZE_REQUEST, &self.snooze_request),
             num(REMINDED, self.reminded),
+            (self.escalated > 0).then(|| (ESCALATED, self.escalated.to_string())),
+            self.unshown.then(|| (UNSHOWN, "1".to_string())),
             text(
                 ALSO,
                 &self
@@ -616,11 +640,26 @@ impl Record {
             external_id: self.notify_external_id.clone(),
             outcome_sent: self.outcome_sent,
             superseded: self.superseded.clone(),
+            unshown: self.unshown,
             primary: true,
         };
         std::iter::once(primary)
             .chain(self.also.iter().cloned())
             .collect()
+    }
+
+    /// "escalated 1 step: asked on desk, hall" once a step of the ladder
+    /// was taken (every surface the approval is asked on).
+    pub fn escalation(&self) -> Option<String> {
+        let surfaces: Vec<String> = self.cards().into_iter().map(|c| c.bridge).collect();
+        (self.escalated > 0).then(|| {
+            format!(
+                "escalated {} step{}: asked on {}",
+                self.escalated,
+                if self.escalated == 1 { "" } else { "s" },
+                surfaces.join(", ")
+            )
+        })
     }
 
     /// Binds `card`'s notification digest (the one entry its notify side shows).

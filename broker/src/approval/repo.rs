@@ -136,14 +136,14 @@ return {'decided', worker, have}
 /// the first edit, and moves each surface's shown card to its `superseded`;
 /// returns `ok` and those cards, as (bridge, external id) pairs in a flat list.
 const EDIT: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify', 'also')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify', 'also', 'escalated')
 if not f[1] then return {'missing', {}} end
 if f[3] then return {'settled', {}} end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', {}} end
 if f[4] then return {'sending', {}} end
 if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], {}} end
-if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] then return {'changed', {}} end
+if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] or (f[12] or '0') ~= ARGV[6] then return {'changed', {}} end
 if not f[6] then
   redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
 end
@@ -160,14 +160,14 @@ for _, s in ipairs(surfaces) do
     cards[#cards + 1] = s[1]
     cards[#cards + 1] = c[1]
   end
-  redis.call('HDEL', KEYS[1], P .. 'notify_external_id', P .. 'notify_entry', P .. 'notified')
+  redis.call('HDEL', KEYS[1], P .. 'notify_external_id', P .. 'notify_entry', P .. 'notified', P .. 'unshown')
 end
 redis.call('HDEL', KEYS[1], 'approver', 'reason', 'decided_at', 'approvals', 'approval_people', 'approval_proofs', 'subject', 'decision_seal', 'count_seal')
 local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
 local fields = {}
-for i = 6, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', cards}
 "#;
@@ -282,6 +282,35 @@ redis.call('HSET', KEYS[1], 'expires_at', ARGV[4], 'snoozes', ARGV[5], 'snoozed_
 return 'ok'
 "#;
 
+/// Takes the next step of the escalation ladder, only while the record is
+/// pending, unsettled, inside its window and still exactly as the caller
+/// read and checked it (steps taken and version seal; `stale` otherwise),
+/// and only for a surface not asked yet: the step's card is added (its
+/// fields prefixed with the bridge, the bridge appended to `also`), to be
+/// notified by the caller. ARGV: now (fractional seconds), the steps read,
+/// the version seal read, the new step count, the new version seal, the
+/// surface, its channel, its notification's digest, the list separator.
+/// Returns `ok` or why not (`missing`, `settled`, `expired`, `stale`,
+/// `asked`, `already:` and the status).
+const ESCALATE: &str = r#"
+local f = redis.call('HMGET', KEYS[1], 'status', 'settled_at', 'expires_at', 'escalated', 'version_seal', 'notify', 'also')
+if not f[1] then return 'missing' end
+if f[2] then return 'settled' end
+local expires = tonumber(f[3]) or 0
+if expires ~= 0 and tonumber(ARGV[1]) >= expires then return 'expired' end
+if f[1] ~= 'pending' then return 'already:' .. f[1] end
+if (f[4] or '0') ~= ARGV[2] or (f[5] or '') ~= ARGV[3] then return 'stale' end
+if f[6] == ARGV[6] then return 'asked' end
+local also = f[7] or ''
+for b in string.gmatch(also, '[^' .. ARGV[9] .. ']+') do
+  if b == ARGV[6] then return 'asked' end
+end
+if also ~= '' then also = also .. ARGV[9] end
+local P = ARGV[6] .. '.'
+redis.call('HSET', KEYS[1], 'escalated', ARGV[4], 'version_seal', ARGV[5], 'also', also .. ARGV[6], P .. 'notify', ARGV[6], P .. 'notify_channel', ARGV[7], P .. 'notify_sha256', ARGV[8])
+return 'ok'
+"#;
+
 /// Notes that the approvers were reminded, once: only on a record that
 /// exists, is pending and unsettled, and was not reminded yet. ARGV: now.
 /// Returns whether it noted (then the reminder is to be written).
@@ -294,6 +323,7 @@ return 1
 
 static REMIND_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REMIND));
 static SNOOZE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SNOOZE));
+static ESCALATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ESCALATE));
 static FORGET_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FORGET_CLAIM));
 static CREATE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CREATE));
 static DECIDE_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DECIDE));
@@ -942,7 +972,7 @@ impl<'a> Approvals<'a> {
         seen: &str,
         now: f64,
         editor_counts_as: &str,
-        expires_at: u64,
+        (expires_at, escalated): (u64, u32),
         fields: &[(String, String)],
     ) -> Result<EditAnswer> {
         let key = keys::approval(id);
@@ -951,7 +981,8 @@ impl<'a> Approvals<'a> {
             .arg(now)
             .arg(APPROVALS_SEPARATOR)
             .arg(editor_counts_as)
-            .arg(expires_at);
+            .arg(expires_at)
+            .arg(escalated);
         for (k, v) in fields {
             inv.arg(k).arg(v);
         }
@@ -987,6 +1018,32 @@ impl<'a> Approvals<'a> {
             .map_err(|e| Error::from_redis(&format!("EVALSHA snooze {key}"), e))
     }
 
+    /// Takes the next escalation step on `read` as `next` (see [`ESCALATE`];
+    /// `card`: the step's, as `next` lists it last): `ok` or why not.
+    pub async fn escalate(
+        &mut self,
+        read: &Record,
+        next: &Record,
+        card: &Card,
+        now: f64,
+    ) -> Result<String> {
+        let key = keys::approval(&read.id);
+        ESCALATE_SCRIPT
+            .key(&key)
+            .arg(now)
+            .arg(read.escalated)
+            .arg(read.version_seal.as_deref().unwrap_or(""))
+            .arg(next.escalated)
+            .arg(next.version_seal.as_deref().unwrap_or(""))
+            .arg(&card.bridge)
+            .arg(&card.channel)
+            .arg(&card.sha256)
+            .arg(APPROVALS_SEPARATOR)
+            .invoke_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("EVALSHA escalate {key}"), e))
+    }
+
     /// Notes the reminder of a pending approval, once (see [`REMIND`]).
     pub async fn mark_reminded(&mut self, id: &str, now: u64) -> Result<bool> {
         let key = keys::approval(id);
@@ -1012,6 +1069,12 @@ impl<'a> Approvals<'a> {
     }
 
     /// Notes that the outcome entry was written to the notify bridge.
+    /// Notes that `card`'s surface could not show it.
+    pub async fn mark_unshown(&mut self, id: &str, card: &Card) -> Result<bool> {
+        self.set(id, &[(card.field(field::UNSHOWN).as_str(), "1")])
+            .await
+    }
+
     pub async fn mark_outcome_sent(&mut self, id: &str, card: &Card) -> Result<bool> {
         self.set(id, &[(card.field(field::OUTCOME_SENT).as_str(), "1")])
             .await
@@ -1080,9 +1143,10 @@ impl<'a> Approvals<'a> {
         Ok(set == 1)
     }
 
-    /// The requesting side's last step: out of the pending index, the card's map
-    /// entry dropped, and the record deleted unless the notify side owns it now.
-    pub async fn close(&mut self, record: &Record, delete: bool) -> Result<()> {
+    /// The requesting side's last step: out of the pending index, the map
+    /// entries of `cards` (those it asked, see [`super::cards_asked`])
+    /// dropped, and the record deleted unless the notify side owns it now.
+    pub async fn close(&mut self, record: &Record, cards: &[Card], delete: bool) -> Result<()> {
         let key = keys::approval(&record.id);
         let mut pipe = redis::pipe();
         pipe.zrem(keys::pending(&record.source), &record.id)
@@ -1093,7 +1157,7 @@ impl<'a> Approvals<'a> {
             pipe.hdel(keys::agent_pending_bytes(&record.source, agent), &record.id)
                 .ignore();
         }
-        for card in record.cards() {
+        for card in cards {
             if let Some(external) = &card.external_id {
                 pipe.hdel(keys::approval_map(&card.bridge), external)
                     .ignore();
@@ -1140,6 +1204,9 @@ impl<'a> Approvals<'a> {
         if let Some(external) = &card.external_id {
             pipe.hdel(keys::approval_map(&card.bridge), external)
                 .ignore();
+        }
+        if pipe.cmd_iter().next().is_none() {
+            return Ok(()); // nothing to drop (an empty pipeline is an error)
         }
         let _: () = pipe
             .query_async(&mut self.store.conn)
@@ -1333,6 +1400,9 @@ mod tests {
             START_DELIVERY,
             NOTE_SHOWN,
             FORGET_CLAIM,
+            SNOOZE,
+            REMIND,
+            ESCALATE,
         ] {
             // Comments may hold apostrophes: only code is read.
             let code: String = script
@@ -1347,7 +1417,7 @@ mod tests {
                 let is_number = quoted.chars().all(|c| c.is_ascii_digit());
                 let others = [
                     "ok", "not-ours", "digest", "claimed", "sending", "changed", "pending",
-                    "approved",
+                    "approved", "again", "stale", "asked", "expired", "settled", "missing",
                 ];
                 let is_answer =
                     Decided::ANSWERS.iter().any(|(a, _)| *a == quoted) || others.contains(&quoted);

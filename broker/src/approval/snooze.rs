@@ -105,7 +105,7 @@ async fn snooze_once(
     let next = if again {
         record.clone()
     } else {
-        let allowed = rules.allows(&who)
+        let allowed = rules.allows_at(&who, record.escalated)
             || delegation::acting_for(store, config, &bridge, &who, now, record.created_at)
                 .await?
                 .is_some();
@@ -203,7 +203,7 @@ async fn snooze_once(
     audit::append(store, config, &[event]).await?;
     // Shown and told only once a failover cannot lose it.
     store.conn.replicated("the snooze").await?;
-    show(store, &next).await;
+    show(store, config, &next).await;
     Ok(Some(Snoozed {
         until: next.expires_at,
         count: next.snoozes,
@@ -214,12 +214,13 @@ async fn snooze_once(
 /// Puts the snooze on the card (an outcome entry the notify side checks
 /// against the record) and tells an agent that asked for progress of its new
 /// deadline. Both are informational: a failure is logged, never retried.
-async fn show(store: &mut Store, record: &Record) {
+async fn show(store: &mut Store, config: &Config, record: &Record) {
     let fields: Vec<(&str, &[u8])> = vec![
         (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
         (crate::fields::outbox::APPROVAL_OUTCOME, OUTCOME.as_bytes()),
     ];
-    for card in record.cards().iter().filter(|c| c.notified.is_some()) {
+    let asked = super::cards_asked(config, record);
+    for card in asked.iter().filter(|c| c.notified.is_some()) {
         if let Err(e) = store.xadd(&keys::outbox(&card.bridge), &fields).await {
             tracing::warn!(approval = %record.id, surface = %card.bridge, error = %e, "the card was not told of the snooze");
         }

@@ -85,6 +85,11 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
     if let Some(later) = r.snoozed(|t| crate::clock::utc(t as f64)) {
         let _ = writeln!(out, "later: {later}");
     }
+    let surfaces: Vec<String> = r.cards().into_iter().map(|c| c.bridge).collect();
+    let _ = writeln!(out, "asked on: {}", surfaces.join(", "));
+    if let Some(step) = r.escalation() {
+        let _ = writeln!(out, "escalation: {step}");
+    }
     for d in approval::delegation::covering(store, &r, crate::now_secs()).await? {
         let _ = writeln!(out, "delegation: {d}");
     }

@@ -176,8 +176,9 @@ impl Config {
         redis
     }
 
-    /// Every surface bridge `name`'s approvals are asked on, as (notify
-    /// bridge, channel): `approval.notify` first, then `approval.also`.
+    /// Every surface bridge `name`'s approvals may be asked on, as (notify
+    /// bridge, channel): `approval.notify` first, then `approval.also`, then
+    /// each escalation step's.
     pub fn surfaces_of<'a>(&'a self, name: &'a str) -> Vec<(&'a str, &'a str)> {
         let Some(bridge) = self.bridges.get(name) else {
             return Vec::new();
@@ -187,6 +188,12 @@ impl Config {
             .chain(
                 approval
                     .also
+                    .iter()
+                    .map(|s| (s.notify.as_str(), s.notify_channel.as_str())),
+            )
+            .chain(
+                approval
+                    .escalate
                     .iter()
                     .map(|s| (s.notify.as_str(), s.notify_channel.as_str())),
             )
@@ -453,5 +460,48 @@ mod tests {
         assert!(!b.allows_destination("a-c-b"));
         assert!(b.allows_destination("exact"));
         assert!(!b.allows_destination("exactly"));
+    }
+
+    /// More surfaces and the ladder: each a configured bridge asked once, on
+    /// a channel it may show, the steps in order before the deadline; the
+    /// surfaces and approvers they bring are known to the config.
+    #[test]
+    fn more_surfaces_and_escalation_steps_are_checked() {
+        let with = |approval: &str| {
+            format!("[bridges.c]\ntype = \"console\"\ndestinations = [\"*\"]\napproval = {{ required = true, notify = \"e\", notify_channel = \"o\", approvers = [\"cli:a\"], timeout = 600, {approval} }}\n[bridges.e]\ntype = \"console\"\ndestinations = [\"o\"]\n[bridges.f]\ntype = \"console\"\ndestinations = [\"p\"]\n[bridges.g]\ntype = \"console\"\ndestinations = [\"q\"]\n")
+        };
+        let good = Config::parse(&with(
+            "also = [{ notify = \"f\", notify_channel = \"p\" }], escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\", approvers = [\"cli:b\"] }]",
+        ))
+        .unwrap();
+        assert_eq!(
+            good.surfaces_of("c"),
+            [("e", "o"), ("f", "p"), ("g", "q")],
+            "notify, also, then the ladder"
+        );
+        assert!(good.is_approval_surface("g") && good.card_channels("g").any(|c| c == "q"));
+        let approval = &good.bridges["c"].approval;
+        assert!(!approval.allows("cli:b") && approval.allows_at("cli:b", 1));
+        assert!(!approval.allows_at("cli:b", 0) && approval.allows_ever("cli:b"));
+        for (approval, key) in [
+            ("also = [{ notify = \"nope\", notify_channel = \"p\" }]", "bridges.c.approval.also[0].notify"),
+            ("also = [{ notify = \"e\", notify_channel = \"o\" }]", "bridges.c.approval.also[0].notify"),
+            ("also = [{ notify = \"f\", notify_channel = \"x\" }]", "bridges.c.approval.also[0].notify_channel"),
+            (
+                "also = [{ notify = \"f\", notify_channel = \"p\" }], escalate = [{ after = 9, notify = \"f\", notify_channel = \"p\" }]",
+                "bridges.c.approval.escalate[0].notify",
+            ),
+            ("escalate = [{ after = 600, notify = \"g\", notify_channel = \"q\" }]", "bridges.c.approval.escalate[0].after"),
+            (
+                "escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\" }, { after = 60, notify = \"f\", notify_channel = \"p\" }]",
+                "bridges.c.approval.escalate[1].after",
+            ),
+            (
+                "escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\", approvers = [\"nobody\"] }]",
+                "bridges.c.approval.escalate[0].approvers[0]",
+            ),
+        ] {
+            assert!(err(&with(approval)).contains(key), "{approval}: {}", err(&with(approval)));
+        }
     }
 }

@@ -513,6 +513,26 @@ pub struct ApprovalConfig {
     /// surfaces), and every card is closed when the approval is settled.
     #[serde(default)]
     pub also: Vec<SurfaceConfig>,
+    /// The ladder: when a step's `after` (seconds since parking) passes
+    /// undecided, its surface is asked too and its approvers join.
+    #[serde(default)]
+    pub escalate: Vec<EscalationStep>,
+}
+
+/// One step of the escalation ladder:
+/// `{ after, notify, notify_channel, approvers }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationStep {
+    /// Seconds after parking when this step is taken, if still undecided.
+    pub after: u64,
+    /// The bridge asked from then on.
+    pub notify: String,
+    /// Where on it.
+    pub notify_channel: String,
+    /// Who may decide from then on, besides the approvers before.
+    #[serde(default)]
+    pub approvers: Vec<String>,
 }
 
 /// One more surface an approval is asked on: `{ notify, notify_channel }`.
@@ -590,6 +610,7 @@ impl Default for ApprovalConfig {
             digest_to: None,
             digest_channel: String::new(),
             also: Vec::new(),
+            escalate: Vec::new(),
         }
     }
 }
@@ -642,6 +663,23 @@ impl ApprovalConfig {
     /// Whether a qualified identity (`type:id`) may decide. Fails closed on an empty list.
     pub fn allows(&self, identity: &str) -> bool {
         self.approvers.iter().any(|a| identity_eq(a, identity))
+    }
+
+    /// Whether `identity` may decide an approval that has taken `escalated`
+    /// steps of the ladder: the approvers, and those each step taken added.
+    pub fn allows_at(&self, identity: &str, escalated: u32) -> bool {
+        self.allows(identity)
+            || self
+                .escalate
+                .iter()
+                .take(escalated as usize)
+                .any(|s| s.approvers.iter().any(|a| identity_eq(a, identity)))
+    }
+
+    /// Whether `identity` may decide some approval of this bridge (at any
+    /// step of the ladder).
+    pub fn allows_ever(&self, identity: &str) -> bool {
+        self.allows_at(identity, u32::MAX)
     }
 }
 

@@ -156,7 +156,21 @@ impl Config {
                 format!("names no configured bridge: `{notify}`"),
             ));
         }
-        for (i, who) in approval.approvers.iter().enumerate() {
+        // Every approver, with the key that names it: the bridge's own, and
+        // those each escalation step adds.
+        let approvers: Vec<(String, &String)> = approval
+            .approvers
+            .iter()
+            .enumerate()
+            .map(|(i, who)| (format!("{at}.approval.approvers[{i}]"), who))
+            .chain(approval.escalate.iter().enumerate().flat_map(|(s, step)| {
+                let at = &at;
+                step.approvers.iter().enumerate().map(move |(i, who)| {
+                    (format!("{at}.approval.escalate[{s}].approvers[{i}]"), who)
+                })
+            }))
+            .collect();
+        for (key, who) in &approvers {
             let ok = Identity::parse(who);
             let unproven = who
                 .strip_prefix("cli:")
@@ -166,21 +180,18 @@ impl Config {
                 .is_some_and(|u| !self.web.as_ref().is_some_and(|w| w.users.contains_key(u)));
             if no_such_web_user {
                 return Err(ConfigError::invalid(
-                    format!("{at}.approval.approvers[{i}]"),
+                    key.clone(),
                     format!("`{who}` names no `[web.users]` entry"),
                 ));
             }
             if unproven {
                 return Err(ConfigError::invalid(
-                    format!("{at}.approval.approvers[{i}]"),
+                    key.clone(),
                     format!("`{who}` names no `[operators]` entry (with operators declared, every cli: approver must be one)"),
                 ));
             }
             if let Err(why) = ok {
-                return Err(ConfigError::invalid(
-                    format!("{at}.approval.approvers[{i}]"),
-                    why,
-                ));
+                return Err(ConfigError::invalid(key.clone(), why));
             }
         }
         if approval.required {
@@ -212,35 +223,62 @@ impl Config {
                 ),
             ));
         }
-        // Each more surface: a bridge of its own, asked on a channel it may show.
-        for (i, also) in approval.also.iter().enumerate() {
-            let key = format!("{at}.approval.also[{i}]");
-            let Some(shows) = self.bridges.get(&also.notify) else {
+        // Each more surface (asked at once, or by an escalation step): a
+        // bridge of its own, asked on a channel it may show.
+        let more = approval
+            .also
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    format!("{at}.approval.also[{i}]"),
+                    &s.notify,
+                    &s.notify_channel,
+                )
+            })
+            .chain(approval.escalate.iter().enumerate().map(|(i, s)| {
+                (
+                    format!("{at}.approval.escalate[{i}]"),
+                    &s.notify,
+                    &s.notify_channel,
+                )
+            }));
+        let mut asked = vec![notify];
+        for (key, surface, channel) in more {
+            let Some(shows) = self.bridges.get(surface) else {
                 return Err(ConfigError::invalid(
                     format!("{key}.notify"),
-                    format!("names no configured bridge: `{}`", also.notify),
+                    format!("names no configured bridge: `{surface}`"),
                 ));
             };
-            let earlier =
-                std::iter::once(notify).chain(approval.also[..i].iter().map(|s| s.notify.as_str()));
-            if earlier.into_iter().any(|b| b == also.notify) {
+            if asked.contains(&surface.as_str()) {
                 return Err(ConfigError::invalid(
                     format!("{key}.notify"),
-                    format!(
-                        "bridge `{}` is asked already: one card per surface",
-                        also.notify
-                    ),
+                    format!("bridge `{surface}` is asked already: one card per surface"),
                 ));
             }
-            if also.notify_channel.is_empty() || !shows.allows_destination(&also.notify_channel) {
+            asked.push(surface);
+            if channel.is_empty() || !shows.allows_destination(channel) {
                 return Err(ConfigError::invalid(
                     format!("{key}.notify_channel"),
+                    format!("a card needs a channel on the `destinations` of bridge `{surface}`"),
+                ));
+            }
+        }
+        // Steps in order, each before the deadline (one after it never comes).
+        let mut previous = 0;
+        for (i, step) in approval.escalate.iter().enumerate() {
+            let late = approval.timeout != 0 && step.after >= approval.timeout;
+            if step.after <= previous || late {
+                return Err(ConfigError::invalid(
+                    format!("{at}.approval.escalate[{i}].after"),
                     format!(
-                        "a card needs a channel on the `destinations` of bridge `{}`",
-                        also.notify
+                        "must be later than the step before ({previous} s) and sooner than approval.timeout ({} s)",
+                        approval.timeout
                     ),
                 ));
             }
+            previous = step.after;
         }
         if approval.digest.is_some() {
             let to = approval.digest_to.as_deref().unwrap_or(notify);
@@ -325,21 +363,46 @@ impl Config {
             ));
         }
         if approval.quorum > 1 {
-            if let Some((i, who)) = approval
-                .approvers
-                .iter()
-                .enumerate()
-                .find(|(_, a)| self.person_of(a).is_none())
-            {
+            if let Some((key, who)) = approvers.iter().find(|(_, a)| self.person_of(a).is_none()) {
                 return Err(ConfigError::invalid(
-                    format!("{at}.approval.approvers[{i}]"),
+                    key.clone(),
                     format!("`{who}` belongs to no [people.NAME] entry: under a quorum above 1 every approver must be a declared person, so one human with two identities cannot count twice"),
                 ));
             }
+            // Two surfaces of one type: either one's password speaks for every
+            // identity of that type, so trusting surfaces would let one
+            // password meet the quorum alone.
+            if approval.trust_surfaces {
+                let mut kinds = std::collections::BTreeSet::new();
+                for (surface, _) in self.surfaces_of(name) {
+                    let kind = self.bridges.get(surface).map(|b| b.kind.as_str());
+                    if !kinds.insert(kind) {
+                        return Err(ConfigError::invalid(
+                            format!("{at}.approval.trust_surfaces"),
+                            format!("`{surface}` is a second surface of its type: either one's password can answer as anyone of that type, so trust_surfaces would let one password meet the quorum"),
+                        ));
+                    }
+                }
+            }
             // One password counts once: the approvers must be able to
             // answer through as many secrets as the quorum needs.
-            let proofs: std::collections::BTreeSet<String> =
-                approval.approvers.iter().map(|a| proof_class(a)).collect();
+            // Each surface's ingest is a password of its own, for the
+            // identities of its type (several surfaces: several passwords).
+            let surfaces = self.surfaces_of(name);
+            let proofs: std::collections::BTreeSet<String> = approvers
+                .iter()
+                .flat_map(|(_, a)| match proof_class(a).as_str() {
+                    "surface" => {
+                        let kind = a.split(':').next().unwrap_or("");
+                        surfaces
+                            .iter()
+                            .filter(|(b, _)| self.bridges.get(*b).is_some_and(|c| c.kind == kind))
+                            .map(|(b, _)| format!("ingest:{b}"))
+                            .collect::<Vec<_>>()
+                    }
+                    class => vec![class.to_string()],
+                })
+                .collect();
             if !approval.trust_surfaces && proofs.len() < approval.quorum as usize {
                 return Err(ConfigError::invalid(
                     format!("{at}.approval.quorum"),

@@ -63,9 +63,10 @@ pub(super) struct Memory {
     pub acks_since: Option<Instant>,
     /// Progress notices of `acks` (`delivered`), written just before them.
     pub told: Vec<super::deliver::Told>,
-    /// Cards redrawn for a snooze, and the count each showed: a `snoozed`
-    /// entry (which anyone who writes the flat outbox can repeat) redraws a
-    /// card once per snooze, never more. Bounded: cleared when full.
+    /// Cards redrawn for a snooze or an escalation step, and the count of
+    /// both each showed: a `snoozed` or `escalated` entry (which anyone who
+    /// writes the flat outbox can repeat) redraws a card once per change,
+    /// never more. Bounded: cleared when full.
     pub redrawn: HashMap<String, u32>,
     /// Approvals whose approvers this notify side reminded (once each, the
     /// same way). Bounded: cleared when full.

@@ -27,6 +27,7 @@
 mod claim;
 mod deliver;
 mod digest;
+mod escalate;
 mod fair;
 mod incoming;
 mod inflight;

@@ -26,14 +26,55 @@ pub(super) struct Parked {
     pub expires_at: u64,
 }
 
+/// One time per id (unix seconds), in time order, each taken out once due.
+#[derive(Debug, Default)]
+struct Timers {
+    by_time: BTreeSet<(u64, String)>,
+    /// Each id's, to drop it without a scan.
+    of: HashMap<String, u64>,
+}
+
+impl Timers {
+    fn set(&mut self, id: &str, at: u64) {
+        self.forget(id);
+        self.by_time.insert((at, id.to_string()));
+        self.of.insert(id.to_string(), at);
+    }
+
+    fn forget(&mut self, id: &str) {
+        if let Some(at) = self.of.remove(id) {
+            self.by_time.remove(&(at, id.to_string()));
+        }
+    }
+
+    fn first(&self) -> Option<u64> {
+        self.by_time.first().map(|(t, _)| *t)
+    }
+
+    fn due(&mut self, now: f64, most: usize) -> Vec<String> {
+        let due: Vec<(u64, String)> = self
+            .by_time
+            .iter()
+            .take_while(|(t, _)| (*t as f64) <= now)
+            .take(most)
+            .cloned()
+            .collect();
+        for (at, id) in &due {
+            self.by_time.remove(&(*at, id.clone()));
+            self.of.remove(id);
+        }
+        due.into_iter().map(|(_, id)| id).collect()
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct ParkedIndex {
     parked: HashMap<String, Parked>,
     deadlines: BTreeSet<(u64, String)>,
-    /// Reminders due (unix seconds, id), each once (`approval.remind_after`),
-    /// and each id's, to drop it without a scan.
-    reminders: BTreeSet<(u64, String)>,
-    reminder_of: HashMap<String, u64>,
+    /// Reminders due, each once (`approval.remind_after`).
+    reminders: Timers,
+    /// The next escalation step due of each (`approval.escalate`).
+    escalations: Timers,
     /// Ids still to be re-read this round of sweeps.
     sweep_queue: Vec<String>,
 }
@@ -59,40 +100,36 @@ impl ParkedIndex {
         if let Some(p) = self.parked.remove(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
         }
-        self.forget_reminder(id);
-    }
-
-    fn forget_reminder(&mut self, id: &str) {
-        if let Some(at) = self.reminder_of.remove(id) {
-            self.reminders.remove(&(at, id.to_string()));
-        }
+        self.reminders.forget(id);
+        self.escalations.forget(id);
     }
 
     /// Reminds the approvers of parked `id` at `at` (once; a later call
     /// replaces it).
     pub fn remind(&mut self, id: &str, at: u64) {
-        self.forget_reminder(id);
         if self.parked.contains_key(id) {
-            self.reminders.insert((at, id.to_string()));
-            self.reminder_of.insert(id.to_string(), at);
+            self.reminders.set(id, at);
         }
     }
 
     /// At most `most` ids whose reminder is due at `now`, earliest first,
     /// taken out.
     pub fn due_reminders(&mut self, now: f64, most: usize) -> Vec<String> {
-        let due: Vec<(u64, String)> = self
-            .reminders
-            .iter()
-            .take_while(|(t, _)| (*t as f64) <= now)
-            .take(most)
-            .cloned()
-            .collect();
-        for (at, id) in &due {
-            self.reminders.remove(&(*at, id.clone()));
-            self.reminder_of.remove(id);
+        self.reminders.due(now, most)
+    }
+
+    /// Takes parked `id`'s next escalation step at `at` (a later call
+    /// replaces it).
+    pub fn escalate(&mut self, id: &str, at: u64) {
+        if self.parked.contains_key(id) {
+            self.escalations.set(id, at);
         }
-        due.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// At most `most` ids whose next escalation step is due at `now`,
+    /// earliest first, taken out.
+    pub fn due_escalations(&mut self, now: f64, most: usize) -> Vec<String> {
+        self.escalations.due(now, most)
     }
 
     /// Decided: its deadline no longer wakes the loop; the entry stays.
@@ -100,7 +137,8 @@ impl ParkedIndex {
         if let Some(p) = self.parked.get(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
         }
-        self.forget_reminder(id);
+        self.reminders.forget(id);
+        self.escalations.forget(id);
     }
 
     pub fn get(&self, id: &str) -> Option<&Parked> {
@@ -119,11 +157,15 @@ impl ParkedIndex {
         self.parked.is_empty()
     }
 
-    /// The earliest deadline still waiting for a decision, or reminder.
+    /// The earliest deadline still waiting for a decision, reminder or
+    /// escalation step.
     pub fn next_deadline(&self) -> Option<u64> {
         let deadline = self.deadlines.first().map(|(t, _)| *t);
-        let reminder = self.reminders.first().map(|(t, _)| *t);
-        deadline.into_iter().chain(reminder).min()
+        deadline
+            .into_iter()
+            .chain(self.reminders.first())
+            .chain(self.escalations.first())
+            .min()
     }
 
     /// Ids whose deadline is at or before `now`, earliest first (not removed:

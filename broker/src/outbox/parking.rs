@@ -182,6 +182,7 @@ impl<S: Sender> OutboxService<S> {
             .parked
             .track(id.clone(), src, entry.id.clone(), record.expires_at);
         self.arm_reminder(&record);
+        self.arm_escalation(&record);
         if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
@@ -271,6 +272,7 @@ impl<S: Sender> OutboxService<S> {
                 .parked
                 .track(p.id, p.source, p.entry.id, record.expires_at);
             self.arm_reminder(&record);
+            self.arm_escalation(&record);
         }
         Ok(())
     }
@@ -441,15 +443,16 @@ impl<S: Sender> OutboxService<S> {
             entry_id: entry.id.clone(),
             notify: self.config.notify_bridge(&self.name).to_string(),
             notify_channel: self.bridge.approval.notify_channel.clone(),
-            // Every other surface asked at the same time, each its own card.
+            // Every other surface asked at the same time, each its own card
+            // (an escalation step adds its own when it is taken).
             also: self
-                .config
-                .surfaces_of(&self.name)
-                .into_iter()
-                .skip(1)
-                .map(|(bridge, channel)| Card {
-                    bridge: bridge.to_string(),
-                    channel: channel.to_string(),
+                .bridge
+                .approval
+                .also
+                .iter()
+                .map(|s| Card {
+                    bridge: s.notify.clone(),
+                    channel: s.notify_channel.clone(),
                     ..Card::default()
                 })
                 .collect(),
@@ -492,7 +495,7 @@ impl<S: Sender> OutboxService<S> {
         resumed: bool,
     ) -> Result<Vec<(Card, bool)>> {
         let mut todo = Vec::new();
-        for card in record.cards() {
+        for card in approval::cards_asked(&self.config, record) {
             if card.notified.is_none() {
                 todo.push((card, resumed));
             } else if self.notification_lost(record, &card).await? {
@@ -522,8 +525,9 @@ impl<S: Sender> OutboxService<S> {
                 refused.push(why);
             }
         }
-        let asked_before = record.cards().iter().any(|c| c.notified.is_some());
-        match refused.len() == record.cards().len() && !asked_before {
+        let cards = approval::cards_asked(&self.config, record);
+        let asked_before = cards.iter().any(|c| c.notified.is_some());
+        match refused.len() == cards.len() && !asked_before {
             true => Ok(Err(refused.join("; "))),
             false => Ok(Ok(())),
         }
@@ -531,7 +535,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Writes card `card`'s notification once. When a previous attempt may
     /// have written it (`resumed`), its notify outbox is searched first.
-    async fn notify_card(
+    pub(super) async fn notify_card(
         &mut self,
         record: &Record,
         card: &Card,

@@ -208,6 +208,7 @@ impl<S: Sender> OutboxService<S> {
         self.flush_acks_due().await?;
         self.settle_due().await?;
         self.remind_due().await?;
+        self.escalate_due().await?;
         self.digest_due().await?;
         self.retry_due().await?;
         self.flush_shown().await?;

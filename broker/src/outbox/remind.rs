@@ -31,7 +31,8 @@ impl<S: Sender> OutboxService<S> {
         let after = self.bridge.approval.remind_after;
         // Only where cards can be brought up again (Discord, Slack, email):
         // else the trail would say reminded when nobody was.
-        let reminds = record.cards().iter().any(|c| self.reminds_on(c));
+        let asked = approval::cards_asked(&self.config, record);
+        let reminds = asked.iter().any(|c| self.reminds_on(c));
         if after == 0 || record.reminded.is_some() || !reminds {
             return;
         }
@@ -70,8 +71,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         // Each surface that can remind and shows its card; none yet: later.
-        let cards: Vec<approval::Card> = record
-            .cards()
+        let cards: Vec<approval::Card> = approval::cards_asked(&self.config, &record)
             .into_iter()
             .filter(|c| c.external_id.is_some() && self.reminds_on(c))
             .collect();

@@ -67,6 +67,7 @@ impl<S: Sender> OutboxService<S> {
                     .track(id, src, parked.entry_id.clone(), moved);
                 // A reminder the old deadline came before may fit now.
                 self.arm_reminder(&record);
+                self.arm_escalation(&record);
                 return Ok(());
             }
             if tracked != 0 && now >= tracked as f64 {
@@ -118,7 +119,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// Whether `record`'s deadline is as this bridge sealed it (with the
     /// version and quorum, see [`approval::IdKey::seal_version`]).
-    fn deadline_sealed(&self, record: &Record) -> bool {
+    pub(super) fn deadline_sealed(&self, record: &Record) -> bool {
         let seal = record.version_seal.as_deref();
         self.id_key
             .as_ref()
@@ -369,14 +370,15 @@ impl<S: Sender> OutboxService<S> {
             (crate::fields::outbox::APPROVAL_ID, record.id.as_bytes()),
             (crate::fields::outbox::APPROVAL_OUTCOME, outcome.as_bytes()),
         ];
-        for card in record.cards() {
+        let asked = approval::cards_asked(&self.config, record);
+        for card in &asked {
             if card.notified.is_none() || card.outcome_sent {
                 continue;
             }
             match self.store.xadd(&keys::outbox(&card.bridge), &fields).await {
                 Ok(_) => {
                     Approvals::on(&mut self.store)
-                        .mark_outcome_sent(&record.id, &card)
+                        .mark_outcome_sent(&record.id, card)
                         .await?;
                 }
                 // A refusing stream (see `notify`) only costs the card its closing edit.
@@ -388,7 +390,7 @@ impl<S: Sender> OutboxService<S> {
         }
         // Without a notification nobody else will delete the record.
         Approvals::on(&mut self.store)
-            .close(record, !handed_over)
+            .close(record, &asked, !handed_over)
             .await?;
         self.mem.parked.untrack(&record.id);
         Ok(())

@@ -334,12 +334,12 @@ impl<S: Sender> OutboxService<S> {
             return Ok(Err(format!("approval `{id}` does not exist")));
         };
         let claim = claim.answer;
-        let card = record.card(&self.name).filter(|_| {
-            self.config
-                .card_channel_on(record.source(), &self.name)
-                .is_some()
-        });
-        let Some(card) = card else {
+        // Shown only where the config says this surface shows the asking
+        // bridge's cards: any surface's password can write the record's
+        // card fields, so the record's channel is never read.
+        let configured = self.config.card_channel_on(record.source(), &self.name);
+        let card = record.card(&self.name);
+        let (Some(card), Some(configured)) = (card, configured) else {
             return Ok(Err(format!(
                 "approval `{id}` does not notify through bridge `{}`",
                 self.name
@@ -370,7 +370,7 @@ impl<S: Sender> OutboxService<S> {
         }
         // Genuine from here on: a refusal now is one no human saw, so the
         // approval is rejected at once and the agent told.
-        let channel = card.channel.clone();
+        let channel = configured.to_string();
         if !self.bridge.allows_destination(&channel) {
             let reason = format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
@@ -448,6 +448,15 @@ impl<S: Sender> OutboxService<S> {
             Some(_) if claimed == approval::snooze::OUTCOME => {
                 Some(format!("approval `{id}` is not snoozed and waiting"))
             }
+            // An escalation step: the live card says who else is asked.
+            Some(r)
+                if claimed == super::escalate::OUTCOME && r.escalated > 0 && !r.is_settled() =>
+            {
+                None
+            }
+            Some(_) if claimed == super::escalate::OUTCOME => {
+                Some(format!("approval `{id}` is not escalated and waiting"))
+            }
             // A reminder: the approvers are asked again on the surface.
             Some(r)
                 if claimed == super::remind::OUTCOME
@@ -492,13 +501,15 @@ impl<S: Sender> OutboxService<S> {
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
-        if claimed == approval::snooze::OUTCOME {
+        if claimed == approval::snooze::OUTCOME || claimed == super::escalate::OUTCOME {
             // The card is drawn again, as it was shown (the notification's
-            // content, from this bridge's own stream) with the new deadline;
-            // once per snooze, so a repeated entry costs no read.
+            // content, from this bridge's own stream) with the new deadline
+            // or the surfaces now asked; once per snooze or step, so a
+            // repeated entry costs no read.
             let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
+            let changes = record.snoozes.saturating_add(record.escalated);
             let shown = match (&card.external_id, &card.entry) {
-                (Some(_), Some(shown)) if record.snoozes > drawn => {
+                (Some(_), Some(shown)) if changes > drawn => {
                     self.store.entry(&keys::outbox(&self.name), shown).await?
                 }
                 _ => None,
@@ -511,8 +522,8 @@ impl<S: Sender> OutboxService<S> {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();
                 }
-                self.mem.redrawn.insert(id.clone(), record.snoozes);
-                self.update_beside(&record, approval::snooze::OUTCOME, external, Some(content));
+                self.mem.redrawn.insert(id.clone(), changes);
+                self.update_beside(&record, claimed, external, Some(content));
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }
@@ -553,10 +564,11 @@ impl<S: Sender> OutboxService<S> {
     ) {
         let (sender, record) = (self.sender.clone(), record.clone());
         let (outcome, external) = (outcome.to_string(), external.to_string());
-        let channel = record
-            .card(&self.name)
-            .map(|c| c.channel)
-            .unwrap_or_default();
+        let channel = self
+            .config
+            .card_channel_on(record.source(), &self.name)
+            .unwrap_or_default()
+            .to_string();
         tokio::spawn(async move {
             let update = CardUpdate {
                 outcome: &outcome,

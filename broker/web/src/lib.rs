@@ -123,7 +123,7 @@ impl UserStream {
             .config
             .bridges
             .values()
-            .any(|b| b.approval.allows(&identity));
+            .any(|b| b.approval.allows_ever(&identity));
         let most = if approver { MAX_STREAMS_PER_USER } else { 1 };
         let mut by_user = app.streams_by_user.lock().ok()?;
         let n = by_user.entry(user.to_string()).or_default();

@@ -44,6 +44,7 @@ pub struct Counters {
     ignored: Family<Labels, Counter>,
     snoozed: Family<Labels, Counter>,
     delegated: Family<Labels, Counter>,
+    escalated: Family<Labels, Counter>,
     time_to_decision: Histograms,
 }
 
@@ -58,6 +59,7 @@ impl Default for Counters {
             ignored: Family::default(),
             snoozed: Family::default(),
             delegated: Family::default(),
+            escalated: Family::default(),
             time_to_decision: Family::new_with_constructor(decision_buckets),
         }
     }
@@ -85,7 +87,11 @@ impl Counters {
                 labels.push(("surface".into(), surface));
                 self.decisions.get_or_create(&labels).inc();
                 if let Some(waited) = fields.get("waited").and_then(|w| w.parse::<f64>().ok()) {
-                    self.time_to_decision.get_or_create(&b).observe(waited);
+                    // By the escalation step it was decided at (0: before any).
+                    let mut labels = b.clone();
+                    let step = fields.get("step").cloned().unwrap_or_else(|| "0".into());
+                    labels.push(("step".into(), step));
+                    self.time_to_decision.get_or_create(&labels).observe(waited);
                 }
             }
             Some("expired") => {
@@ -108,6 +114,9 @@ impl Counters {
             }
             Some("delegated") => {
                 self.delegated.get_or_create(&b).inc();
+            }
+            Some("escalated") => {
+                self.escalated.get_or_create(&b).inc();
             }
             _ => {}
         }
@@ -153,6 +162,11 @@ impl Counters {
             "cowboy_delegations",
             "Delegations recorded or taken back",
             self.delegated.clone(),
+        );
+        r.register(
+            "cowboy_escalations",
+            "Escalation steps taken (an approval asked on one more surface)",
+            self.escalated.clone(),
         );
         r.register(
             "cowboy_time_to_decision_seconds",
@@ -386,4 +400,57 @@ pub async fn render(
     let mut out = String::new();
     encode(&mut out, &r).map_err(|e| format!("metrics: {e}"))?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The trail's `escalated` steps are counted per bridge, and the time to
+    /// a decision is kept per escalation step (0 before any; older trails,
+    /// without `step`, read as 0).
+    #[test]
+    fn escalations_and_time_to_decision_by_step() {
+        let counters = Counters::default();
+        let event = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        counters.count("mail", &event(&[("event", "escalated"), ("count", "1")]));
+        counters.count(
+            "mail",
+            &event(&[
+                ("event", "decided"),
+                ("verdict", "approved"),
+                ("by", "console:carol"),
+                ("waited", "12.5"),
+                ("step", "1"),
+            ]),
+        );
+        counters.count(
+            "mail",
+            &event(&[
+                ("event", "decided"),
+                ("verdict", "approved"),
+                ("by", "console:boss"),
+                ("waited", "2"),
+            ]),
+        );
+        let mut r = Registry::default();
+        counters.register(&mut r);
+        let mut out = String::new();
+        encode(&mut out, &r).unwrap();
+        assert!(
+            out.contains("cowboy_escalations_total{bridge=\"mail\"} 1"),
+            "{out}"
+        );
+        for step in ["0", "1"] {
+            let line = format!(
+                "cowboy_time_to_decision_seconds_count{{bridge=\"mail\",step=\"{step}\"}} 1"
+            );
+            assert!(out.contains(&line), "{line} in\n{out}");
+        }
+    }
 }

@@ -166,6 +166,9 @@ pub fn approval(user: &str, csrf: &str, d: &Detail<'_>) -> Markup {
                     @if let Some(later) = r.snoozed(|t| broker::clock::utc(t as f64)) {
                         tr { th { "later" } td id="snoozed" { (display_safe(&later)) } }
                     }
+                    @if let Some(step) = r.escalation() {
+                        tr { th { "escalated" } td id="escalated" { (display_safe(&step)) } }
+                    }
                     @for d in &d.delegations {
                         tr { th { "delegated" } td class="delegation" { (display_safe(d)) } }
                     }

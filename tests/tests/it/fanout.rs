@@ -187,14 +187,34 @@ async fn an_edit_supersedes_the_cards_on_every_surface() {
 }
 
 /// Under a quorum of two across the fan-out, a person counts once whichever
-/// surfaces they answer on; a second person makes two.
+/// surfaces they answer on; a second person makes two. Each surface's
+/// ingest is a password of its own, so two console surfaces can meet a
+/// quorum of two without `trust_surfaces` (which the config refuses with
+/// two surfaces of one type: either password answers as anyone of it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_person_on_two_surfaces_counts_once_toward_a_quorum() {
+    let trusting = Setup::approval(3600)
+        .approvers(&["console:boss", "console:carol"])
+        .approval_key("quorum = 2")
+        .approval_key("trust_surfaces = true")
+        .approval_key("also = [{ notify = \"hall\", notify_channel = \"floor\" }]")
+        .with("[bridges.hall]\ntype = \"console\"\ndestinations = [\"floor\"]\noutput = \"/o\"\ninput = \"/i\"\n\n[people.boss]\nidentities = [\"console:boss\"]\n\n[people.carol]\nidentities = [\"console:carol\"]\n")
+        .toml()
+        .replace("{dir}", "/tmp");
+    let refused = broker::config::Config::parse(&format!(
+        "[redis]\nurl = \"redis://127.0.0.1:1\"\n{trusting}"
+    ))
+    .expect_err("two console surfaces with trust_surfaces");
+    assert!(
+        refused
+            .to_string()
+            .contains("bridges.mail.approval.trust_surfaces"),
+        "{refused}"
+    );
     let d = fanned_out(
         Setup::approval(3600)
             .approvers(&["console:boss", "console:carol"])
             .approval_key("quorum = 2")
-            .approval_key("trust_surfaces = true")
             .with("[people.boss]\nidentities = [\"console:boss\"]\n\n[people.carol]\nidentities = [\"console:carol\"]\n"),
     );
     let _services = services(&d);
@@ -202,6 +222,15 @@ async fn one_person_on_two_surfaces_counts_once_toward_a_quorum() {
     let (id, desk_card) = notification(&d, 0).await;
     let (_, hall_card) = hall_card(&d, 0).await;
     react(&d, &desk_card, "✅", "boss", "");
+    wait_until("boss's approval counted", SOON, || async {
+        trail(&d)
+            .await
+            .into_iter()
+            .any(|e| e["event"] == "answered" && e["by"] == "console:boss")
+            .then_some(())
+    })
+    .await;
+    // Again on hall: the same person, not counted again.
     react_on_hall(&d, &hall_card, "✅", "boss");
     wait_until(
         "boss's second approval refused as counted",
@@ -223,4 +252,92 @@ async fn one_person_on_two_surfaces_counts_once_toward_a_quorum() {
     assert_eq!(sent.content, "needs two");
     let record = hash(&mut d.store().await, &keys::approval(&id)).await;
     assert_eq!(record["approval_people"].lines().count(), 2);
+}
+
+/// A surface's password can write every card field of the records it shows
+/// (Redis ACLs do not reach inside a hash): hall's, compromised, points
+/// desk's card at another channel on desk's allow-list and wipes its
+/// progress. The sweep finds desk's notification again (it is still in
+/// desk's outbox, bound to the channel the config names); desk shows
+/// nothing anywhere else, and the approval still decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surface_cannot_send_another_surfaces_card_elsewhere() {
+    let d = fanned_out(Setup::approval(3600).desk_destinations(&["ops", "general"]));
+    let timing = broker::timing::Timing {
+        sweep_every: std::time::Duration::from_millis(100),
+        ..Default::default()
+    };
+    let _services = [
+        d.run_timed::<console::Console>(broker::config::Service::Outbox, "mail", timing),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+        d.spawn("outbox", "hall"),
+        d.spawn("ingest", "hall"),
+    ];
+    agent_sends(&d, "for ops only", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let (_, hall) = hall_card(&d, 0).await;
+    let mut store = d.store().await;
+    let key = keys::approval(&id);
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("notify_channel")
+        .arg("general")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HDEL")
+        .arg(&key)
+        .arg(&["notified", "notify_entry", "notify_external_id"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    // The sweep's repair: the notification found again and noted.
+    wait_until("desk's notification noted again by the sweep", SOON, || {
+        let (mut store, key) = (store.clone(), key.clone());
+        async move {
+            hash(&mut store, &key)
+                .await
+                .contains_key("notified")
+                .then_some(())
+        }
+    })
+    .await;
+    react_on_hall(&d, &hall, "✅", "boss");
+    assert_eq!(first_sent(&d).await.content, "for ops only");
+    // Desk took and handled everything, its outcome included.
+    wait_until("desk's outbox all handled", SOON, || async {
+        let mut store = d.store().await;
+        let desk = keys::outbox("desk");
+        let groups: redis::streams::StreamInfoGroupsReply =
+            redis::AsyncCommands::xinfo_groups(&mut store.conn, &desk)
+                .await
+                .unwrap();
+        let last: Vec<String> = stream_ids(&mut store, &desk).await;
+        let group = groups.groups.first()?;
+        let told = stream(&mut store, &desk)
+            .await
+            .iter()
+            .any(|e| e.get("approval_outcome").map(String::as_str) == Some("approved"));
+        (told && group.pending == 0 && last.last() == Some(&group.last_delivered_id)).then_some(())
+    })
+    .await;
+    let channels: Vec<String> = d
+        .delivered("desk.out")
+        .into_iter()
+        .map(|l| l.channel_id)
+        .collect();
+    assert!(
+        channels.iter().all(|c| c == "ops"),
+        "desk showed a card off its configured channel: {channels:?}"
+    );
+}
+
+/// The ids of every entry of stream `key`, in order.
+async fn stream_ids(store: &mut broker::store::Store, key: &str) -> Vec<String> {
+    let reply: redis::streams::StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut store.conn, key)
+            .await
+            .unwrap();
+    reply.ids.into_iter().map(|e| e.id).collect()
 }

@@ -11,6 +11,7 @@ mod discord;
 mod effects;
 mod email;
 mod email_corpus;
+mod escalation;
 mod fanout;
 mod invalid;
 mod later;

@@ -104,7 +104,7 @@ pub(crate) async fn render_detail(
     let identity = Identity::web(&session.user);
     let cannot_decide = match bridge {
         _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
-        Some(b) if b.approval.allows(&identity) => None,
+        Some(b) if b.approval.allows_at(&identity, r.escalated) => None,
         _ => Some(format!("You ({identity}) are not on the approvers of bridge `{}`: you can see this approval but not decide it.", r.source())),
     };
     let state = if r.is_settled() {

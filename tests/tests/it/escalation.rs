@@ -1,0 +1,192 @@
+//! Escalation: an approval nobody answers in time is asked on the next
+//! step's surface too, whose approvers may answer from then on.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use broker::config::Service;
+use broker::keys;
+use harness::setup::Setup;
+use harness::{hash, stream, wait_until, Deployment};
+use serde_json::json;
+
+use crate::approval::{agent_sends, notification, react};
+use crate::SOON;
+
+/// mail asks desk; 5 s after parking, undecided, hall (channel `floor`) is
+/// asked too and carol may answer. Deadline a minute.
+fn ladder() -> Deployment {
+    let setup = Setup::approval(60)
+        .approval_key(
+            "escalate = [{ after = 5, notify = \"hall\", notify_channel = \"floor\", approvers = [\"console:carol\"] }]",
+        )
+        .with("[bridges.hall]\ntype = \"console\"\noutput = \"{dir}/hall.out\"\ninput = \"{dir}/hall.in\"\ndestinations = [\"floor\"]\n");
+    Deployment::new(&setup.toml())
+}
+
+fn paused_services(d: &Deployment) -> Vec<harness::Running> {
+    let timing = broker::timing::Timing::default();
+    vec![
+        d.run_paused::<console::Console>(Service::Outbox, "mail", timing),
+        d.run_paused::<console::Console>(Service::Outbox, "desk", timing),
+        d.run_paused::<console::Console>(Service::Ingest, "desk", timing),
+        d.run_paused::<console::Console>(Service::Outbox, "hall", timing),
+        d.run_paused::<console::Console>(Service::Ingest, "hall", timing),
+    ]
+}
+
+async fn trail(d: &Deployment) -> Vec<HashMap<String, String>> {
+    let mut store = d.store().await;
+    stream(&mut store, &keys::audit("mail")).await
+}
+
+async fn record(d: &Deployment, id: &str) -> HashMap<String, String> {
+    let mut store = d.store().await;
+    hash(&mut store, &keys::approval(id)).await
+}
+
+fn react_on_hall(d: &Deployment, external: &str, emoji: &str, user: &str) {
+    d.write_input(
+        "hall.in",
+        json!({"kind": "reaction", "message_id": external, "emoji": emoji, "user": user, "reason": ""}),
+    );
+}
+
+/// On paused time: carol (a step's approver) answering before the step is
+/// ignored; nobody answers for 5 s, so hall is asked (a card on `floor`),
+/// the step is audited, sealed on the record, and desk's card is told; then
+/// carol's answer on hall decides, and the message is sent once.
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_approval_climbs_the_ladder_and_is_decided_there() {
+    let time = harness::Frozen::hold();
+    let d = ladder();
+    let services = paused_services(&d);
+    agent_sends(&d, "deploy friday", "r1").await;
+    let (id, desk_card) = notification(&d, 0).await;
+    react(&d, &desk_card, "✅", "carol", "");
+    wait_until("carol's early answer ignored", SOON, || async {
+        trail(&d)
+            .await
+            .into_iter()
+            .any(|e| e["event"] == "ignored" && e["by"] == "console:carol")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        d.delivered("hall.out").is_empty(),
+        "no step before its time"
+    );
+
+    let hall = time
+        .advance_until("hall asked", Duration::from_secs(10), || async {
+            d.delivered("hall.out").first().cloned()
+        })
+        .await;
+    assert_eq!(hall.approval_id.as_deref(), Some(id.as_str()));
+    assert_eq!(hall.channel_id, "floor");
+    assert!(
+        hall.content
+            .contains("Escalated: escalated 1 step: asked on desk, hall"),
+        "the new card says it is an escalation: {}",
+        hall.content
+    );
+    let r = record(&d, &id).await;
+    assert_eq!(r["escalated"], "1");
+    assert_eq!(r["also"], "hall");
+    let steps: Vec<_> = trail(&d)
+        .await
+        .into_iter()
+        .filter(|e| e["event"] == "escalated")
+        .collect();
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    assert_eq!(steps[0]["notify"], "hall");
+    assert_eq!(steps[0]["count"], "1");
+    let mut store = d.store().await;
+    let told = stream(&mut store, &keys::outbox("desk")).await;
+    assert!(
+        told.iter()
+            .any(|e| e.get("approval_outcome").map(String::as_str) == Some("escalated")),
+        "desk's card is told of the step: {told:?}"
+    );
+
+    let store = d.store().await;
+    wait_until("hall's card recorded as shown", SOON, || {
+        let mut store = store.clone();
+        let external = hall.external_id.clone();
+        async move {
+            hash(&mut store, &keys::approval_map("hall"))
+                .await
+                .contains_key(&external)
+                .then_some(())
+        }
+    })
+    .await;
+    react_on_hall(&d, &hall.external_id, "✅", "carol");
+    let sent = time
+        .advance_until("the approved message", Duration::from_secs(5), || async {
+            d.delivered("mail.out").first().cloned()
+        })
+        .await;
+    assert_eq!(sent.content, "deploy friday");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// An answer before the step's time: no escalation, ever. And a record
+/// that says it escalated without the bridge's seal lets nobody new decide:
+/// carol's approval on it is refused as tampered.
+#[tokio::test(start_paused = true)]
+async fn an_answer_in_time_means_no_step_and_a_forged_step_lets_nobody_in() {
+    let time = harness::Frozen::hold();
+    let d = ladder();
+    let services = paused_services(&d);
+    agent_sends(&d, "first", "r1").await;
+    let (first, card) = notification(&d, 0).await;
+    agent_sends(&d, "second", "r2").await;
+    let (second, _) = notification(&d, 1).await;
+    react(&d, &card, "✅", "boss", "");
+    time.advance_until("the first approved", Duration::from_secs(3), || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    // The second's record claims a step was taken, without the seal.
+    let mut admin = d.store().await;
+    let _: () =
+        redis::AsyncCommands::hset(&mut admin.conn, keys::approval(&second), "escalated", "1")
+            .await
+            .unwrap();
+    let seen = record(&d, &second).await["message_sha256"].clone();
+    let answer = broker::approval::Answer::new(
+        &broker::Clock::starting_at(broker::now_secs_f64()),
+        broker::approval::Verdict::Approved,
+        "console:carol",
+        "",
+    )
+    .seeing(&seen);
+    let outcome = broker::approval::decide(&mut admin, &d.config, &second, answer)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            broker::approval::Outcome::Late(broker::approval::Late::Tampered)
+        ),
+        "{outcome:?}"
+    );
+    time.advance(Duration::from_secs(10)).await;
+    assert!(
+        d.delivered("hall.out").is_empty(),
+        "the first was decided in time, the second's forged step is not one"
+    );
+    assert!(
+        !trail(&d).await.iter().any(|e| e["event"] == "escalated"),
+        "no step taken"
+    );
+    assert_eq!(record(&d, &first).await.get("escalated"), None);
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1, "only the first was sent");
+}
