@@ -987,15 +987,43 @@ async fn surface_answer(
     card: &str,
     mut answer: Answer<'_>,
 ) -> Result<Reply> {
-    let mapped = Approvals::on(store).map_get(name, card).await?;
-    if card.is_empty() || mapped.as_deref() != Some(id) {
-        return Ok(Reply::Refused {
-            message: format!("`{card}` is not a live card of approval {id} on `{name}`"),
-        });
+    let mapped = Approvals::on(store).map_shown(name, card).await?;
+    let shown = match mapped {
+        Some((mapped, shown)) if !card.is_empty() && mapped == id => shown,
+        _ => {
+            return Ok(Reply::Refused {
+                message: format!("`{card}` is not a live card of approval {id} on `{name}`"),
+            })
+        }
+    };
+    // A surface an escalation step asks answers only once the step is
+    // taken (the step count is sealed; a forged one decides nothing).
+    let record = Approvals::on(store).load(id).await?;
+    let step = record
+        .as_ref()
+        .and_then(|r| config.step_of(r.source(), name).map(|s| (s, r.escalated)));
+    if let Some((step, taken)) = step {
+        if taken as usize <= step {
+            return Ok(Reply::Refused {
+                message: format!("`{name}` is asked only from escalation step {}", step + 1),
+            });
+        }
     }
     let proof = format!("ingest:{name}");
     answer.proof = Some(&proof);
     answer.card = Some(card);
+    // The card answers for the version it shows, as its surface recorded
+    // it (the record's card fields can be wiped by another surface, its map
+    // entry cannot), and for the one the request names (a button carries
+    // it): when they differ, whichever is not the current version decides
+    // the answer is late.
+    let current = record.as_ref().map(|r| r.message_sha256.as_str());
+    let seen = match (answer.seen, shown.as_deref()) {
+        (Some(asked), Some(card)) if asked != card && Some(asked) == current => Some(card),
+        (Some(asked), _) => Some(asked),
+        (None, card) => card,
+    };
+    let answer = approval::Answer { seen, ..answer };
     let outcome = approval::decide(store, config, id, answer).await?;
     if approval::disarms(&outcome) {
         Approvals::on(store).map_delete(name, card).await?;

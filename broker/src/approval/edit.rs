@@ -95,6 +95,23 @@ pub async fn edit(
             "{id} asks to run a declared action: its command is bound to a commit, not to text; reject it and ask the agent instead"
         ));
     }
+    // The edit seals what it keeps of the record: only a record the bridge
+    // sealed (version, quorum, deadline, escalation steps), so an edit never
+    // launders a field written outside the broker.
+    let key = super::IdKey::existing(store, record.source()).await?;
+    if let Some(key) = &key {
+        let sealed = record
+            .version_seal
+            .as_deref()
+            .is_some_and(|s| super::same_secret(&key.seal_version(&record), s));
+        if !sealed {
+            tracing::error!(
+                approval = id,
+                "a record changed outside the broker (version seal); not edited"
+            );
+            return refuse(format!("{id} was changed outside the broker; not edited"));
+        }
+    }
     if !bridge.approval.allows_at(editor, record.escalated) {
         return refuse(format!(
             "{editor} is not on the approvers list of bridge `{}`: only approvers edit",
@@ -222,7 +239,7 @@ pub async fn edit(
     }
     // The new version is sealed like a parked one (only the asking bridge's
     // services and the administrator hold the key).
-    if let Some(key) = super::IdKey::existing(store, record.source()).await? {
+    if let Some(key) = &key {
         pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
     }
     let mut pairs: Vec<(String, String)> =
@@ -236,7 +253,11 @@ pub async fn edit(
             &record.message_sha256,
             now,
             &editor_counts_as,
-            (record.expires_at, record.escalated),
+            (
+                record.expires_at,
+                record.escalated,
+                record.version_seal.as_deref().unwrap_or(""),
+            ),
             &pairs,
         )
         .await?;

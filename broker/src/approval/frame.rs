@@ -108,12 +108,14 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
         ),
     ];
     // Only once snoozed, so a record never snoozed renders as it always did.
+    let mut at = 9;
     if let Some(later) = record.snoozed(|t| format!("{t} (unix seconds)")) {
-        head.insert(9, format!("Later:     {}", display_safe(&later)));
+        head.insert(at, format!("Later:     {}", display_safe(&later)));
+        at += 1;
     }
-    // Only once escalated, likewise.
+    // Only once escalated, likewise (after the deadline's lines).
     if let Some(step) = record.escalation() {
-        head.insert(9, format!("Escalated: {}", display_safe(&step)));
+        head.insert(at, format!("Escalated: {}", display_safe(&step)));
     }
     head
 }

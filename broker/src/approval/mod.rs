@@ -168,7 +168,8 @@ pub fn cards_asked(config: &Config, record: &Record) -> Vec<Card> {
         .cards()
         .into_iter()
         .filter_map(|mut card| {
-            let channel = config.card_channel_on(record.source(), &card.bridge)?;
+            let channel =
+                config.card_channel_at(record.source(), &card.bridge, record.escalated)?;
             card.channel = channel.to_string();
             Some(card)
         })
@@ -747,13 +748,26 @@ async fn apply(
 /// (the frame, with what the approval binds: for a declared action the exact
 /// command and the bridge's findings), while its notification entry is kept.
 /// Surfaces show this for a declared action, never the agent's raw fields,
-/// whose order and text the agent chose.
-pub async fn shown_card(store: &mut Store, record: &Record) -> Result<Option<String>> {
-    let Some(entry_id) = record.notify_entry.as_ref().or(record.notified.as_ref()) else {
-        return Ok(None);
-    };
-    let entry = store.entry(&keys::outbox(&record.notify), entry_id).await?;
-    Ok(entry.and_then(|e| e.text("content").map(str::to_string)))
+/// whose order and text the agent chose. The first card (of those its
+/// bridge asks on, see [`cards_asked`]) whose notification is still kept
+/// and names this approval.
+pub async fn shown_card(
+    store: &mut Store,
+    config: &Config,
+    record: &Record,
+) -> Result<Option<String>> {
+    for card in cards_asked(config, record) {
+        let Some(entry_id) = card.entry.as_ref().or(card.notified.as_ref()) else {
+            continue;
+        };
+        let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
+        let ours = entry
+            .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str()));
+        if let Some(content) = ours.and_then(|e| e.text("content").map(str::to_string)) {
+            return Ok(Some(content));
+        }
+    }
+    Ok(None)
 }
 
 /// Ids of every approval record, by `SCAN` (operator use only).

@@ -129,21 +129,23 @@ return {'decided', worker, have}
 /// separator, what a quorum counts the editor as (kept in `editors`: under a
 /// quorum an editor's own approval does not count), the deadline the editor's
 /// side read (a snooze since would leave the new seal over the old deadline:
-/// `changed`), then the field pairs of the new version. Only while the record is
+/// `changed`), the escalation steps and the version seal it read (likewise:
+/// a step taken since, or a seal changed, is `changed`), then the field pairs
+/// of the new version. Only while the record is
 /// pending or approved, inside its window, not settled, its send not started,
 /// and still at that digest; otherwise returns why not (`missing`, `settled`,
 /// `expired`, `sending`, `changed`, the status). Keeps the agent's version on
 /// the first edit, and moves each surface's shown card to its `superseded`;
 /// returns `ok` and those cards, as (bridge, external id) pairs in a flat list.
 const EDIT: &str = r#"
-local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify', 'also', 'escalated')
+local f = redis.call('HMGET', KEYS[1], 'status', 'expires_at', 'settled_at', 'delivery_started', 'message_sha256', 'original_sha256', 'channel_id', 'subject', 'content_preview', 'notify', 'also', 'escalated', 'version_seal')
 if not f[1] then return {'missing', {}} end
 if f[3] then return {'settled', {}} end
 local expires = tonumber(f[2]) or 0
 if expires ~= 0 and tonumber(ARGV[2]) >= expires then return {'expired', {}} end
 if f[4] then return {'sending', {}} end
 if f[1] ~= 'pending' and f[1] ~= 'approved' then return {'already:' .. f[1], {}} end
-if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] or (f[12] or '0') ~= ARGV[6] then return {'changed', {}} end
+if f[5] ~= ARGV[1] or (f[2] or '0') ~= ARGV[5] or (f[12] or '0') ~= ARGV[6] or (f[13] or '') ~= ARGV[7] then return {'changed', {}} end
 if not f[6] then
   redis.call('HSET', KEYS[1], 'original_sha256', f[5], 'original_channel_id', f[7] or '', 'original_subject', f[8] or '', 'original_preview', f[9] or '')
 end
@@ -167,7 +169,7 @@ local editors = redis.call('HGET', KEYS[1], 'editors') or ''
 if editors ~= '' then editors = editors .. ARGV[3] end
 redis.call('HSET', KEYS[1], 'editors', editors .. ARGV[4])
 local fields = {}
-for i = 7, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 8, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(fields))
 return {'ok', cards}
 "#;
@@ -285,9 +287,9 @@ return 'ok'
 /// Takes the next step of the escalation ladder, only while the record is
 /// pending, unsettled, inside its window and still exactly as the caller
 /// read and checked it (steps taken and version seal; `stale` otherwise),
-/// and only for a surface not asked yet: the step's card is added (its
-/// fields prefixed with the bridge, the bridge appended to `also`), to be
-/// notified by the caller. ARGV: now (fractional seconds), the steps read,
+/// and only for a surface other than `notify`: the step's card is added (its
+/// fields prefixed with the bridge, set anew, the bridge appended to `also`
+/// unless listed), to be notified by the caller. ARGV: now (fractional seconds), the steps read,
 /// the version seal read, the new step count, the new version seal, the
 /// surface, its channel, its notification's digest, the list separator.
 /// Returns `ok` or why not (`missing`, `settled`, `expired`, `stale`,
@@ -301,13 +303,20 @@ if expires ~= 0 and tonumber(ARGV[1]) >= expires then return 'expired' end
 if f[1] ~= 'pending' then return 'already:' .. f[1] end
 if (f[4] or '0') ~= ARGV[2] or (f[5] or '') ~= ARGV[3] then return 'stale' end
 if f[6] == ARGV[6] then return 'asked' end
+-- Listed already (written by someone else before the step): its card fields
+-- are set anew, the list kept.
 local also = f[7] or ''
+local listed = false
 for b in string.gmatch(also, '[^' .. ARGV[9] .. ']+') do
-  if b == ARGV[6] then return 'asked' end
+  if b == ARGV[6] then listed = true end
 end
-if also ~= '' then also = also .. ARGV[9] end
+if not listed then
+  if also ~= '' then also = also .. ARGV[9] end
+  also = also .. ARGV[6]
+end
 local P = ARGV[6] .. '.'
-redis.call('HSET', KEYS[1], 'escalated', ARGV[4], 'version_seal', ARGV[5], 'also', also .. ARGV[6], P .. 'notify', ARGV[6], P .. 'notify_channel', ARGV[7], P .. 'notify_sha256', ARGV[8])
+redis.call('HDEL', KEYS[1], P .. 'notified', P .. 'notify_entry', P .. 'notify_external_id', P .. 'unshown', P .. 'superseded', P .. 'outcome_sent')
+redis.call('HSET', KEYS[1], 'escalated', ARGV[4], 'version_seal', ARGV[5], 'also', also, P .. 'notify', ARGV[6], P .. 'notify_channel', ARGV[7], P .. 'notify_sha256', ARGV[8])
 return 'ok'
 "#;
 
@@ -448,6 +457,27 @@ impl Claimed {
             // An answer this version does not know is not a claim.
             _ => Claimed::NotOurs,
         }
+    }
+}
+
+/// A card map entry's value: the approval id and the digest of the version
+/// the card shows. The map is written only by the surface that showed the
+/// card (its ACL), unlike the record's card fields (every surface of the
+/// approval may write those), so it is what an answer to the card is bound
+/// to: a card whose record fields were wiped still answers only for the
+/// version it shows.
+pub fn map_value(id: &str, digest: &str) -> String {
+    match digest {
+        "" => id.to_string(),
+        d => format!("{id} {d}"),
+    }
+}
+
+/// [`map_value`] read back: (approval id, digest when there is one).
+fn parse_map_value(value: &str) -> (String, Option<String>) {
+    match value.split_once(' ') {
+        Some((id, digest)) => (id.to_string(), Some(digest.to_string())),
+        None => (value.to_string(), None),
     }
 }
 
@@ -972,7 +1002,7 @@ impl<'a> Approvals<'a> {
         seen: &str,
         now: f64,
         editor_counts_as: &str,
-        (expires_at, escalated): (u64, u32),
+        (expires_at, escalated, seal): (u64, u32, &str),
         fields: &[(String, String)],
     ) -> Result<EditAnswer> {
         let key = keys::approval(id);
@@ -982,7 +1012,8 @@ impl<'a> Approvals<'a> {
             .arg(APPROVALS_SEPARATOR)
             .arg(editor_counts_as)
             .arg(expires_at)
-            .arg(escalated);
+            .arg(escalated)
+            .arg(seal);
         for (k, v) in fields {
             inv.arg(k).arg(v);
         }
@@ -1257,17 +1288,18 @@ impl<'a> Approvals<'a> {
     /// `then` (the caller's acks, so a card is recorded and its entry acked
     /// together). A card whose record is gone, or no longer claims the entry it
     /// was shown from (edited meanwhile), keeps no answerable card: its map
-    /// entry is removed again. `shown`: (approval id, entry id, external id).
+    /// entry is removed again. `shown`: (approval id, entry id, external id,
+    /// the digest of the version the card shows; see [`map_value`]).
     pub async fn record_shown(
         &mut self,
         bridge: &str,
-        shown: &[(&str, &str, &str)],
+        shown: &[(&str, &str, &str, &str)],
         then: impl FnOnce(&mut redis::Pipeline),
     ) -> Result<()> {
         let map = keys::approval_map(bridge);
         let notes: Vec<_> = shown
             .iter()
-            .map(|(id, entry, external)| {
+            .map(|(id, entry, external, _)| {
                 let mut note = SHOWN_SCRIPT.key(keys::approval(id));
                 note.arg(*entry)
                     .arg(*external)
@@ -1280,7 +1312,10 @@ impl<'a> Approvals<'a> {
         pipe.load_script(&SHOWN_SCRIPT).ignore();
         // Every map entry (one command) before the notes: on a cluster the
         // notes, each on its own record, then go side by side.
-        let entries: Vec<(&str, &str)> = shown.iter().map(|(id, _, ext)| (*ext, *id)).collect();
+        let entries: Vec<(&str, String)> = shown
+            .iter()
+            .map(|(id, _, ext, digest)| (*ext, map_value(id, digest)))
+            .collect();
         if !entries.is_empty() {
             // HSET with many fields (the crate's `hset_multiple` is HMSET,
             // which the ACL users are not granted).
@@ -1298,7 +1333,7 @@ impl<'a> Approvals<'a> {
             .iter()
             .zip(kept)
             .filter(|(_, k)| *k == 0)
-            .map(|((_, _, external), _)| *external)
+            .map(|((_, _, external, _), _)| *external)
             .collect();
         if !gone.is_empty() {
             let _: i64 = self
@@ -1313,12 +1348,25 @@ impl<'a> Approvals<'a> {
 
     /// The approval id behind a card notify bridge `bridge` showed.
     pub async fn map_get(&mut self, bridge: &str, external_id: &str) -> Result<Option<String>> {
+        Ok(self.map_shown(bridge, external_id).await?.map(|(id, _)| id))
+    }
+
+    /// The approval id behind a card notify bridge `bridge` showed, and the
+    /// digest of the version it shows (none for a card recorded by an older
+    /// version).
+    pub async fn map_shown(
+        &mut self,
+        bridge: &str,
+        external_id: &str,
+    ) -> Result<Option<(String, Option<String>)>> {
         let map = keys::approval_map(bridge);
-        self.store
+        let value: Option<String> = self
+            .store
             .conn
             .hget(&map, external_id)
             .await
-            .map_err(|e| Error::from_redis(&format!("HGET {map}"), e))
+            .map_err(|e| Error::from_redis(&format!("HGET {map}"), e))?;
+        Ok(value.map(|v| parse_map_value(&v)))
     }
 
     /// Whether `external_id` is a live card of notify bridge `bridge`.
@@ -1334,11 +1382,16 @@ impl<'a> Approvals<'a> {
     /// Every live card of surface `bridge`: (external id, approval id).
     pub async fn map_entries(&mut self, bridge: &str) -> Result<Vec<(String, String)>> {
         let map = keys::approval_map(bridge);
-        self.store
+        let all: Vec<(String, String)> = self
+            .store
             .conn
             .hgetall(&map)
             .await
-            .map_err(|e| Error::from_redis(&format!("HGETALL {map}"), e))
+            .map_err(|e| Error::from_redis(&format!("HGETALL {map}"), e))?;
+        Ok(all
+            .into_iter()
+            .map(|(card, v)| (card, parse_map_value(&v).0))
+            .collect())
     }
 
     /// Disarms a card: answers to it are no longer looked up.
@@ -1354,30 +1407,51 @@ impl<'a> Approvals<'a> {
     }
 
     /// What the sweep needs of each parked record, in one round trip.
-    pub async fn sweep_read(&mut self, ids: &[String]) -> Result<Vec<SweepState>> {
+    /// `surfaces`: the other surfaces the bridge may ask on (`also` and the
+    /// escalation steps): a record is shown when each card it lists of
+    /// these is.
+    pub async fn sweep_read(
+        &mut self,
+        ids: &[String],
+        surfaces: &[&str],
+    ) -> Result<Vec<SweepState>> {
         let mut pipe = redis::pipe();
+        let mut names = vec![
+            field::STATUS.to_string(),
+            field::NOTIFIED.to_string(),
+            field::NOTIFY_EXTERNAL_ID.to_string(),
+            field::ALSO.to_string(),
+        ];
+        names.extend(
+            surfaces
+                .iter()
+                .map(|b| field::card_field(&format!("{b}."), field::NOTIFY_EXTERNAL_ID)),
+        );
         for id in ids {
-            pipe.cmd("HMGET").arg(keys::approval(id)).arg(&[
-                field::STATUS,
-                field::NOTIFIED,
-                field::NOTIFY_EXTERNAL_ID,
-                field::ALSO,
-            ]);
+            pipe.cmd("HMGET").arg(keys::approval(id)).arg(&names);
         }
         // Bytes: a forged field that is not UTF-8 reads as an unknown status.
-        let states: Vec<(RawField, RawField, RawField, RawField)> = pipe
+        let states: Vec<Vec<RawField>> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("HMGET approval (sweep)", e))?;
         Ok(states
             .into_iter()
-            .map(|(status, notified, shown, also)| SweepState {
-                status: status
-                    .as_deref()
-                    .map(|s| Status::parse(&String::from_utf8_lossy(s))),
-                notified: notified.is_some(),
-                // Asked on several surfaces: each card is checked on the record.
-                shown: shown.is_some() && also.is_none_or(|a| a.is_empty()),
+            .map(|f| {
+                let at = |i: usize| f.get(i).cloned().flatten();
+                let also = at(3).map(|a| String::from_utf8_lossy(&a).into_owned());
+                // Each card listed (and still asked) is shown.
+                let others_shown = also.unwrap_or_default().lines().all(|b| {
+                    match surfaces.iter().position(|s| *s == b) {
+                        Some(i) => at(4 + i).is_some(),
+                        None => true,
+                    }
+                });
+                SweepState {
+                    status: at(0).map(|s| Status::parse(&String::from_utf8_lossy(&s))),
+                    notified: at(1).is_some(),
+                    shown: at(2).is_some() && others_shown,
+                }
             })
             .collect())
     }

@@ -48,7 +48,7 @@ impl View {
         let entry = store.entry(&record.stream, &record.entry_id).await?;
         let shown = match entry {
             None => Shown::Gone,
-            Some(_) if gated => Shown::Card(super::shown_card(store, &record).await?),
+            Some(_) if gated => Shown::Card(super::shown_card(store, config, &record).await?),
             Some(mut entry) => {
                 // A re-send's marks are the broker's, not the message's (the
                 // outbox verifies their seal before it sends; the digest

@@ -200,6 +200,28 @@ impl Config {
             .collect()
     }
 
+    /// The escalation step (0-based) that asks surface `surface` for bridge
+    /// `name`'s approvals, if a step does (not `notify`, not `also`).
+    pub fn step_of(&self, name: &str, surface: &str) -> Option<usize> {
+        let approval = &self.bridges.get(name)?.approval;
+        approval.escalate.iter().position(|s| s.notify == surface)
+    }
+
+    /// Where surface `surface` shows the cards of an approval of bridge
+    /// `name` that took `escalated` steps of its ladder: `notify` and `also`
+    /// always, a step's surface once the step was taken.
+    pub fn card_channel_at<'a>(
+        &'a self,
+        name: &'a str,
+        surface: &str,
+        escalated: u32,
+    ) -> Option<&'a str> {
+        match self.step_of(name, surface) {
+            Some(step) if step >= escalated as usize => None,
+            _ => self.card_channel_on(name, surface),
+        }
+    }
+
     /// Where surface `surface` shows bridge `name`'s cards, if it shows them.
     pub fn card_channel_on<'a>(&'a self, name: &'a str, surface: &str) -> Option<&'a str> {
         self.surfaces_of(name)
@@ -500,8 +522,14 @@ mod tests {
                 "escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\", approvers = [\"nobody\"] }]",
                 "bridges.c.approval.escalate[0].approvers[0]",
             ),
+
         ] {
             assert!(err(&with(approval)).contains(key), "{approval}: {}", err(&with(approval)));
         }
+        // Under a quorum, a step's cli: approvers need [operators] too: else
+        // one shell user could answer as both once the step is taken.
+        let people = "[people.a]\nidentities = [\"console:a\"]\n[people.b]\nidentities = [\"console:b\"]\n[people.x]\nidentities = [\"cli:x\"]\n[people.y]\nidentities = [\"cli:y\"]\n";
+        let shell = format!("[bridges.c]\ntype = \"console\"\ndestinations = [\"*\"]\napproval = {{ required = true, notify = \"e\", notify_channel = \"o\", approvers = [\"console:a\", \"console:b\"], quorum = 2, trust_surfaces = true, timeout = 600, escalate = [{{ after = 60, notify = \"g\", notify_channel = \"q\", approvers = [\"cli:x\", \"cli:y\"] }}] }}\n[bridges.e]\ntype = \"console\"\ndestinations = [\"o\"]\n[bridges.g]\ntype = \"console\"\ndestinations = [\"q\"]\n{people}");
+        assert!(err(&shell).contains("needs [operators]"), "{}", err(&shell));
     }
 }

@@ -355,7 +355,7 @@ impl Config {
                 ),
             ));
         }
-        let labels = approval.approvers.iter().any(|a| a.starts_with("cli:"));
+        let labels = approvers.iter().any(|(_, a)| a.starts_with("cli:"));
         if approval.quorum > 1 && labels && self.operators.is_empty() {
             return Err(ConfigError::invalid(
                 format!("{at}.approval.quorum"),
@@ -387,8 +387,11 @@ impl Config {
             // One password counts once: the approvers must be able to
             // answer through as many secrets as the quorum needs.
             // Each surface's ingest is a password of its own, for the
-            // identities of its type (several surfaces: several passwords).
-            let surfaces = self.surfaces_of(name);
+            // identities of its type (several surfaces: several passwords);
+            // those asked from the start only, so the quorum can be met
+            // before any escalation step.
+            let mut surfaces = self.surfaces_of(name);
+            surfaces.truncate(1 + approval.also.len());
             let proofs: std::collections::BTreeSet<String> = approvers
                 .iter()
                 .flat_map(|(_, a)| match proof_class(a).as_str() {

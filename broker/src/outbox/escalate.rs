@@ -44,13 +44,21 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Takes the escalation steps that are due (at most [`PER_TURN`] a turn).
-    /// A failure other than Redis being away is logged; the step is not
-    /// retried by the loop (a restart arms it again).
+    /// Redis away: this one and those not tried yet are armed again a second
+    /// later; any other failure is logged, and that step is not retried (a
+    /// restart arms it again).
     pub(super) async fn escalate_due(&mut self) -> Result<()> {
         let now = self.clock.now_secs_f64();
-        for id in self.mem.parked.due_escalations(now, PER_TURN) {
-            match self.escalate(&id, now).await {
-                Err(e) if e.is_retriable() => return Err(e),
+        let due = self.mem.parked.due_escalations(now, PER_TURN);
+        for (i, id) in due.iter().enumerate() {
+            match self.escalate(id, now).await {
+                Err(e) if e.is_retriable() => {
+                    let again = self.clock.now_secs() + 1;
+                    for id in &due[i..] {
+                        self.mem.parked.escalate(id, again);
+                    }
+                    return Err(e);
+                }
                 Err(e) => tracing::warn!(approval = %id, error = %e, "escalation step not taken"),
                 Ok(()) => {}
             }
@@ -68,6 +76,14 @@ impl<S: Sender> OutboxService<S> {
         if record.is_settled() || record.state(now) != State::Pending {
             return Ok(());
         }
+        // The seal first: the step count read must be the bridge's.
+        let Some(key) = self.id_key.clone() else {
+            return Ok(());
+        };
+        if !self.deadline_sealed(&record) {
+            tracing::error!(approval = %id, "a record changed outside the broker (version seal); not escalated");
+            return Ok(());
+        }
         let Some(step) = self
             .bridge
             .approval
@@ -77,11 +93,9 @@ impl<S: Sender> OutboxService<S> {
         else {
             return Ok(());
         };
-        let Some(key) = self.id_key.clone() else {
-            return Ok(());
-        };
-        if !self.deadline_sealed(&record) {
-            tracing::error!(approval = %id, "a record changed outside the broker (version seal); not escalated");
+        // Due by the record (a retry after a race may come early).
+        if (record.created_at.saturating_add(step.after) as f64) > now {
+            self.arm_escalation(&record);
             return Ok(());
         }
         // The message as approvers are shown it (an edit's version).
@@ -101,6 +115,8 @@ impl<S: Sender> OutboxService<S> {
             channel: step.notify_channel.clone(),
             ..Card::default()
         };
+        // Listed already (written by someone else before the step): replaced.
+        next.also.retain(|c| c.bridge != card.bridge);
         next.also.push(card.clone());
         let fields = approval::notification_fields(&next, &card.channel, &shown);
         card.sha256 = approval::notification_digest(&fields);
@@ -122,6 +138,8 @@ impl<S: Sender> OutboxService<S> {
                 return Ok(());
             }
         }
+        // The next step is armed at once: nothing below may lose it.
+        self.arm_escalation(&next);
         let step_number = next.escalated.to_string();
         tracing::info!(approval = %id, step = %step_number, surface = %step.notify, "escalated");
         let event = self
@@ -144,7 +162,6 @@ impl<S: Sender> OutboxService<S> {
                 tracing::warn!(approval = %id, surface = %shown.bridge, error = %e, "a card was not told of the escalation");
             }
         }
-        self.arm_escalation(&next);
         Ok(())
     }
 }

@@ -662,7 +662,16 @@ impl<S: Sender> OutboxService<S> {
         // dies between deciding and waking (answering again wakes it too), so a
         // slow round suffices.
         let ids = self.mem.parked.sweep_slice(SWEEP_SLICE);
-        let states = Approvals::on(&mut self.store).sweep_read(&ids).await?;
+        let surfaces: Vec<&str> = self
+            .config
+            .surfaces_of(&self.name)
+            .into_iter()
+            .skip(1)
+            .map(|(b, _)| b)
+            .collect();
+        let states = Approvals::on(&mut self.store)
+            .sweep_read(&ids, &surfaces)
+            .await?;
         let mut unclaimed = Vec::new();
         for (id, state) in ids.into_iter().zip(states) {
             if state.status != Some(Status::Pending) {

@@ -33,6 +33,8 @@ pub(super) struct Shown {
     entry_id: String,
     approval_id: String,
     external_id: String,
+    /// The digest of the version the card shows (what answers to it bind).
+    digest: String,
     /// The requesting bridge, whose audit trail records the card.
     requester: String,
     /// The send's gate: its in-flight mark (and one taken over) goes once the
@@ -106,13 +108,14 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let shown = std::mem::take(&mut self.mem.shown);
-        let cards: Vec<(&str, &str, &str)> = shown
+        let cards: Vec<(&str, &str, &str, &str)> = shown
             .iter()
             .map(|s| {
                 (
                     s.approval_id.as_str(),
                     s.entry_id.as_str(),
                     s.external_id.as_str(),
+                    s.digest.as_str(),
                 )
             })
             .collect();
@@ -248,6 +251,7 @@ impl<S: Sender> OutboxService<S> {
                     entry_id: f.entry.id.clone(),
                     approval_id: id,
                     external_id,
+                    digest: record.message_sha256.clone(),
                     requester: record.source().to_string(),
                     gate,
                     key: key.clone(),
@@ -337,7 +341,9 @@ impl<S: Sender> OutboxService<S> {
         // Shown only where the config says this surface shows the asking
         // bridge's cards: any surface's password can write the record's
         // card fields, so the record's channel is never read.
-        let configured = self.config.card_channel_on(record.source(), &self.name);
+        let configured = self
+            .config
+            .card_channel_at(record.source(), &self.name, record.escalated);
         let card = record.card(&self.name);
         let (Some(card), Some(configured)) = (card, configured) else {
             return Ok(Err(format!(
@@ -506,18 +512,37 @@ impl<S: Sender> OutboxService<S> {
             // content, from this bridge's own stream) with the new deadline
             // or the surfaces now asked; once per snooze or step, so a
             // repeated entry costs no read.
+            // Counted as the config bounds them: a record writer raising
+            // the counts cannot buy more redraws than there can be changes.
+            let rules = self
+                .config
+                .bridges
+                .get(record.source())
+                .map(|b| &b.approval);
+            let most_snoozes = rules.map_or(0, |a| a.max_snoozes);
+            let most_steps = rules.map_or(0, |a| a.escalate.len() as u32);
+            let changes = record.snoozes.min(most_snoozes) + record.escalated.min(most_steps);
             let drawn = self.mem.redrawn.get(&id).copied().unwrap_or(0);
-            let changes = record.snoozes.saturating_add(record.escalated);
-            let shown = match (&card.external_id, &card.entry) {
-                (Some(_), Some(shown)) if changes > drawn => {
-                    self.store.entry(&keys::outbox(&self.name), shown).await?
-                }
+            // Only this surface's own card of this approval (its map, which
+            // only it writes, says so), drawn from a notification of it:
+            // the record's card fields are any surface's to write.
+            let ours = match &card.external_id {
+                Some(external) if changes > drawn => Approvals::on(&mut self.store)
+                    .map_get(&self.name, external)
+                    .await?
+                    .is_some_and(|mapped| mapped == id),
+                _ => false,
+            };
+            let shown = match &card.entry {
+                Some(shown) if ours => self.store.entry(&keys::outbox(&self.name), shown).await?,
                 _ => None,
             };
-            let content = shown.and_then(|e| {
-                e.text(crate::fields::outbox::APPROVAL_CONTENT)
-                    .map(str::to_string)
-            });
+            let content = shown
+                .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(id.as_str()))
+                .and_then(|e| {
+                    e.text(crate::fields::outbox::APPROVAL_CONTENT)
+                        .map(str::to_string)
+                });
             if let (Some(external), Some(content)) = (&card.external_id, content) {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();

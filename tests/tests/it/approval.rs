@@ -162,7 +162,7 @@ async fn parks_with_a_complete_record_and_notification() {
         hash(&mut store, &keys::approval_map("desk"))
             .await
             .get(&external),
-        Some(&id),
+        Some(&approval::repo::map_value(&id, &record["message_sha256"])),
         "the notify bridge maps its message to the approval"
     );
     assert!(
@@ -294,7 +294,7 @@ async fn a_stranger_cannot_approve() {
         hash(&mut store, &keys::approval_map("desk"))
             .await
             .get(&external),
-        Some(&id),
+        Some(&approval::repo::map_value(&id, &record["message_sha256"])),
         "map entry kept"
     );
     assert!(d.delivered("mail.out").is_empty());

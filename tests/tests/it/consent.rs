@@ -118,7 +118,13 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert_eq!(d.delivered("desk.out").len(), 1, "only the genuine card");
     assert_eq!(
         hash(&mut store, &keys::approval_map("desk")).await,
-        HashMap::from([(external.clone(), id.clone())]),
+        HashMap::from([(
+            external.clone(),
+            broker::approval::repo::map_value(
+                &id,
+                &hash(&mut store, &keys::approval(&id)).await["message_sha256"]
+            )
+        )]),
         "the map holds only the genuine card"
     );
     react(&d, &external, "✅", "boss", "");

@@ -669,6 +669,65 @@ async fn later_on_a_card_moves_its_deadline_and_redraws_it() {
     no_records_left(&store).await;
 }
 
+/// An escalation step on a Discord approval: nobody answers for 2 s, so the
+/// step's surface (a console bridge) is asked too; the live Discord card is
+/// redrawn saying so, still answerable; the step's approver decides on the
+/// other surface, and the Discord card is closed with the outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escalation_redraws_the_card_and_an_answer_elsewhere_closes_it() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let ladder = GATED.replace(
+        "timeout = 0",
+        "timeout = 600, escalate = [{ after = 2, notify = \"hall\", notify_channel = \"floor\", approvers = [\"console:carol\"] }]",
+    );
+    let hall = "[bridges.hall]\ntype = \"console\"\noutput = \"{dir}/hall.out\"\ninput = \"{dir}/hall.in\"\ndestinations = [\"floor\"]\n";
+    let d = deployment(&fake, &ladder, hall);
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    let _hall = [d.spawn("outbox", "hall"), d.spawn("ingest", "hall")];
+    connected(&fake).await;
+    let mut store = d.store().await;
+    ann_posts(&mut store, &["ship the release"]).await;
+    let card = card(&fake, 0).await;
+    answerable(&d, card.id).await;
+    let redrawn = wait_until("the card redrawn with the step", PLATFORM_SOON, || async {
+        fake.with(|r| {
+            let p = r.posted.iter().find(|p| p.id == card.id)?;
+            p.edits.last().filter(|e| e.contains("Escalated")).cloned()
+        })
+    })
+    .await;
+    assert!(
+        redrawn.contains("asked on dc, hall")
+            && redrawn.contains("ship the release")
+            && redrawn.contains(render::HOW_TO_ANSWER),
+        "the live card, saying who else is asked: {redrawn}"
+    );
+    let asked = wait_until("the step's card on hall", PLATFORM_SOON, || async {
+        d.delivered("hall.out").first().cloned()
+    })
+    .await;
+    assert_eq!(asked.channel_id, "floor");
+    wait_until("hall's card recorded as shown", PLATFORM_SOON, || {
+        let mut store = store.clone();
+        let external = asked.external_id.clone();
+        async move {
+            harness::hash(&mut store, &keys::approval_map("hall"))
+                .await
+                .contains_key(&external)
+                .then_some(())
+        }
+    })
+    .await;
+    d.write_input(
+        "hall.in",
+        serde_json::json!({"kind": "reaction", "message_id": asked.external_id, "emoji": "✅", "user": "carol", "reason": ""}),
+    );
+    let edited = closed_with(&fake, card.id, "Approved").await;
+    assert!(edited.contains("console:carol"), "{edited}");
+    assert_eq!(fake.with(|r| contents(r, TALK)), ["ship the release"]);
+}
+
 /// `approval.remind_after`: a card still waiting gets one reminder, a reply
 /// to it, once; a card decided first gets none; the trail says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -165,6 +165,25 @@ async fn an_answer_in_time_means_no_step_and_a_forged_step_lets_nobody_in() {
         "",
     )
     .seeing(&seen);
+    // An approver's edit does not seal the forged step into the record.
+    let change = broker::approval::edit::Change {
+        content: Some("second, edited".into()),
+        seen: Some(seen.clone()),
+        ..Default::default()
+    };
+    let edit = broker::approval::edit::edit(
+        &mut admin,
+        &d.config,
+        &broker::Clock::starting_at(broker::now_secs_f64()),
+        &second,
+        &change,
+        "cli:op",
+    )
+    .await;
+    assert!(
+        matches!(&edit, Err(e) if e.to_string().contains("changed outside the broker")),
+        "{edit:?}"
+    );
     let outcome = broker::approval::decide(&mut admin, &d.config, &second, answer)
         .await
         .unwrap();
@@ -189,4 +208,73 @@ async fn an_answer_in_time_means_no_step_and_a_forged_step_lets_nobody_in() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("mail.out").len(), 1, "only the first was sent");
+}
+
+/// A step's surface holds the records' passwords from the start (it must,
+/// to show the step's card): it lists itself on an approval before the step
+/// (its card fields forged). The requesting outbox's sweeps write nothing to
+/// it before the step; the step is taken on time all the same, its card
+/// shown, and its approver decides.
+#[tokio::test(start_paused = true)]
+async fn a_step_surface_cannot_be_asked_before_its_step() {
+    let time = harness::Frozen::hold();
+    let d = ladder();
+    let quick = broker::timing::Timing {
+        sweep_every: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let mut services = paused_services(&d);
+    services.remove(0).stop().await.unwrap();
+    services.push(d.run_paused::<console::Console>(Service::Outbox, "mail", quick));
+    agent_sends(&d, "wait for it", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg(&[
+            "also",
+            "hall",
+            "hall.notify",
+            "hall",
+            "hall.notify_channel",
+            "floor",
+        ])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    time.advance(Duration::from_secs(3)).await;
+    assert!(
+        stream(&mut store, &keys::outbox("hall")).await.is_empty(),
+        "nothing written to the step's surface before the step"
+    );
+    let hall = time
+        .advance_until(
+            "the step taken on time",
+            Duration::from_secs(10),
+            || async { d.delivered("hall.out").first().cloned() },
+        )
+        .await;
+    assert_eq!(record(&d, &id).await["also"], "hall", "listed once");
+    let shown = d.store().await;
+    wait_until("hall's card recorded as shown", SOON, || {
+        let mut store = shown.clone();
+        let external = hall.external_id.clone();
+        async move {
+            hash(&mut store, &keys::approval_map("hall"))
+                .await
+                .contains_key(&external)
+                .then_some(())
+        }
+    })
+    .await;
+    react_on_hall(&d, &hall.external_id, "✅", "carol");
+    let sent = time
+        .advance_until("the approved message", Duration::from_secs(5), || async {
+            d.delivered("mail.out").first().cloned()
+        })
+        .await;
+    assert_eq!(sent.content, "wait for it");
+    for s in services {
+        s.stop().await.unwrap();
+    }
 }

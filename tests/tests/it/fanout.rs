@@ -341,3 +341,63 @@ async fn stream_ids(store: &mut broker::store::Store, key: &str) -> Vec<String> 
             .unwrap();
     reply.ids.into_iter().map(|e| e.id).collect()
 }
+
+/// hall's password (compromised) wipes desk's card from the record, so an
+/// edit cannot list it as superseded and it stays in desk's card map. A ✅
+/// on it still answers for the version it shows (its map entry, which only
+/// desk writes, says which): late, never an approval of the edited text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wiped_card_answers_only_for_the_version_it_shows() {
+    let d = fanned_out(Setup::approval(3600));
+    let _services = services(&d);
+    agent_sends(&d, "what boss saw", "r1").await;
+    let (id, desk_card) = notification(&d, 0).await;
+    hall_card(&d, 0).await;
+    let mut store = d.store().await;
+    let key = keys::approval(&id);
+    let _: () = redis::cmd("HDEL")
+        .arg(&key)
+        .arg("notify_external_id")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let digest = hash(&mut store, &key).await["message_sha256"].clone();
+    let change = approval::edit::Change {
+        content: Some("what boss never saw".into()),
+        seen: Some(digest),
+        ..Default::default()
+    };
+    approval::edit::edit(
+        &mut store,
+        &d.config,
+        &Clock::system(),
+        &id,
+        &change,
+        "cli:op",
+    )
+    .await
+    .unwrap();
+    assert!(
+        map_of(&d, "desk").await.contains_key(&desk_card),
+        "the wiped card stays armed (the edit could not find it)"
+    );
+    react(&d, &desk_card, "✅", "boss", "");
+    wait_until(
+        "boss's answer to the old card refused as late",
+        SOON,
+        || async {
+            trail(&d)
+                .await
+                .into_iter()
+                .any(|e| {
+                    e["event"] == "ignored"
+                        && e["by"] == "console:boss"
+                        && e.get("why").is_some_and(|w| w.contains("edited"))
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(hash(&mut store, &key).await["status"], "pending");
+    assert!(d.delivered("mail.out").is_empty(), "nothing sent");
+}
