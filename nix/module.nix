@@ -50,6 +50,7 @@ let
         notify = mkOption { type = types.str; description = "Bridge asked from this step on."; };
         notify_channel = mkOption { type = types.str; description = "Where on that bridge (on its destinations)."; };
         approvers = mkOption { type = types.listOf types.str; default = [ ]; description = "Who may decide from this step on, besides the approvers before."; };
+        people = mkOption { type = types.listOf types.str; default = [ ]; description = "People (services.cowboy.people) who may decide from this step on, with every identity they have."; };
       }; });
       default = [ ];
       description = "The escalation ladder: each step asks one more surface, and lets its approvers answer, once its time passes undecided.";

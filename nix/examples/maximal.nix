@@ -32,7 +32,7 @@
     dead_letter_retention_seconds = 86400;
     outboxWorkers = [ "b" ];
 
-    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; remind_after = 900; digest = "daily"; digest_to = "desk"; digest_channel = "ann@example.org"; also = [ { notify = "desk"; notify_channel = "cards"; } ]; escalate = [ { after = 3600; notify = "night"; notify_channel = "pager"; approvers = [ "web:root" ]; } ]; };
+    approval = { required = true; notify = "all"; notify_channel = "ops"; timeout = 0; approvers = [ "cli:root" ]; quorum = 1; editors_count = false; trust_surfaces = false; max_parked_per_agent = 500; max_parked_bytes_per_agent = 8388608; max_parked = 5000; max_snooze = 7200; max_snoozes = 2; snooze = 1800; remind_after = 900; digest = "daily"; digest_to = "desk"; digest_channel = "ann@example.org"; also = [ { notify = "desk"; notify_channel = "cards"; } ]; escalate = [ { after = 3600; notify = "night"; notify_channel = "pager"; approvers = [ "web:root" ]; people = [ "root" ]; } ]; };
     ping = { command = [ "/bin/true" ]; debounce_ms = 100; };
     redisPasswordFiles = { ingest = "/s/i"; outbox = "/s/o"; ping = "/s/p"; };
     secrets = { "token_file" = "/etc/cowboy/secrets/token"; };

@@ -289,18 +289,26 @@ pub async fn edit(
             .iter()
             .map(|(k, v)| (*k, v.as_slice()))
             .collect();
-        // Should this stop here, the requester's sweep writes the card (the
-        // record is pending, unnotified, its card's digest bound).
-        let written = store.xadd(&notify, &fields).await?;
-        Approvals::on(store)
-            .mark_notified(id, card, &written)
-            .await?;
-        if old_cards.iter().any(|(b, _)| *b == card.bridge) {
-            let superseded: Vec<(&str, &[u8])> = vec![
-                (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
-                (crate::fields::outbox::APPROVAL_OUTCOME, b"superseded"),
-            ];
-            store.xadd(&notify, &superseded).await?;
+        // The edit is made: a surface that cannot take its new card now
+        // does not make it read as failed, nor hold up the other surfaces;
+        // the requester's sweep writes the card (the record is pending, this
+        // card unnotified, its digest bound).
+        let asked = async {
+            let written = store.xadd(&notify, &fields).await?;
+            Approvals::on(store)
+                .mark_notified(id, card, &written)
+                .await?;
+            if old_cards.iter().any(|(b, _)| *b == card.bridge) {
+                let superseded: Vec<(&str, &[u8])> = vec![
+                    (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),
+                    (crate::fields::outbox::APPROVAL_OUTCOME, b"superseded"),
+                ];
+                store.xadd(&notify, &superseded).await?;
+            }
+            Ok::<(), Error>(())
+        };
+        if let Err(e) = asked.await {
+            tracing::warn!(approval = id, surface = %card.bridge, error = %e, "the edited version's card was not written; the sweep writes it");
         }
     }
     let event = audit::Event::new(record.source(), audit::Kind::Edited, id, now)

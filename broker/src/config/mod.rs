@@ -86,7 +86,24 @@ impl Config {
         })?;
         let mut bridges = BTreeMap::new();
         for (name, table) in raw.bridges {
-            let bridge = BridgeConfig::from_table(&name, table)?;
+            let mut bridge = BridgeConfig::from_table(&name, table)?;
+            // An escalation step names people: each stands for every
+            // identity the config gives them.
+            for (i, step) in bridge.approval.escalate.iter_mut().enumerate() {
+                for (j, person) in step.people.iter().enumerate() {
+                    let Some(p) = raw.people.get(person) else {
+                        return Err(ConfigError::invalid(
+                            format!("bridges.{name}.approval.escalate[{i}].people[{j}]"),
+                            format!("`{person}` names no [people.NAME] entry"),
+                        ));
+                    };
+                    for identity in &p.identities {
+                        if !step.approvers.contains(identity) {
+                            step.approvers.push(identity.clone());
+                        }
+                    }
+                }
+            }
             bridges.insert(name, bridge);
         }
         let config = Config {
@@ -526,6 +543,14 @@ mod tests {
         ] {
             assert!(err(&with(approval)).contains(key), "{approval}: {}", err(&with(approval)));
         }
+        // A step may name people: all their identities answer from the step.
+        let by_person = format!("{}[people.carol]\nidentities = [\"cli:carol\", \"console:carol\"]\n", with("escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\", people = [\"carol\"] }]"));
+        let by_person = Config::parse(&by_person).unwrap_or_else(|e| panic!("{e}"));
+        let step = &by_person.bridges["c"].approval;
+        assert!(step.allows_at("console:carol", 1) && step.allows_at("cli:carol", 1));
+        assert!(!step.allows_at("console:carol", 0));
+        assert!(err(&with("escalate = [{ after = 60, notify = \"g\", notify_channel = \"q\", people = [\"nobody\"] }]"))
+            .contains("bridges.c.approval.escalate[0].people[0]"));
         // Under a quorum, a step's cli: approvers need [operators] too: else
         // one shell user could answer as both once the step is taken.
         let people = "[people.a]\nidentities = [\"console:a\"]\n[people.b]\nidentities = [\"console:b\"]\n[people.x]\nidentities = [\"cli:x\"]\n[people.y]\nidentities = [\"cli:y\"]\n";

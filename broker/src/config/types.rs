@@ -533,6 +533,11 @@ pub struct EscalationStep {
     /// Who may decide from then on, besides the approvers before.
     #[serde(default)]
     pub approvers: Vec<String>,
+    /// People (`[people.NAME]`) who may decide from then on: each with every
+    /// identity the config gives them (added to `approvers` when the config
+    /// is read).
+    #[serde(default)]
+    pub people: Vec<String>,
 }
 
 /// One more surface an approval is asked on: `{ notify, notify_channel }`.

@@ -14,13 +14,14 @@ use crate::approval::{agent_sends, notification, react};
 use crate::SOON;
 
 /// mail asks desk; 5 s after parking, undecided, hall (channel `floor`) is
-/// asked too and carol may answer. Deadline a minute.
+/// asked too and carol (a person: her console identity) may answer.
+/// Deadline a minute.
 fn ladder() -> Deployment {
     let setup = Setup::approval(60)
         .approval_key(
-            "escalate = [{ after = 5, notify = \"hall\", notify_channel = \"floor\", approvers = [\"console:carol\"] }]",
+            "escalate = [{ after = 5, notify = \"hall\", notify_channel = \"floor\", people = [\"carol\"] }]",
         )
-        .with("[bridges.hall]\ntype = \"console\"\noutput = \"{dir}/hall.out\"\ninput = \"{dir}/hall.in\"\ndestinations = [\"floor\"]\n");
+        .with("[bridges.hall]\ntype = \"console\"\noutput = \"{dir}/hall.out\"\ninput = \"{dir}/hall.in\"\ndestinations = [\"floor\"]\n\n[people.carol]\nidentities = [\"console:carol\"]\n");
     Deployment::new(&setup.toml())
 }
 
