@@ -8,9 +8,9 @@ use broker::config::Service;
 use broker::keys;
 use harness::setup::Setup;
 use harness::{hash, stream, wait_until, Deployment};
-use serde_json::json;
 
 use crate::approval::{agent_sends, notification, react};
+use crate::fanout::{hall_shown, react_on_hall};
 use crate::SOON;
 
 /// mail asks desk; 5 s after parking, undecided, hall (channel `floor`) is
@@ -44,13 +44,6 @@ async fn trail(d: &Deployment) -> Vec<HashMap<String, String>> {
 async fn record(d: &Deployment, id: &str) -> HashMap<String, String> {
     let mut store = d.store().await;
     hash(&mut store, &keys::approval(id)).await
-}
-
-fn react_on_hall(d: &Deployment, external: &str, emoji: &str, user: &str) {
-    d.write_input(
-        "hall.in",
-        json!({"kind": "reaction", "message_id": external, "emoji": emoji, "user": user, "reason": ""}),
-    );
 }
 
 /// On paused time: carol (a step's approver) answering before the step is
@@ -110,29 +103,29 @@ async fn an_unanswered_approval_climbs_the_ladder_and_is_decided_there() {
         "desk's card is told of the step: {told:?}"
     );
 
-    let store = d.store().await;
-    wait_until("hall's card recorded as shown", SOON, || {
-        let mut store = store.clone();
-        let external = hall.external_id.clone();
-        async move {
-            hash(&mut store, &keys::approval_map("hall"))
-                .await
-                .contains_key(&external)
-                .then_some(())
-        }
-    })
-    .await;
-    react_on_hall(&d, &hall.external_id, "✅", "carol");
+    carol_approves_on_hall(&d, &time, &hall.external_id, "deploy friday").await;
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
+/// carol's ✅ on hall's card `external`, once it is answerable: the message
+/// `content` is sent.
+async fn carol_approves_on_hall(
+    d: &Deployment,
+    time: &harness::Frozen,
+    external: &str,
+    content: &str,
+) {
+    hall_shown(d, external).await;
+    react_on_hall(d, external, "✅", "carol");
     let sent = time
         .advance_until("the approved message", Duration::from_secs(5), || async {
             d.delivered("mail.out").first().cloned()
         })
         .await;
-    assert_eq!(sent.content, "deploy friday");
-    for s in services {
-        s.stop().await.unwrap();
-    }
-    assert_eq!(d.delivered("mail.out").len(), 1);
+    assert_eq!(sent.content, content);
 }
 
 /// An answer before the step's time: no escalation, ever. And a record
@@ -256,25 +249,7 @@ async fn a_step_surface_cannot_be_asked_before_its_step() {
         )
         .await;
     assert_eq!(record(&d, &id).await["also"], "hall", "listed once");
-    let shown = d.store().await;
-    wait_until("hall's card recorded as shown", SOON, || {
-        let mut store = shown.clone();
-        let external = hall.external_id.clone();
-        async move {
-            hash(&mut store, &keys::approval_map("hall"))
-                .await
-                .contains_key(&external)
-                .then_some(())
-        }
-    })
-    .await;
-    react_on_hall(&d, &hall.external_id, "✅", "carol");
-    let sent = time
-        .advance_until("the approved message", Duration::from_secs(5), || async {
-            d.delivered("mail.out").first().cloned()
-        })
-        .await;
-    assert_eq!(sent.content, "wait for it");
+    carol_approves_on_hall(&d, &time, &hall.external_id, "wait for it").await;
     for s in services {
         s.stop().await.unwrap();
     }

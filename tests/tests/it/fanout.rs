@@ -10,6 +10,7 @@ use harness::{hash, stream, wait_until, Deployment};
 use serde_json::json;
 
 use crate::approval::{agent_sends, first_sent, notification, react};
+use crate::ledger::edit_as;
 use crate::SOON;
 
 /// `setup`, asking also on console bridge `hall` (channel `floor`).
@@ -44,9 +45,18 @@ async fn hall_card(d: &Deployment, n: usize) -> (String, String) {
         line.channel_id, "floor",
         "hall's card goes to its own channel"
     );
+    hall_shown(d, &external).await;
+    (
+        line.approval_id.expect("a card names its approval"),
+        external,
+    )
+}
+
+/// Waits until hall's card `external` is recorded as shown (answerable).
+pub(crate) async fn hall_shown(d: &Deployment, external: &str) {
     let store = d.store().await;
     wait_until("hall's card recorded as shown", SOON, || {
-        let (mut store, external) = (store.clone(), external.clone());
+        let (mut store, external) = (store.clone(), external.to_string());
         async move {
             hash(&mut store, &keys::approval_map("hall"))
                 .await
@@ -55,13 +65,9 @@ async fn hall_card(d: &Deployment, n: usize) -> (String, String) {
         }
     })
     .await;
-    (
-        line.approval_id.expect("a card names its approval"),
-        external,
-    )
 }
 
-fn react_on_hall(d: &Deployment, external: &str, emoji: &str, user: &str) {
+pub(crate) fn react_on_hall(d: &Deployment, external: &str, emoji: &str, user: &str) {
     d.write_input(
         "hall.in",
         json!({"kind": "reaction", "message_id": external, "emoji": emoji, "user": user, "reason": ""}),
@@ -138,23 +144,8 @@ async fn an_edit_supersedes_the_cards_on_every_surface() {
     agent_sends(&d, "the draft", "r1").await;
     let (id, old_desk) = notification(&d, 0).await;
     let (_, old_hall) = hall_card(&d, 0).await;
+    edit_as(&d, &id, "the final text", "console:boss").await;
     let mut store = d.store().await;
-    let digest = hash(&mut store, &keys::approval(&id)).await["message_sha256"].clone();
-    let change = approval::edit::Change {
-        content: Some("the final text".into()),
-        seen: Some(digest),
-        ..Default::default()
-    };
-    approval::edit::edit(
-        &mut store,
-        &d.config,
-        &Clock::system(),
-        &id,
-        &change,
-        "console:boss",
-    )
-    .await
-    .unwrap();
     let (_, new_desk) = notification(&d, 1).await;
     let (_, new_hall) = hall_card(&d, 1).await;
     assert_ne!(new_desk, old_desk);
@@ -361,22 +352,7 @@ async fn a_wiped_card_answers_only_for_the_version_it_shows() {
         .query_async(&mut store.conn)
         .await
         .unwrap();
-    let digest = hash(&mut store, &key).await["message_sha256"].clone();
-    let change = approval::edit::Change {
-        content: Some("what boss never saw".into()),
-        seen: Some(digest),
-        ..Default::default()
-    };
-    approval::edit::edit(
-        &mut store,
-        &d.config,
-        &Clock::system(),
-        &id,
-        &change,
-        "cli:op",
-    )
-    .await
-    .unwrap();
+    edit_as(&d, &id, "what boss never saw", "cli:op").await;
     assert!(
         map_of(&d, "desk").await.contains_key(&desk_card),
         "the wiped card stays armed (the edit could not find it)"

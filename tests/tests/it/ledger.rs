@@ -255,6 +255,12 @@ async fn card_of(d: &Deployment, id: &str, n: usize) -> String {
 /// Approver `console:boss` replaces approval `id`'s content, from the version
 /// it has now.
 async fn edit_as_boss(d: &Deployment, id: &str, content: &str) {
+    edit_as(d, id, content, "console:boss").await;
+}
+
+/// Approver `editor` replaces approval `id`'s content, from the version it
+/// has now.
+pub(crate) async fn edit_as(d: &Deployment, id: &str, content: &str, editor: &str) {
     let mut store = d.store().await;
     let digest = hash(&mut store, &keys::approval(id)).await["message_sha256"].clone();
     let change = approval::edit::Change {
@@ -262,16 +268,9 @@ async fn edit_as_boss(d: &Deployment, id: &str, content: &str) {
         seen: Some(digest),
         ..Default::default()
     };
-    approval::edit::edit(
-        &mut store,
-        &d.config,
-        &Clock::system(),
-        id,
-        &change,
-        "console:boss",
-    )
-    .await
-    .unwrap();
+    approval::edit::edit(&mut store, &d.config, &Clock::system(), id, &change, editor)
+        .await
+        .unwrap();
 }
 
 /// A quorum counts people: boss approving as `console:boss` and again as
