@@ -41,6 +41,7 @@ pub mod approval;
 pub mod audit;
 pub mod blocking;
 pub mod bridge;
+pub mod carried;
 pub mod cli;
 pub mod clock;
 pub mod cluster;

@@ -47,10 +47,6 @@ use crate::rest::{Kind, Rest};
 
 /// Attempts at an event while Redis is unavailable (about two minutes in all).
 const RETRIES: u32 = 10;
-/// Message ids remembered as carried, so a message both caught up and heard
-/// live reaches the inbox once.
-const CARRIED_KEPT: usize = 10_000;
-
 /// Runs `step` until it succeeds, [`RETRIES`] times at most (with the
 /// broker's back-off, cut short by shutdown): the gateway will not send an
 /// event again, so a step that failed while Redis was away waits here. A step
@@ -97,61 +93,8 @@ fn snowflake_now() -> u64 {
     ms.saturating_sub(1_420_070_400_000) << 22
 }
 
-/// What this process carried to the inbox: recent ids, and the last per channel.
-#[derive(Default)]
-struct Carried {
-    ids: HashSet<u64>,
-    order: std::collections::VecDeque<u64>,
-    /// The position saved per channel: everything up to it was carried.
-    last: std::collections::BTreeMap<u64, u64>,
-    /// Channels being caught up: a live message there must not move the saved
-    /// position past older ones not carried yet; its id waits in `live`.
-    catching: HashSet<u64>,
-    live: std::collections::BTreeMap<u64, u64>,
-}
-
-impl Carried {
-    /// Notes message `id` of `channel` carried (live, or by catch-up).
-    fn note(&mut self, channel: u64, id: u64, caught_up: bool) {
-        self.ids.insert(id);
-        self.order.push_back(id);
-        if self.order.len() > CARRIED_KEPT {
-            let old = self.order.pop_front().unwrap_or_default();
-            self.ids.remove(&old);
-        }
-        let at = if self.moves_position(channel, caught_up) {
-            self.last.entry(channel).or_default()
-        } else {
-            self.live.entry(channel).or_default()
-        };
-        *at = (*at).max(id);
-    }
-
-    /// Whether carrying a message of `channel` moves its saved position (a
-    /// live one while the channel is caught up waits).
-    fn moves_position(&self, channel: u64, caught_up: bool) -> bool {
-        caught_up || !self.catching.contains(&channel)
-    }
-
-    /// The positions to save once message `id` of `channel` is carried.
-    fn positions_after(&self, channel: u64, id: u64, caught_up: bool) -> String {
-        let mut last = self.last.clone();
-        if self.moves_position(channel, caught_up) {
-            let at = last.entry(channel).or_default();
-            *at = (*at).max(id);
-        }
-        serde_json::to_string(&last).unwrap_or_default()
-    }
-
-    /// `channel` is caught up (or given up on): live positions count again.
-    fn caught_up(&mut self, channel: u64) {
-        self.catching.remove(&channel);
-        if let Some(live) = self.live.remove(&channel) {
-            let last = self.last.entry(channel).or_default();
-            *last = (*last).max(live);
-        }
-    }
-}
+/// What this process carried to the inbox, by channel and message id.
+type Carried = broker::carried::Carried<u64, u64>;
 
 /// The gateway intents the ingest asks for.
 pub fn intents(dms: bool) -> GatewayIntents {
@@ -360,21 +303,22 @@ impl Handler {
         let (channel, id) = (msg.channel_id.get(), msg.id.get());
         // Under the lock: a message caught up and heard live is carried once.
         let mut ingest = self.ingest.lock().await;
-        if self.carried().ids.contains(&id) {
+        if self.carried().has(&channel, &id) {
             return Ok(());
         }
         // The entry and the position past it in one transaction: a restart
         // between them would carry the message again.
-        let positions = self.carried().positions_after(channel, id, caught_up);
+        let positions = self.carried().positions_after(&channel, &id, caught_up);
+        let positions = serde_json::to_string(&positions).unwrap_or_default();
         ingest.inbound_at(None, &fields, &positions).await?;
-        self.carried().note(channel, id, caught_up);
+        self.carried().note(&channel, &id, caught_up);
         Ok(())
     }
 
     /// Saves the position per channel (under the ingest's lock, so saves
     /// never overtake each other).
     async fn save_positions(&self, ingest: &mut Ingest) -> Result<()> {
-        let cursor = serde_json::to_string(&self.carried().last).unwrap_or_default();
+        let cursor = serde_json::to_string(self.carried().positions()).unwrap_or_default();
         ingest.save_cursor(&cursor).await
     }
 
@@ -397,27 +341,9 @@ impl Handler {
             let stored: std::collections::BTreeMap<u64, u64> = stored
                 .and_then(|s| serde_json::from_str(&s).ok())
                 .unwrap_or_default();
-            {
-                let mut c = self.carried();
-                for (channel, id) in &stored {
-                    let last = c.last.entry(*channel).or_default();
-                    *last = (*last).max(*id);
-                }
-                // A channel with no position yet (a first start, a channel
-                // added to the config) starts from now: what comes after is
-                // caught up next time.
-                let now = snowflake_now();
-                for channel in &listened {
-                    match stored.contains_key(channel) {
-                        true => {
-                            c.catching.insert(*channel);
-                        }
-                        false => {
-                            c.last.entry(*channel).or_insert(now);
-                        }
-                    }
-                }
-            }
+            // A channel with no position yet (a first start, a channel
+            // added to the config) starts from now.
+            self.carried().resume(&stored, &listened, &snowflake_now());
             self.save_positions(&mut ingest).await?;
             stored
         };
@@ -434,7 +360,7 @@ impl Handler {
                     tracing::warn!(channel, error = %e, "messages written meanwhile in this channel were not caught up")
                 }
             }
-            self.carried().caught_up(channel);
+            self.carried().caught_up(&channel);
             let mut ingest = self.ingest.lock().await;
             self.save_positions(&mut ingest).await?;
         }

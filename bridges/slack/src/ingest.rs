@@ -23,7 +23,7 @@
 //!   was open are not caught up: Slack shows the presser an error and keeps
 //!   no record of the press.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use broker::approval::{Outcome, Verdict};
@@ -36,9 +36,6 @@ use crate::api::Api;
 use crate::config::SlackSettings;
 use crate::render;
 
-/// Message ts remembered as carried.
-const CARRIED_KEPT: usize = 10_000;
-
 /// A Slack ts as a number pair, for ordering (`"17.000100"` → (17, 100)).
 pub fn ts_key(ts: &str) -> (u64, u64) {
     let (a, b) = ts.split_once('.').unwrap_or((ts, "0"));
@@ -49,66 +46,27 @@ fn later(a: &str, b: &str) -> bool {
     ts_key(a) > ts_key(b)
 }
 
-/// What this process carried, and the positions to save.
-#[derive(Default)]
-struct Carried {
-    ids: HashSet<(String, String)>,
-    order: VecDeque<(String, String)>,
-    /// The saved position per channel: everything up to it was carried.
-    last: BTreeMap<String, String>,
-    /// Channels being caught up, and the newest live message heard there.
-    catching: HashSet<String>,
-    live: BTreeMap<String, String>,
-}
+/// A message's ts as Slack orders them (kept as written: it is the id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+struct Ts(String);
 
-impl Carried {
-    fn has(&self, channel: &str, ts: &str) -> bool {
-        self.ids.contains(&(channel.to_string(), ts.to_string()))
-    }
-
-    fn bump(map: &mut BTreeMap<String, String>, channel: &str, ts: &str) {
-        let at = map.entry(channel.to_string()).or_default();
-        if at.is_empty() || later(ts, at) {
-            *at = ts.to_string();
-        }
-    }
-
-    fn moves(&self, channel: &str, caught_up: bool) -> bool {
-        caught_up || !self.catching.contains(channel)
-    }
-
-    /// The positions to save once `ts` of `channel` is carried.
-    fn positions_after(&self, channel: &str, ts: &str, caught_up: bool) -> String {
-        let mut last = self.last.clone();
-        if self.moves(channel, caught_up) {
-            Carried::bump(&mut last, channel, ts);
-        }
-        serde_json::to_string(&last).unwrap_or_default()
-    }
-
-    fn note(&mut self, channel: &str, ts: &str, caught_up: bool) {
-        let id = (channel.to_string(), ts.to_string());
-        if self.ids.insert(id.clone()) {
-            self.order.push_back(id);
-        }
-        if self.order.len() > CARRIED_KEPT {
-            if let Some(old) = self.order.pop_front() {
-                self.ids.remove(&old);
-            }
-        }
-        match self.moves(channel, caught_up) {
-            true => Carried::bump(&mut self.last, channel, ts),
-            false => Carried::bump(&mut self.live, channel, ts),
-        }
-    }
-
-    fn caught_up(&mut self, channel: &str) {
-        self.catching.remove(channel);
-        if let Some(live) = self.live.remove(channel) {
-            Carried::bump(&mut self.last, channel, &live);
-        }
+impl Ord for Ts {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        ts_key(&self.0)
+            .cmp(&ts_key(&other.0))
+            .then_with(|| self.0.cmp(&other.0))
     }
 }
+
+impl PartialOrd for Ts {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// What this process carried, by channel and ts, and the positions to save.
+type Carried = broker::carried::Carried<String, Ts>;
 
 /// The event handler of one ingest.
 pub struct Handler {
@@ -255,12 +213,14 @@ impl Handler {
             fields.push(("reply_to", parent.as_bytes()));
         }
         let mut ingest = self.ingest.lock().await;
-        if self.carried().has(channel, ts) {
+        let (channel, ts) = (channel.to_string(), Ts(ts.to_string()));
+        if self.carried().has(&channel, &ts) {
             return Ok(());
         }
-        let positions = self.carried().positions_after(channel, ts, caught_up);
+        let positions = self.carried().positions_after(&channel, &ts, caught_up);
+        let positions = serde_json::to_string(&positions).unwrap_or_default();
         ingest.inbound_at(None, &fields, &positions).await?;
-        self.carried().note(channel, ts, caught_up);
+        self.carried().note(&channel, &ts, caught_up);
         Ok(())
     }
 
@@ -410,7 +370,7 @@ impl Handler {
     }
 
     async fn save_positions(&self, ingest: &mut Ingest) -> Result<()> {
-        let cursor = serde_json::to_string(&self.carried().last).unwrap_or_default();
+        let cursor = serde_json::to_string(self.carried().positions()).unwrap_or_default();
         ingest.save_cursor(&cursor).await
     }
 
@@ -418,7 +378,7 @@ impl Handler {
         let mut listened = self.settings.channels.clone();
         let stored = {
             let mut ingest = self.ingest.lock().await;
-            let stored: BTreeMap<String, String> = ingest
+            let stored: BTreeMap<String, Ts> = ingest
                 .cursor()
                 .await?
                 .and_then(|s| serde_json::from_str(&s).ok())
@@ -428,20 +388,9 @@ impl Handler {
                 // them only to a user token with im:read).
                 listened.extend(stored.keys().filter(|c| c.starts_with('D')).cloned());
             }
-            {
-                let mut c = self.carried();
-                let now = format!("{}.000000", broker::now_secs());
-                for channel in &listened {
-                    match stored.get(channel) {
-                        Some(ts) => {
-                            Carried::bump(&mut c.last, channel, ts);
-                            c.catching.insert(channel.clone());
-                        }
-                        // A first start (or a channel added) begins now.
-                        None => Carried::bump(&mut c.last, channel, &now),
-                    }
-                }
-            }
+            // A first start (or a channel added) begins now.
+            let now = Ts(format!("{}.000000", broker::now_secs()));
+            self.carried().resume(&stored, &listened, &now);
             self.save_positions(&mut ingest).await?;
             stored
         };
@@ -450,7 +399,7 @@ impl Handler {
             let Some(after) = stored.get(channel) else {
                 continue;
             };
-            match self.catch_up_channel(channel, after).await {
+            match self.catch_up_channel(channel, &after.0).await {
                 Ok(n) => carried += n,
                 Err(e) => {
                     tracing::warn!(channel = %channel, error = %e, "messages written meanwhile in this channel were not caught up")
