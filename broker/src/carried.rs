@@ -84,9 +84,10 @@ impl<C: Ord + Hash + Clone, P: Ord + Hash + Clone> Carried<C, P> {
     /// Starts a catch-up from the positions saved before (`stored`): each
     /// listened channel with one is caught up from it; one without (a first
     /// start, a channel added) starts at `now`, so what comes after is
-    /// caught up next time.
+    /// caught up next time. Positions of channels no longer listened are
+    /// dropped: one listened again later starts then, not weeks back.
     pub fn resume(&mut self, stored: &BTreeMap<C, P>, listened: &[C], now: &P) {
-        for (channel, at) in stored {
+        for (channel, at) in stored.iter().filter(|(c, _)| listened.contains(c)) {
             bump(&mut self.last, channel, at);
         }
         for channel in listened {
@@ -133,8 +134,12 @@ mod tests {
     #[test]
     fn positions_move_only_past_what_was_carried() {
         let mut c: Carried<u64, u64> = Carried::default();
-        c.resume(&BTreeMap::from([(1, 10)]), &[1, 2], &100);
-        assert_eq!(c.positions(), &BTreeMap::from([(1, 10), (2, 100)]));
+        c.resume(&BTreeMap::from([(1, 10), (3, 7)]), &[1, 2], &100);
+        assert_eq!(
+            c.positions(),
+            &BTreeMap::from([(1, 10), (2, 100)]),
+            "a channel no longer listened is dropped"
+        );
         c.note(&1, &50, false);
         assert_eq!(c.positions()[&1], 10, "live, while caught up: waits");
         assert_eq!(c.positions_after(&1, &20, true)[&1], 20);

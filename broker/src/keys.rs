@@ -202,7 +202,8 @@ pub fn probe_approval_id(bridge: &str) -> String {
     format!("00000000-0000-4000-8000-0000{}", approval_tag(bridge))
 }
 
-/// External message id → approval id, owned by the notify bridge `source`.
+/// External message id → approval id and the digest of the version the card
+/// shows, owned by the notify bridge `source`.
 pub fn approval_map(source: &str) -> String {
     format!("{APPROVAL_PREFIX}{source}_map")
 }

@@ -868,6 +868,11 @@ async fn apply(
                         ),
                     });
                 }
+                match before_its_step(store, config, id, name).await {
+                    Ok(None) => {}
+                    Ok(Some(refused)) => return Ok(refused),
+                    Err(e) => return classify(Err(e)),
+                }
             }
             let later = approval::snooze::Later {
                 seconds: *seconds,
@@ -976,6 +981,28 @@ fn classify(result: Result<Reply>) -> Result<Reply> {
     }
 }
 
+/// The refusal for surface `name` acting on approval `id` before the
+/// escalation step that asks it was taken (a surface only a step asks holds
+/// the records' rights from the start, to show its card when the step
+/// comes); `None` for every other surface, and once the step is taken.
+async fn before_its_step(
+    store: &mut Store,
+    config: &Config,
+    id: &str,
+    name: &str,
+) -> Result<Option<Reply>> {
+    let record = Approvals::on(store).load(id).await?;
+    let step = record
+        .as_ref()
+        .and_then(|r| config.step_of(r.source(), name).map(|s| (s, r.escalated)));
+    Ok(match step {
+        Some((step, taken)) if taken as usize <= step => Some(Reply::Refused {
+            message: format!("`{name}` is asked only from escalation step {}", step + 1),
+        }),
+        _ => None,
+    })
+}
+
 /// Surface `name`'s answer to its card `card` of approval `id`: only a card
 /// its map gives for that approval, counted once per surface password under
 /// a quorum; the card is disarmed when the answer settles it.
@@ -996,19 +1023,10 @@ async fn surface_answer(
             })
         }
     };
-    // A surface an escalation step asks answers only once the step is
-    // taken (the step count is sealed; a forged one decides nothing).
-    let record = Approvals::on(store).load(id).await?;
-    let step = record
-        .as_ref()
-        .and_then(|r| config.step_of(r.source(), name).map(|s| (s, r.escalated)));
-    if let Some((step, taken)) = step {
-        if taken as usize <= step {
-            return Ok(Reply::Refused {
-                message: format!("`{name}` is asked only from escalation step {}", step + 1),
-            });
-        }
+    if let Some(refused) = before_its_step(store, config, id, name).await? {
+        return Ok(refused);
     }
+    let record = Approvals::on(store).load(id).await?;
     let proof = format!("ingest:{name}");
     answer.proof = Some(&proof);
     answer.card = Some(card);

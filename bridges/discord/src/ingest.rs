@@ -47,6 +47,7 @@ use crate::rest::{Kind, Rest};
 
 /// Attempts at an event while Redis is unavailable (about two minutes in all).
 const RETRIES: u32 = 10;
+
 /// Runs `step` until it succeeds, [`RETRIES`] times at most (with the
 /// broker's back-off, cut short by shutdown): the gateway will not send an
 /// event again, so a step that failed while Redis was away waits here. A step

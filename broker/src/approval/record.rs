@@ -608,8 +608,6 @@ impl Record {
             num(SNOOZED_UNTIL, self.snoozed_until),
             some(SNOOZE_REQUEST, &self.snooze_request),
             num(REMINDED, self.reminded),
-            (self.escalated > 0).then(|| (ESCALATED, self.escalated.to_string())),
-            self.unshown.then(|| (UNSHOWN, "1".to_string())),
             text(
                 ALSO,
                 &self
@@ -619,6 +617,8 @@ impl Record {
                     .collect::<Vec<_>>()
                     .join("\n"),
             ),
+            (self.escalated > 0).then(|| (ESCALATED, self.escalated.to_string())),
+            self.unshown.then(|| (UNSHOWN, "1".to_string())),
         ]
         .into_iter()
         .flatten()

@@ -10,8 +10,8 @@
 //! - A decision is one server-side step on one key ([`DECIDE`]): pending, inside
 //!   its window, and not settled, or nothing changes; it returns the worker the
 //!   record names, read in the same step, so the right worker is woken.
-//! - The notify side claims a record for exactly one notification entry, the
-//!   one with the digest the requesting service bound ([`CLAIM`]).
+//! - Each notify side claims a record for exactly one notification entry of
+//!   its card, the one with the digest the requesting service bound ([`CLAIM`]).
 //! - No step spans two records, so the protocol works unchanged on Redis Cluster
 //!   (the pending index and the maps are written beside, never inside, a script).
 
@@ -66,10 +66,16 @@ if expires ~= 0 and tonumber(ARGV[4]) >= expires then return {'expired', '', hav
 if f[4] then return {'settled', '', have} end
 local sep = '[^' .. ARGV[6] .. ']+'
 if ARGV[7] ~= '' then
-  -- Every surface's earlier cards: the primary's, and each other card's.
+  -- The earlier cards of the surface answered on (its proof names it), or
+  -- of every surface when the proof does not say.
   local lists = {f[7] or ''}
-  for b in string.gmatch(redis.call('HGET', KEYS[1], 'also') or '', sep) do
-    lists[#lists + 1] = redis.call('HGET', KEYS[1], b .. '.superseded') or ''
+  local surface = string.match(ARGV[11], '^ingest:(.+)$')
+  if surface and redis.call('HGET', KEYS[1], 'notify') ~= surface then
+    lists = {redis.call('HGET', KEYS[1], surface .. '.superseded') or ''}
+  elseif not surface then
+    for b in string.gmatch(redis.call('HGET', KEYS[1], 'also') or '', sep) do
+      lists[#lists + 1] = redis.call('HGET', KEYS[1], b .. '.superseded') or ''
+    end
   end
   for _, list in ipairs(lists) do
     for card in string.gmatch(list, sep) do
@@ -356,7 +362,8 @@ pub struct SweepState {
     /// `None`: the record is gone.
     pub status: Option<Status>,
     pub notified: bool,
-    /// Its card is shown (`notify_external_id`).
+    /// Every card it is asked on is shown (`notify_external_id`) or was
+    /// refused by its platform (`unshown`).
     pub shown: bool,
 }
 
@@ -995,7 +1002,7 @@ impl<'a> Approvals<'a> {
     }
 
     /// Replaces an approval's message with an approver's edit (see [`EDIT`]).
-    /// Returns `ok` or why not, and the superseded card's external id.
+    /// Returns `ok` or why not, and the superseded cards (bridge, external id).
     pub async fn edit(
         &mut self,
         id: &str,
@@ -1099,13 +1106,13 @@ impl<'a> Approvals<'a> {
         Ok(())
     }
 
-    /// Notes that the outcome entry was written to the notify bridge.
     /// Notes that `card`'s surface could not show it.
     pub async fn mark_unshown(&mut self, id: &str, card: &Card) -> Result<bool> {
         self.set(id, &[(card.field(field::UNSHOWN).as_str(), "1")])
             .await
     }
 
+    /// Notes that the outcome entry was written to `card`'s notify bridge.
     pub async fn mark_outcome_sent(&mut self, id: &str, card: &Card) -> Result<bool> {
         self.set(id, &[(card.field(field::OUTCOME_SENT).as_str(), "1")])
             .await
@@ -1422,11 +1429,12 @@ impl<'a> Approvals<'a> {
             field::NOTIFY_EXTERNAL_ID.to_string(),
             field::ALSO.to_string(),
         ];
-        names.extend(
-            surfaces
-                .iter()
-                .map(|b| field::card_field(&format!("{b}."), field::NOTIFY_EXTERNAL_ID)),
-        );
+        names.push(field::UNSHOWN.to_string());
+        for b in surfaces {
+            let prefix = format!("{b}.");
+            names.push(field::card_field(&prefix, field::NOTIFY_EXTERNAL_ID));
+            names.push(field::card_field(&prefix, field::UNSHOWN));
+        }
         for id in ids {
             pipe.cmd("HMGET").arg(keys::approval(id)).arg(&names);
         }
@@ -1440,17 +1448,18 @@ impl<'a> Approvals<'a> {
             .map(|f| {
                 let at = |i: usize| f.get(i).cloned().flatten();
                 let also = at(3).map(|a| String::from_utf8_lossy(&a).into_owned());
-                // Each card listed (and still asked) is shown.
-                let others_shown = also.unwrap_or_default().lines().all(|b| {
+                // Each card listed (and still asked) is shown, or was
+                // refused by its platform (nothing more to do for it).
+                let others_done = also.unwrap_or_default().lines().all(|b| {
                     match surfaces.iter().position(|s| *s == b) {
-                        Some(i) => at(4 + i).is_some(),
+                        Some(i) => at(5 + 2 * i).is_some() || at(6 + 2 * i).is_some(),
                         None => true,
                     }
                 });
                 SweepState {
                     status: at(0).map(|s| Status::parse(&String::from_utf8_lossy(&s))),
                     notified: at(1).is_some(),
-                    shown: at(2).is_some() && others_shown,
+                    shown: (at(2).is_some() || at(4).is_some()) && others_done,
                 }
             })
             .collect())

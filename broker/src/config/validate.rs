@@ -392,9 +392,10 @@ impl Config {
             // before any escalation step.
             let mut surfaces = self.surfaces_of(name);
             surfaces.truncate(1 + approval.also.len());
-            let proofs: std::collections::BTreeSet<String> = approvers
+            let proofs: std::collections::BTreeSet<String> = approval
+                .approvers
                 .iter()
-                .flat_map(|(_, a)| match proof_class(a).as_str() {
+                .flat_map(|a| match proof_class(a).as_str() {
                     "surface" => {
                         let kind = a.split(':').next().unwrap_or("");
                         surfaces

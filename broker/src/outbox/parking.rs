@@ -496,6 +496,10 @@ impl<S: Sender> OutboxService<S> {
     ) -> Result<Vec<(Card, bool)>> {
         let mut todo = Vec::new();
         for card in approval::cards_asked(&self.config, record) {
+            // Refused by its platform: not asked again (an edit asks anew).
+            if card.unshown {
+                continue;
+            }
             if card.notified.is_none() {
                 todo.push((card, resumed));
             } else if self.notification_lost(record, &card).await? {

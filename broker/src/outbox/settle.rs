@@ -324,10 +324,15 @@ impl<S: Sender> OutboxService<S> {
                     .await?;
             }
             Delivery::Deferred(due) => {
-                // Not delivered, so the next attempt is not a retry.
-                Approvals::on(&mut self.store)
-                    .clear_delivery_started(&id)
-                    .await?;
+                // Not delivered by this attempt: the next is a retry only if
+                // this one was (an earlier attempt may have sent it, say
+                // before a failover; this one may have stopped at its gate
+                // mark's replication). A first attempt leaves no trace.
+                if !f.retry {
+                    Approvals::on(&mut self.store)
+                        .clear_delivery_started(&id)
+                        .await?;
+                }
                 // Decided: its deadline no longer wakes the loop.
                 self.mem.parked.decided(&id);
                 self.mem

@@ -2,20 +2,27 @@
 //!
 //! Invariants:
 //! - Only the requesting service can ask. An entry carrying `approval_id` is
-//!   shown only when its digest is the record's `notify_sha256` and it is the
-//!   first such entry (the record's `notify_entry` claim, one Lua step); its
-//!   destination is the record's `notify_channel`, which must also pass this
-//!   bridge's `destinations`. Anything else is dead-lettered.
+//!   shown only when its digest is this surface's card's `notify_sha256` on
+//!   the record and it is the first such entry (the card's `notify_entry`
+//!   claim, one Lua step); its destination is the channel the config gives
+//!   this surface for the asking bridge (never the record's, which every
+//!   surface of the approval can write), which must also pass this bridge's
+//!   `destinations`. Anything else is dead-lettered.
+//! - A card's map entry (only this surface writes its map) holds the digest
+//!   of the version the card shows: answers to it bind to that version.
 //! - A reminder (`reminder`, acted on only while the record says it was
 //!   reminded and is unsettled) asks the platform to remind the approvers of
 //!   a live card once; its text comes from the record.
-//! - A snooze redraws a live card (`snoozed`, acted on only while the record
-//!   is snoozed and unsettled), from the record and the notification's own
+//! - A snooze or an escalation step redraws a live card (`snoozed`,
+//!   `escalated`: acted on only while the record is snoozed or escalated and
+//!   unsettled, for a card this surface's map gives to the approval, once per
+//!   change the config allows), from the record and the notification's own
 //!   content in this bridge's stream.
 //! - Only real outcomes change a card. An outcome entry carries `approval_id`
 //!   and `approval_outcome` only; it is acted on when the record exists, is
 //!   settled with that outcome and names this bridge, and the card's text is
-//!   built from the record. Then the record is deleted.
+//!   built from the record. Then the record is deleted, when it has no other
+//!   card (else its TTL deletes it).
 
 use super::inflight::Gate;
 use super::*;
