@@ -788,6 +788,12 @@ async fn apply(
             ),
         });
     }
+    // A step's surface acts on nothing before its step.
+    if let Requester::Surface { name, .. } = requester {
+        if let Some(refused) = before_its_step(config, &record, name) {
+            return Ok(refused);
+        }
+    }
     let result = match &request.action {
         Action::Decide {
             approved,
@@ -814,7 +820,10 @@ async fn apply(
                 Requester::Web => answer.proof = Some("page"),
                 Requester::Surface { name, .. } => {
                     let card = card.as_deref().unwrap_or("");
-                    return classify(surface_answer(store, config, id, name, card, answer).await);
+                    let current = record.message_sha256.as_str();
+                    return classify(
+                        surface_answer(store, config, id, name, card, current, answer).await,
+                    );
                 }
                 Requester::Operator(_) => {}
             }
@@ -867,11 +876,6 @@ async fn apply(
                             "`{card}` is not a live card of approval {id} on `{name}`"
                         ),
                     });
-                }
-                match before_its_step(store, config, id, name).await {
-                    Ok(None) => {}
-                    Ok(Some(refused)) => return Ok(refused),
-                    Err(e) => return classify(Err(e)),
                 }
             }
             let later = approval::snooze::Later {
@@ -981,37 +985,28 @@ fn classify(result: Result<Reply>) -> Result<Reply> {
     }
 }
 
-/// The refusal for surface `name` acting on approval `id` before the
-/// escalation step that asks it was taken (a surface only a step asks holds
-/// the records' rights from the start, to show its card when the step
-/// comes); `None` for every other surface, and once the step is taken.
-async fn before_its_step(
-    store: &mut Store,
-    config: &Config,
-    id: &str,
-    name: &str,
-) -> Result<Option<Reply>> {
-    let record = Approvals::on(store).load(id).await?;
-    let step = record
-        .as_ref()
-        .and_then(|r| config.step_of(r.source(), name).map(|s| (s, r.escalated)));
-    Ok(match step {
-        Some((step, taken)) if taken as usize <= step => Some(Reply::Refused {
-            message: format!("`{name}` is asked only from escalation step {}", step + 1),
-        }),
-        _ => None,
+/// The refusal for surface `name` acting on `record` before the escalation
+/// step that asks it was taken (a surface only a step asks holds the
+/// records' rights from the start, to show its card when the step comes);
+/// `None` for every other surface, and once the step is taken.
+fn before_its_step(config: &Config, record: &approval::Record, name: &str) -> Option<Reply> {
+    let step = config.step_of(record.source(), name)?;
+    (record.escalated as usize <= step).then(|| Reply::Refused {
+        message: format!("`{name}` is asked only from escalation step {}", step + 1),
     })
 }
 
 /// Surface `name`'s answer to its card `card` of approval `id`: only a card
 /// its map gives for that approval, counted once per surface password under
-/// a quorum; the card is disarmed when the answer settles it.
+/// a quorum; the card is disarmed when the answer settles it. `current`: the
+/// digest of the version the record holds, as read for this request.
 async fn surface_answer(
     store: &mut Store,
     config: &Config,
     id: &str,
     name: &str,
     card: &str,
+    current: &str,
     mut answer: Answer<'_>,
 ) -> Result<Reply> {
     let mapped = Approvals::on(store).map_shown(name, card).await?;
@@ -1023,10 +1018,6 @@ async fn surface_answer(
             })
         }
     };
-    if let Some(refused) = before_its_step(store, config, id, name).await? {
-        return Ok(refused);
-    }
-    let record = Approvals::on(store).load(id).await?;
     let proof = format!("ingest:{name}");
     answer.proof = Some(&proof);
     answer.card = Some(card);
@@ -1035,9 +1026,8 @@ async fn surface_answer(
     // entry cannot), and for the one the request names (a button carries
     // it): when they differ, whichever is not the current version decides
     // the answer is late.
-    let current = record.as_ref().map(|r| r.message_sha256.as_str());
     let seen = match (answer.seen, shown.as_deref()) {
-        (Some(asked), Some(card)) if asked != card && Some(asked) == current => Some(card),
+        (Some(asked), Some(card)) if asked != card && asked == current => Some(card),
         (Some(asked), _) => Some(asked),
         (None, card) => card,
     };
