@@ -44,6 +44,13 @@ impl Entry {
 /// body was deleted while pending comes back with `fields = None`.
 pub type StreamBatch = Vec<(String, Vec<RawEntry>)>;
 
+/// A stream id (`MS-SEQ`) as the pair Redis orders ids by; an id Redis did
+/// not write sorts first.
+pub fn id_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
 /// One entry as read: its id, and its fields unless its body was deleted.
 pub type RawEntry = (String, Option<Vec<(String, Vec<u8>)>>);
 

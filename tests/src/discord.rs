@@ -86,6 +86,9 @@ pub struct Recorded {
     pub rate_limit_next: usize,
     /// Per channel: how many of the next create-message calls there answer 429.
     pub rate_limit_channel: HashMap<u64, usize>,
+    /// Per channel: how many create-message calls there go through before
+    /// its `rate_limit_channel` count applies.
+    pub pass_before_limit: HashMap<u64, usize>,
     /// Per channel: every create-message call there answers 429 until then.
     pub rate_limit_until: HashMap<u64, tokio::time::Instant>,
     /// How long each create-message call takes before it is answered.
@@ -271,6 +274,15 @@ impl FakeDiscord {
     /// The next `n` create-message calls to `channel` answer 429 (`usize::MAX`: all).
     pub fn rate_limit_channel(&self, channel: u64, n: usize) {
         self.with(|r| r.rate_limit_channel.insert(channel, n));
+    }
+
+    /// After `pass` more create-message calls to `channel` go through, the
+    /// next `n` there answer 429.
+    pub fn rate_limit_channel_after(&self, channel: u64, pass: usize, n: usize) {
+        self.with(|r| {
+            r.pass_before_limit.insert(channel, pass);
+            r.rate_limit_channel.insert(channel, n)
+        });
     }
 
     /// Every create-message call to `channel` answers 429 for `how_long` from now.
@@ -480,7 +492,11 @@ async fn create_message(
         rec.rate_limited += 1;
         return limited(wait.as_secs_f64(), true, &[]);
     }
-    let channel_limited = rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0)
+    let passes = rec
+        .pass_before_limit
+        .get_mut(&channel)
+        .is_some_and(|p| p.checked_sub(1).map(|left| *p = left).is_some());
+    let channel_limited = !passes && rec.rate_limit_channel.get(&channel).is_some_and(|n| *n > 0)
         || rec
             .rate_limit_until
             .get(&channel)

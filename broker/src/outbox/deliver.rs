@@ -21,9 +21,12 @@
 //!   email's in-flight mark is cleared only after its ack. An approved entry or
 //!   a notification is marked scheduled while its send is under way, so a
 //!   repeated wake-up, the sweep or a re-read never starts it twice.
-//! - Order per destination is kept for plain entries (one send at a time per
-//!   `channel_id`). Approved entries go in the order they are decided, and
-//!   notifications to one approval channel may be shown side by side.
+//! - Order per destination is kept for plain entries (one send, or one run
+//!   of sends made one after another, at a time per `channel_id`; a run
+//!   stops at a send to be retried, and what it did not attempt goes back to
+//!   the head of the queue). Approved entries go in the order they are
+//!   decided, and notifications to one approval channel may be shown side by
+//!   side.
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
@@ -64,10 +67,12 @@ impl<S: Sender> OutboxService<S> {
             gate: Gate::Mine(self.worker.clone()),
             fenced: false,
             unreplicated: false,
+            skipped: false,
         };
         self.mem.to_mark.push(Unmarked {
             flight,
             marking: Marking::Plain { current: resumed },
+            needs_mark: retry,
         });
         Ok(())
     }
@@ -96,11 +101,42 @@ impl<S: Sender> OutboxService<S> {
                 },
             )) => Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await,
             Some((_, Job::Flight(f))) => {
-                self.take_off(*f);
+                self.take_off_run(channel, *f);
                 Ok(())
             }
             // Retries wait for their time, never behind a destination.
             Some((_, Job::Approved { .. } | Job::Notification { .. })) | None => Ok(()),
+        }
+    }
+
+    /// Starts `first`, released to be `channel`'s current delivery, and with
+    /// it the plain sends from its stream queued right behind it, as one run
+    /// gated in one step ([`Self::launch_run`]): only for a sender that can
+    /// tell on a retry whether it sent (a run widens the time between the
+    /// gate and a send, and a send cut off in between is a retry), and only
+    /// when there is room for it now.
+    fn take_off_run(&mut self, channel: &str, first: Flight) {
+        if !(S::DEDUPLICATES && first.runs() && self.mem.flights.len() < self.bridge.max_in_flight)
+        {
+            return self.take_off(first);
+        }
+        let source = first.source;
+        let mut run = vec![first];
+        let fits = |j: &Job| matches!(j, Job::Flight(f) if f.runs() && f.source == source);
+        while run.len() < self.run_len() {
+            match self.mem.sched.release_more(channel, fits) {
+                Some((_, Job::Flight(f))) => run.push(*f),
+                _ => break,
+            }
+        }
+        self.launch_run(run);
+    }
+
+    /// How many sends the next run gates together.
+    fn run_len(&self) -> usize {
+        match self.mem.run_len {
+            0 => RUN_START,
+            n => n.clamp(1, RUN_MAX),
         }
     }
 
@@ -124,7 +160,7 @@ impl<S: Sender> OutboxService<S> {
             consumer: self.consumer.clone(),
             entry_id: flight.entry.id.clone(),
         };
-        self.mem.flights.spawn(async move {
+        let task = async move {
             let passed = match &flight.gate {
                 Gate::Mine(worker) => inflight::pass(&mut conn, &holder, &flight.key, worker).await,
                 Gate::Taken(_) | Gate::Repeat(_) => Ok(true),
@@ -167,6 +203,107 @@ impl<S: Sender> OutboxService<S> {
                 Gate::Mine(_) | Gate::Repeat(_) => sender.send(out).await,
             };
             (flight, result)
+        };
+        self.mem
+            .flights
+            .spawn(async move { Landed::One(Box::new(task.await)) });
+    }
+
+    /// Starts a run of plain sends to one destination from one stream, in
+    /// order, as one task: their gate is passed in one step, then each is
+    /// sent while that gate is fresh ([`RUN_FRESH`]). A send that must be
+    /// tried again later (transient) stops the run; what it did not attempt
+    /// is marked `started:` again and goes back to the head of the queue.
+    fn launch_run(&mut self, mut run: Vec<Flight>) {
+        let sender = self.sender.clone();
+        let mut conn = self.store.conn.clone();
+        let worker = self.worker.clone();
+        let holder = inflight::Holder {
+            stream: self.sources[run[0].source].key.clone(),
+            group: self.group.clone(),
+            consumer: self.consumer.clone(),
+            entry_id: String::new(),
+        };
+        self.mem.flights.spawn(async move {
+            let gated = Instant::now();
+            let sends: Vec<(&str, &str)> = run
+                .iter()
+                .map(|f| (f.key.as_str(), f.entry.id.as_str()))
+                .collect();
+            let passed = inflight::pass_run(&mut conn, &holder, &sends, &worker).await;
+            drop(sends);
+            // The first that cannot go stands for the run (an attempt of its
+            // own, or not, as alone); the rest wait behind it unattempted.
+            let mut stop: Option<(usize, SendError, bool)> = match &passed {
+                Err(e) => Some((0, e.clone(), false)),
+                Ok(_) => None,
+            };
+            let answered = passed.is_ok();
+            let passed = passed.unwrap_or_else(|_| vec![false; run.len()]);
+            if stop.is_none() && passed.iter().any(|p| *p) {
+                if let Err(e) = conn.replicated("the run's gate marks").await {
+                    let first = passed.iter().position(|p| *p).unwrap_or(0);
+                    stop = Some((first, SendError::Transient(e.to_string()), true));
+                }
+            }
+            let mut results = Vec::with_capacity(run.len());
+            let mut unattempted: Vec<String> = Vec::new();
+            let mut stale = false;
+            for (i, (mut f, passed)) in run.drain(..).zip(passed).enumerate() {
+                let result = match &stop {
+                    Some((at, why, unreplicated)) if *at == i => {
+                        f.unreplicated = *unreplicated;
+                        Err(why.clone())
+                    }
+                    _ if answered && !passed => {
+                        f.fenced = true;
+                        Err(SendError::Transient("taken over by another worker".into()))
+                    }
+                    Some(_) => {
+                        f.skipped = true;
+                        if passed {
+                            unattempted.push(f.key.clone());
+                        }
+                        Err(SendError::Transient("not attempted".into()))
+                    }
+                    None if gated.elapsed() >= RUN_FRESH => {
+                        stale = true;
+                        stop = Some((usize::MAX, SendError::Transient(String::new()), false));
+                        f.skipped = true;
+                        unattempted.push(f.key.clone());
+                        Err(SendError::Transient("not attempted".into()))
+                    }
+                    None => {
+                        let out = Outgoing {
+                            message: &f.message,
+                            delivery_key: &f.key,
+                            retry: f.retry,
+                            approval: None,
+                        };
+                        let result = sender.send(out).await;
+                        if let Err(e @ (SendError::Transient(_) | SendError::Credentials(_))) =
+                            &result
+                        {
+                            stop = Some((usize::MAX, e.clone(), false));
+                        }
+                        result
+                    }
+                };
+                results.push((f, result));
+            }
+            let unattempted: Vec<&str> = unattempted.iter().map(String::as_str).collect();
+            if let Err(e) = inflight::ungate(&mut conn, &holder.stream, &unattempted, &worker).await
+            {
+                // Left `writing:`: a later attempt is then a retry, which
+                // this sender deduplicates.
+                tracing::warn!(error = %e, "the unattempted sends of a run keep their marks");
+            }
+            let took = gated.elapsed();
+            Landed::Run {
+                results,
+                stale,
+                took,
+            }
         });
     }
 
@@ -190,10 +327,8 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn collect(&mut self, joined: Joined) -> Result<()> {
         let mut joined = Some(joined);
         while let Some(j) = joined.take().or_else(|| self.mem.flights.try_join_next()) {
-            let (flight, result) =
-                j.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
-            self.stop_if_refused(&flight, &result).await?;
-            self.complete(flight, result).await?;
+            let landed = j.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
+            self.land(landed).await?;
         }
         self.launch_ready();
         self.flush_acks_due().await
@@ -262,17 +397,97 @@ impl<S: Sender> OutboxService<S> {
                 self.flush_shown().await?;
                 return self.flush_acks().await;
             };
-            let (flight, result) =
+            let landed =
                 joined.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
             self.watchdog.tick();
-            self.stop_if_refused(&flight, &result).await?;
-            self.complete(flight, result).await?;
+            self.land(landed).await?;
         }
     }
 
-    /// Acks the batch's delivered entries, one `XACK` per stream, then clears
-    /// their in-flight marks (a mark cleared before its ack would let a restart
-    /// send the message again).
+    /// Records what a send task ended with.
+    async fn land(&mut self, landed: Landed) -> Result<()> {
+        match landed {
+            Landed::One(one) => {
+                let (flight, result) = *one;
+                self.stop_if_refused(&flight, &result).await?;
+                self.complete(flight, result).await
+            }
+            Landed::Run {
+                results,
+                stale,
+                took,
+            } => {
+                self.size_runs(&results, stale, took);
+                self.complete_run(results).await
+            }
+        }
+    }
+
+    /// Sizes the next runs by how this one went: as many as it sent before
+    /// its gate went stale, or twice as many when all went within half the
+    /// time; so a slow platform gates about what it sends, and a fast one
+    /// long runs.
+    fn size_runs(&mut self, results: &[FlightResult], stale: bool, took: Duration) {
+        let attempted = results.iter().filter(|(f, _)| !f.skipped).count();
+        let len = self.run_len();
+        self.mem.run_len = if stale {
+            attempted.max(1)
+        } else if attempted == results.len() && results.len() >= len && took < RUN_FRESH / 2 {
+            (len * 2).min(RUN_MAX)
+        } else {
+            len
+        };
+    }
+
+    /// Records the outcomes of a run, in order. Its destination stays held
+    /// by a send deferred for a retry; what the run did not attempt goes
+    /// back to the head of the queue behind it (a send whose gate found its
+    /// mark gone while its entry is still this worker's, unmarked, to be
+    /// marked again when its turn comes); otherwise the next send starts.
+    async fn complete_run(&mut self, results: Vec<FlightResult>) -> Result<()> {
+        let Some(channel) = results.first().map(|(f, _)| f.message.channel_id.clone()) else {
+            return Ok(());
+        };
+        let mut held = false;
+        let mut back: Vec<(String, Job)> = Vec::new();
+        for (mut f, result) in results {
+            self.stop_if_refused(&f, &result).await?;
+            if f.skipped {
+                // Not attempted: it goes again as it was before the run.
+                f.skipped = false;
+                back.push((f.key.clone(), Job::Flight(Box::new(f))));
+            } else if f.fenced {
+                self.mem.sched.end(&f.key);
+                if self.still_mine(&f).await? {
+                    tracing::warn!(entry = %f.entry.id, "the send gate found no mark on an entry still this worker's; marking it again");
+                    let job = Job::Plain {
+                        source: f.source,
+                        entry: f.entry,
+                        message: f.message,
+                        retry: f.retry,
+                    };
+                    back.push((f.key, job));
+                } else {
+                    tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
+                }
+            } else {
+                held |= !self.complete_plain(f, result).await?;
+            }
+        }
+        for (key, job) in back.into_iter().rev() {
+            self.mem.sched.requeue_front(&channel, PLAIN_LANE, key, job);
+        }
+        if held {
+            return Ok(());
+        }
+        self.start_next(&channel).await
+    }
+
+    /// Acks the batch's delivered entries, one `XACK` per stream, each
+    /// followed by the removal of their in-flight marks, all in one round
+    /// trip (a mark cleared before its ack would let a restart send the
+    /// message again). Once acked an entry is no one's to send, so its mark,
+    /// whoever wrote it, is a leftover: no script needs to check whose.
     async fn flush_acks(&mut self) -> Result<()> {
         self.mem.acks_since = None;
         if self.mem.acks.is_empty() {
@@ -282,19 +497,23 @@ impl<S: Sender> OutboxService<S> {
         self.notices(self.mem.told.clone()).await?;
         self.mem.told.clear();
         let acks = std::mem::take(&mut self.mem.acks);
-        let mut by_stream: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (stream, id, _) in &acks {
-            by_stream
-                .entry(stream.as_str())
-                .or_default()
-                .push(id.as_str());
+        let mut by_stream: BTreeMap<&str, (Vec<&str>, Vec<&str>)> = BTreeMap::new();
+        for (stream, id, key) in &acks {
+            let (ids, keys) = by_stream.entry(stream.as_str()).or_default();
+            ids.push(id.as_str());
+            keys.push(key.as_str());
         }
-        let group = self.group.clone();
-        for (stream, ids) in by_stream {
-            self.store.ack(stream, &group, &ids).await?;
+        let mut pipe = redis::pipe();
+        for (stream, (ids, delivery_keys)) in &by_stream {
+            pipe.xack(*stream, &self.group, ids).ignore();
+            pipe.hdel(keys::in_flight_marks(stream), delivery_keys)
+                .ignore();
         }
-        let fields: Vec<&str> = acks.iter().map(|(_, _, k)| k.as_str()).collect();
-        self.clear_in_flight(&fields).await
+        let () = pipe
+            .query_async(&mut self.store.conn)
+            .await
+            .map_err(|e| Error::from_redis("XACK and HDEL (delivered entries)", e))?;
+        Ok(())
     }
 
     /// Records the outcome of one send: delivered (acked with its batch), dead
@@ -316,6 +535,7 @@ impl<S: Sender> OutboxService<S> {
                 self.mem.to_mark.push(Unmarked {
                     flight: f,
                     marking: Marking::Plain { current: true },
+                    needs_mark: true,
                 });
                 return Ok(());
             }
@@ -326,8 +546,7 @@ impl<S: Sender> OutboxService<S> {
             return self.start_next(&f.message.channel_id).await;
         }
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
-            // Scheduled while it waited behind its destination, marked.
-            Purpose::Plain => self.mem.sched.end(&f.key),
+            Purpose::Plain => {}
             Purpose::Approved { record } => {
                 return self.complete_approved(f, *record, result).await
             }
@@ -337,8 +556,24 @@ impl<S: Sender> OutboxService<S> {
                     .await
             }
         }
-        let stream = self.sources[f.source].key.clone();
         let channel = f.message.channel_id.clone();
+        if self.complete_plain(f, result).await? {
+            // The next delivery to this destination starts now.
+            self.start_next(&channel).await?;
+        }
+        Ok(())
+    }
+
+    /// Records the outcome of a plain send; whether its destination is free
+    /// for the next (not when it waits for a retry).
+    async fn complete_plain(
+        &mut self,
+        f: Flight,
+        result: std::result::Result<Sent, SendError>,
+    ) -> Result<bool> {
+        // Scheduled while it waited behind its destination, marked.
+        self.mem.sched.end(&f.key);
+        let stream = self.sources[f.source].key.clone();
         let taken = f.gate.clone();
         match self.outcome_of(&f.key, f.unreplicated, result) {
             Delivery::Sent(external_id, _) => {
@@ -385,11 +620,10 @@ impl<S: Sender> OutboxService<S> {
                     retry: f.retry,
                 };
                 self.mem.sched.defer(f.key, due, job);
-                return Ok(());
+                return Ok(false);
             }
         }
-        // The next delivery to this destination starts now.
-        self.start_next(&channel).await
+        Ok(true)
     }
 
     /// Classifies one attempt's result under the retry policy: a transient
@@ -653,9 +887,38 @@ pub(super) struct Flight {
     /// Set by the send task when replicas did not confirm its gate mark:
     /// nothing was sent, and it is not an attempt.
     pub(super) unreplicated: bool,
+    /// Set by a run's task for a send it did not attempt (see
+    /// [`OutboxService::launch_run`]): not an attempt either.
+    pub(super) skipped: bool,
 }
 
+/// What a send task ended with: one send, or a run's, in order (with
+/// whether it stopped on a stale gate, and how long it took).
+pub(super) enum Landed {
+    One(Box<FlightResult>),
+    Run {
+        results: Vec<FlightResult>,
+        stale: bool,
+        took: Duration,
+    },
+}
+
+/// Longest a run's gate stands for the sends after it: a run that takes
+/// longer (a slow platform, a paused process) stops there, and the rest
+/// pass the gate again, so a worker that slept through a takeover sends at
+/// most what it had started within this of the gate.
+const RUN_FRESH: Duration = Duration::from_millis(200);
+/// Most sends gated as one run.
+const RUN_MAX: usize = 256;
+/// Sends gated as one run before any run was timed.
+const RUN_START: usize = 8;
+
 impl Flight {
+    /// Whether it may go in a run: a plain send of this worker's own.
+    fn runs(&self) -> bool {
+        matches!(self.purpose, Purpose::Plain) && matches!(self.gate, Gate::Mine(_)) && !self.fenced
+    }
+
     /// The lane this send waits in for room ([`Lanes`]): an approval card in
     /// the lane of the bridge and agent that asked, so one agent's flood of
     /// cards takes turns with the others'; every other send in one lane, in

@@ -41,6 +41,21 @@ impl<T> Lanes<T> {
         queue.push_back(item);
     }
 
+    /// The item [`Self::pop`] would hand out next.
+    pub(super) fn peek(&self) -> Option<&T> {
+        let lane = self.turns.front()?;
+        self.lanes.get(lane)?.front()
+    }
+
+    /// Puts `item` back at the front of `lane`, and that lane first in turn:
+    /// what was handed out and could not go yet goes next.
+    pub(super) fn push_front(&mut self, lane: &str, item: T) {
+        let queue = self.lanes.entry(lane.to_string()).or_default();
+        queue.push_front(item);
+        self.turns.retain(|l| l != lane);
+        self.turns.push_front(lane.to_string());
+    }
+
     /// The first item of the lane whose turn it is.
     pub(super) fn pop(&mut self) -> Option<T> {
         let lane = self.turns.pop_front()?;
@@ -76,6 +91,22 @@ mod tests {
         l.push("bob", "b2");
         assert_eq!(drain(&mut l), ["a1", "b1", "plain", "a2", "b2", "a3", "a4"]);
         assert_eq!(l.pop(), None);
+    }
+
+    /// What is put back goes first, before the lane whose turn it was.
+    #[test]
+    fn what_is_put_back_goes_next() {
+        let mut l = Lanes::default();
+        l.push("ann", "a1");
+        l.push("", "p2");
+        l.push("", "p3");
+        assert_eq!(l.peek(), Some(&"a1"));
+        assert_eq!(l.pop(), Some("a1"));
+        assert_eq!(l.pop(), Some("p2"));
+        l.push("ann", "a2");
+        l.push_front("", "p2");
+        assert_eq!(l.peek(), Some(&"p2"));
+        assert_eq!(drain(&mut l), ["p2", "a2", "p3"]);
     }
 
     /// A lane that empties and fills again queues behind those waiting.

@@ -11,11 +11,27 @@
 //! ```
 //!
 //! Invariants:
-//! - The gate ([`GATE`]) turns `started:{me}` into `writing:{me}` in one step
-//!   right before the platform call (keeps `writing:{me}`, a retry after this
-//!   worker's own restart), and refuses when the mark is anything else. A worker that took the entry over wrote `started:{taker}` first, so a
-//!   paused worker that wakes up behind a takeover sends nothing (it is
-//!   *fenced*), whatever its lease says and however long it slept.
+//! - The gate ([`GATE`]) turns `started:{me}` (or no mark) into
+//!   `writing:{me}` in one step right before the platform call (keeps
+//!   `writing:{me}`, a retry after this worker's own restart), and refuses
+//!   when the mark is another worker's or the entry is no longer this
+//!   worker's in its group's pending list. A worker that took the entry over
+//!   claimed it and wrote `started:{taker}` first, so a paused worker that
+//!   wakes up behind a takeover sends nothing (it is *fenced*), whatever its
+//!   lease says and however long it slept; once the taker is done the entry
+//!   is no longer pending at all.
+//! - An entry read for the first time is not marked before its gate: nobody
+//!   was ever handed it, so no earlier attempt can have left a mark (entries
+//!   read again, after a crash or a takeover, are).
+//! - A run of plain sends to one destination from one stream passes its
+//!   gate in one step ([`GATE_RUN`], same rules per send), for senders that
+//!   deduplicate a retry only. Its sends go one after another while the gate
+//!   is fresh (`deliver::RUN_FRESH`, by the worker's own clock, which runs on
+//!   while it is paused); the rest are turned back to `started:` ([`UNGATE`])
+//!   and pass the gate again. A worker that stops in the middle of a run
+//!   leaves at most a fresh gate's worth of `writing:` marks for sends it
+//!   had not begun: a taker treats them as begun (delivered where the
+//!   sender finds them, `uncertain` otherwise), as for a single send.
 //! - Marking ([`MARK`]) never overwrites `writing:*`: a send that may have
 //!   reached the platform stays known. Seen from another worker it is
 //!   [`Prior::Taken`]: that worker may still complete it, so the taker never
@@ -26,7 +42,9 @@
 //! - `started:*` found when marking means no attempt passed its gate: the send
 //!   is made afresh, not as a retry.
 //! - A mark is removed only by its own worker ([`CLEAR`]), after the outcome
-//!   is recorded (a mark removed before the ack would let a restart send again).
+//!   is recorded (a mark removed before the ack would let a restart send
+//!   again), or right after the ack of its entry by the worker that acked it
+//!   (in the same round trip: an acked entry is no one's to send).
 //! - Marking and the gate also check, in the same step, that the entry is
 //!   still this worker's in its group's pending list: a taker claims before
 //!   it marks, so a worker that stalled anywhere between reading an entry and
@@ -64,6 +82,32 @@ redis.call('HSET', KEYS[1], ARGV[1], 'started:' .. ARGV[2])
 return v or ''
 "#;
 
+/// [`MARK`] for several deliveries of one stream, in one step. KEYS: the
+/// in-flight hash, the stream. ARGV: worker, group, consumer, then (delivery
+/// key, entry id) pairs. Returns what [`MARK`] would, per pair.
+const MARK_RUN: &str = r#"
+local out = {}
+for i = 4, #ARGV, 2 do
+  local key, id = ARGV[i], ARGV[i + 1]
+  local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
+  if not p[1] or p[1][2] ~= ARGV[3] then
+    out[#out + 1] = 'not-mine'
+  else
+    local v = redis.call('HGET', KEYS[1], key)
+    if v and string.sub(v, 1, 8) == 'writing:' then
+      out[#out + 1] = v
+    elseif v and string.sub(v, 1, 8) ~= 'started:' then
+      redis.call('HSET', KEYS[1], key, 'writing:' .. ARGV[1])
+      out[#out + 1] = v
+    else
+      redis.call('HSET', KEYS[1], key, 'started:' .. ARGV[1])
+      out[#out + 1] = v or ''
+    end
+  end
+end
+return out
+"#;
+
 /// The gate right before the platform call. KEYS: the in-flight hash, the
 /// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
 /// Returns 1 when this worker may send (the entry still its own in the
@@ -73,23 +117,81 @@ const GATE: &str = r#"
 local p = redis.call('XPENDING', KEYS[2], ARGV[3], ARGV[5], ARGV[5], 1)
 if not p[1] or p[1][2] ~= ARGV[4] then return 0 end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
-if v ~= 'started:' .. ARGV[2] and v ~= 'writing:' .. ARGV[2] then return 0 end
+if v and v ~= 'started:' .. ARGV[2] and v ~= 'writing:' .. ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], 'writing:' .. ARGV[2])
 return 1
+"#;
+
+/// The gate of a run: [`GATE`] for each delivery of one stream, in one step.
+/// KEYS: the in-flight hash, the stream. ARGV: worker, group, consumer, the
+/// lowest and the highest entry id of the run, then (delivery key, entry id)
+/// pairs. Returns 1 or 0 per pair, as [`GATE`]. Whose entries are is read
+/// once for the run's range (this consumer's pending entries in it, usually
+/// just the run's); one entry at a time only past a range too full to read
+/// whole.
+const GATE_RUN: &str = r#"
+local started, writing = 'started:' .. ARGV[1], 'writing:' .. ARGV[1]
+local fields, ids = {}, {}
+for i = 6, #ARGV, 2 do
+  fields[#fields + 1] = ARGV[i]
+  ids[#ids + 1] = ARGV[i + 1]
+end
+if #fields == 0 then return {} end
+local limit = 2 * #ids + 16
+local mine = {}
+local range = redis.call('XPENDING', KEYS[2], ARGV[2], ARGV[4], ARGV[5], limit, ARGV[3])
+for _, p in ipairs(range) do mine[p[1]] = true end
+local whole = #range < limit
+local marks = redis.call('HMGET', KEYS[1], unpack(fields))
+local out, set = {}, {}
+for n = 1, #fields do
+  local ok, v, id = 0, marks[n], ids[n]
+  if not v or v == started or v == writing then
+    local held = mine[id]
+    if not held and not whole then
+      local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
+      held = p[1] and p[1][2] == ARGV[3]
+    end
+    if held then
+      ok = 1
+      set[#set + 1] = fields[n]
+      set[#set + 1] = writing
+    end
+  end
+  out[n] = ok
+end
+if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
+return out
+"#;
+
+/// Turns this worker's `writing:` marks among ARGV[2..] back to `started:`:
+/// sends of a run that passed the gate together and were never attempted
+/// (nothing reached the platform; a later attempt is no retry).
+/// KEYS: the in-flight hash. ARGV: worker, delivery keys.
+const UNGATE: &str = r#"
+for i = 2, #ARGV do
+  if redis.call('HGET', KEYS[1], ARGV[i]) == 'writing:' .. ARGV[1] then
+    redis.call('HSET', KEYS[1], ARGV[i], 'started:' .. ARGV[1])
+  end
+end
+return 0
 "#;
 
 /// Removes the marks of `worker` among ARGV[2..] (another worker's stay).
 /// KEYS: the in-flight hash. ARGV: worker, delivery keys.
 const CLEAR: &str = r#"
-local n = 0
-for i = 2, #ARGV do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  if v == 'started:' .. ARGV[1] or v == 'writing:' .. ARGV[1] then
-    redis.call('HDEL', KEYS[1], ARGV[i])
-    n = n + 1
+local fields = {}
+for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
+if #fields == 0 then return 0 end
+local marks = redis.call('HMGET', KEYS[1], unpack(fields))
+local gone = {}
+for n = 1, #fields do
+  if marks[n] == 'started:' .. ARGV[1] or marks[n] == 'writing:' .. ARGV[1] then
+    gone[#gone + 1] = fields[n]
   end
 end
-return n
+if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+return #gone
 "#;
 
 /// Drops a mark whose entry is no longer pending in its group (acked, or
@@ -132,6 +234,12 @@ static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(GATE));
 static CLEAR_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CLEAR));
+static MARK_RUN_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(MARK_RUN));
+static GATE_RUN_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(GATE_RUN));
+static UNGATE_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(UNGATE));
 
 /// A send waiting for its in-flight mark, taken with the rest of its batch
 /// ([`OutboxService::flush_marks`]): one round trip a batch instead of one a
@@ -140,6 +248,10 @@ pub(super) struct Unmarked {
     /// Its `gate` is set once marked; its `retry` is what the gate starts from.
     pub(super) flight: Flight,
     pub(super) marking: Marking,
+    /// Whether an earlier attempt may have left a mark: an entry read for the
+    /// first time cannot have one (nobody else was ever handed it), so it
+    /// skips marking and is known [`Prior::Unmarked`].
+    pub(super) needs_mark: bool,
 }
 
 /// What a send waiting for its mark is.
@@ -232,6 +344,60 @@ pub(super) async fn pass(
     Ok(passed == 1)
 }
 
+/// The gate of a run of sends from one stream (`holder`'s, whose entry id
+/// is not used), `(delivery key, entry id)` each: whether each may go.
+pub(super) async fn pass_run(
+    conn: &mut crate::store::Conn,
+    holder: &Holder,
+    sends: &[(&str, &str)],
+    worker: &str,
+) -> std::result::Result<Vec<bool>, SendError> {
+    let by_id = |id: &&&str| crate::store::id_order(id);
+    let ids = sends.iter().map(|(_, id)| id);
+    let (Some(lowest), Some(highest)) = (ids.clone().min_by_key(by_id), ids.max_by_key(by_id))
+    else {
+        return Ok(Vec::new());
+    };
+    let mut inv = GATE_RUN_SCRIPT.key(keys::in_flight_marks(&holder.stream));
+    inv.key(&holder.stream)
+        .arg(worker)
+        .arg(&holder.group)
+        .arg(&holder.consumer)
+        .arg(*lowest)
+        .arg(*highest);
+    for (key, entry_id) in sends {
+        inv.arg(*key).arg(*entry_id);
+    }
+    let passed: Vec<i64> = inv
+        .invoke_async(conn)
+        .await
+        .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
+    Ok(passed.into_iter().map(|p| p == 1).collect())
+}
+
+/// Turns the `writing:` marks of a run's sends that were never attempted
+/// back to `started:` (see [`UNGATE`]).
+pub(super) async fn ungate(
+    conn: &mut crate::store::Conn,
+    stream: &str,
+    delivery_keys: &[&str],
+    worker: &str,
+) -> std::result::Result<(), SendError> {
+    if delivery_keys.is_empty() {
+        return Ok(());
+    }
+    let _: i64 = UNGATE_SCRIPT
+        .key(keys::in_flight_marks(stream))
+        .arg(worker)
+        .arg(delivery_keys)
+        .invoke_async(conn)
+        .await
+        .map_err(|e| {
+            SendError::Transient(format!("the run's unsent marks could not be reset: {e}"))
+        })?;
+    Ok(())
+}
+
 impl<S: Sender> OutboxService<S> {
     /// Marks a delivery this worker is about to send (entry `entry_id` of
     /// stream `stream`); returns what was there.
@@ -269,32 +435,52 @@ impl<S: Sender> OutboxService<S> {
                 .map_err(|e| Error::from_redis(&format!("EVALSHA mark {key}"), e))?;
             return Ok(vec![Prior::parse(&previous, &self.worker)]);
         }
-        let invocations: Vec<_> = marks
+        // One script per stream for all its marks (its hash is in the
+        // stream's slot), all in one pipeline; answers put back in order.
+        let mut streams: Vec<&str> = Vec::new();
+        for (stream, _, _) in marks {
+            if !streams.contains(stream) {
+                streams.push(stream);
+            }
+        }
+        let invocations: Vec<_> = streams
             .iter()
-            .map(|(stream, entry_id, delivery_key)| {
-                let mut inv = MARK_SCRIPT.key(keys::in_flight_marks(stream));
+            .map(|stream| {
+                let mut inv = MARK_RUN_SCRIPT.key(keys::in_flight_marks(stream));
                 inv.key(*stream)
-                    .arg(*delivery_key)
                     .arg(&self.worker)
                     .arg(&self.group)
-                    .arg(&self.consumer)
-                    .arg(*entry_id);
+                    .arg(&self.consumer);
+                for (s, entry_id, delivery_key) in marks {
+                    if s == stream {
+                        inv.arg(*delivery_key).arg(*entry_id);
+                    }
+                }
                 inv
             })
             .collect();
         let mut pipe = redis::pipe();
-        pipe.load_script(&MARK_SCRIPT).ignore();
+        pipe.load_script(&MARK_RUN_SCRIPT).ignore();
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
-        let previous: Vec<String> = pipe
+        let answers: Vec<Vec<String>> = pipe
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis("EVALSHA mark (in-flight marks)", e))?;
-        Ok(previous
+        let mut answers: Vec<std::vec::IntoIter<String>> =
+            answers.into_iter().map(Vec::into_iter).collect();
+        marks
             .iter()
-            .map(|p| Prior::parse(p, &self.worker))
-            .collect())
+            .map(|(stream, _, _)| {
+                let at = streams.iter().position(|s| s == stream).unwrap_or(0);
+                answers
+                    .get_mut(at)
+                    .and_then(Iterator::next)
+                    .map(|p| Prior::parse(&p, &self.worker))
+                    .ok_or_else(|| Error::internal("marking a batch answered too little"))
+            })
+            .collect()
     }
 
     /// Takes the marks of the sends queued since the last call, together,
@@ -311,13 +497,23 @@ impl<S: Sender> OutboxService<S> {
             let marks: Vec<(&str, &str, &str)> = queued
                 .iter()
                 .zip(&streams)
+                .filter(|(u, _)| u.needs_mark)
                 .map(|(u, stream)| {
                     let f = &u.flight;
                     (stream.as_str(), f.entry.id.as_str(), f.key.as_str())
                 })
                 .collect();
             let priors = match self.mark_many(&marks).await {
-                Ok(p) => p,
+                Ok(p) => {
+                    let mut found = p.into_iter();
+                    queued
+                        .iter()
+                        .map(|u| match u.needs_mark {
+                            true => found.next().unwrap_or(Prior::NotMine),
+                            false => Prior::Unmarked,
+                        })
+                        .collect::<Vec<_>>()
+                }
                 Err(e) => {
                     // Kept (a resumed one holds its destination): the error's
                     // drain marks them again, or forgets them with the holds.

@@ -28,7 +28,7 @@ use crate::store::Entry;
 use super::parked::ParkedIndex;
 use super::schedule::Scheduler;
 use super::source::SourceId;
-use super::{surface, FlightResult, NewPark};
+use super::{deliver::Landed, surface, NewPark};
 
 #[derive(Default)]
 pub(super) struct Memory {
@@ -38,7 +38,7 @@ pub(super) struct Memory {
     /// room, and their attempts ([`super::schedule`]).
     pub sched: Scheduler,
     /// Sends under way side by side (at most `max_in_flight`).
-    pub flights: tokio::task::JoinSet<FlightResult>,
+    pub flights: tokio::task::JoinSet<Landed>,
     /// Sends of the batch waiting for their in-flight marks, taken together
     /// after it ([`super::inflight::Unmarked`]); a resumed one's destination
     /// is held for it already.
@@ -71,6 +71,9 @@ pub(super) struct Memory {
     /// Approvals whose approvers this notify side reminded (once each, the
     /// same way). Bounded: cleared when full.
     pub reminded: std::collections::HashSet<String>,
+    /// How many sends the next run gates together (see `deliver.rs`,
+    /// `size_runs`); 0 before the first run.
+    pub run_len: usize,
     /// The digest period this worker last looked at (see `digest.rs`).
     pub digest_period: Option<u64>,
 }

@@ -45,7 +45,7 @@ mod surface;
 pub use crate::retry::RetryPolicy;
 
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
-use deliver::{Delivery, Flight, Job, Purpose};
+use deliver::{Delivery, Flight, Job, Landed, Purpose};
 use incoming::Class;
 use inflight::{Marking, Unmarked};
 use memory::Memory;
@@ -93,7 +93,7 @@ struct NewPark {
 /// A finished send: the flight and what the platform said.
 type FlightResult = (Flight, std::result::Result<Sent, SendError>);
 /// A send task as it ends (it may have panicked).
-type Joined = std::result::Result<FlightResult, tokio::task::JoinError>;
+type Joined = std::result::Result<Landed, tokio::task::JoinError>;
 
 /// The outbox service of one bridge.
 pub struct OutboxService<S> {

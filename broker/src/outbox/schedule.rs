@@ -133,6 +133,33 @@ impl Scheduler {
         }
     }
 
+    /// While `channel`'s current delivery is held: hands out the next job
+    /// queued behind it too, if `fits` it (so sends queued behind one
+    /// destination go on as one run), now under way with the current one.
+    pub fn release_more(
+        &mut self,
+        channel: &str,
+        fits: impl Fn(&Job) -> bool,
+    ) -> Option<(String, Job)> {
+        let queue = self.destinations.get_mut(channel)?;
+        if !queue.peek().is_some_and(|(_, job)| fits(job)) {
+            return None;
+        }
+        let (key, job) = queue.pop()?;
+        self.phase.insert(key.clone(), Phase::UnderWay);
+        Some((key, job))
+    }
+
+    /// Puts `job` back at the head of `channel`'s queue, in `lane`: handed
+    /// out with a run and not started, it goes before everything queued.
+    pub fn requeue_front(&mut self, channel: &str, lane: &str, key: String, job: Job) {
+        self.phase.insert(key.clone(), Phase::Queued);
+        self.destinations
+            .entry(channel.to_string())
+            .or_default()
+            .push_front(lane, (key, job));
+    }
+
     /// Waits `job` until `due`.
     pub fn defer(&mut self, key: String, due: Instant, job: Job) {
         self.seq += 1;
@@ -253,6 +280,34 @@ mod tests {
         assert!(s.release("ops").is_none());
         assert!(!s.is_busy("ops"), "free again");
         assert!(s.is_idle());
+    }
+
+    /// A run takes what fits from the head of the queue and stops at the
+    /// first that does not; what it puts back goes first again.
+    #[test]
+    fn a_run_takes_the_head_of_the_queue_and_puts_back_in_front() {
+        let mut s = Scheduler::default();
+        s.hold("ops");
+        for n in 1..=4 {
+            s.queue_behind("ops", PLAIN_LANE, format!("q{n}"), job(n));
+        }
+        let fits = |j: &Job| matches!(j, Job::Approved { approval_id } if approval_id != "a4");
+        let run: Vec<String> = std::iter::from_fn(|| s.release_more("ops", fits))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            run,
+            ["q1", "q2", "q3"],
+            "stops at the first that does not fit"
+        );
+        assert!(s.is_sending("q2"), "handed out: under way");
+        s.requeue_front("ops", PLAIN_LANE, "q3".into(), job(3));
+        s.requeue_front("ops", PLAIN_LANE, "q2".into(), job(2));
+        let order: Vec<String> = std::iter::from_fn(|| s.release("ops"))
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(order, ["q2", "q3", "q4"]);
+        assert!(!s.is_busy("ops"));
     }
 
     /// Attempts count per delivery until the policy gives up, and the time

@@ -231,6 +231,7 @@ impl<S: Sender> OutboxService<S> {
             gate,
             fenced: false,
             unreplicated: false,
+            skipped: false,
             source: src,
             entry,
             message,

@@ -216,6 +216,7 @@ impl<S: Sender> OutboxService<S> {
             gate: Gate::Mine(self.worker.clone()),
             fenced: false,
             unreplicated: false,
+            skipped: false,
             source: src,
             entry: entry.clone(),
             message,
@@ -231,6 +232,7 @@ impl<S: Sender> OutboxService<S> {
         self.mem.to_mark.push(Unmarked {
             flight,
             marking: Marking::Card,
+            needs_mark: true,
         });
         Ok(())
     }

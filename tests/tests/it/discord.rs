@@ -1320,6 +1320,51 @@ async fn a_delivery_that_never_stops_failing_is_dead_lettered() {
     assert_eq!(fake.with(|r| r.rate_limited), 3);
 }
 
+/// Entries queued behind one channel go as runs, their gates passed
+/// together: a 429 in the middle of a run stops it there, the refused send
+/// waits for its retry with the rest of the run behind it, unattempted, and
+/// every message reaches the channel once, in the stream's order. No mark
+/// is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_by_a_429_keeps_order_and_sends_each_once() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let mut store = d.store().await;
+    let want: Vec<String> = (0..12).map(|i| format!("run {i}")).collect();
+    for content in &want {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    // The first goes alone, the rest queue behind it and go as a run, which
+    // the fourth post cuts.
+    fake.rate_limit_channel_after(TALK, 4, 1);
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let talk = wait_until("all twelve delivered", PLATFORM_SOON, || async {
+        let t = fake.with(|r| contents(r, TALK));
+        (t.len() >= want.len()).then_some(t)
+    })
+    .await;
+    assert_eq!(talk, want, "each once, in order");
+    assert_eq!(fake.with(|r| r.rate_limited), 1);
+    let log = std::fs::read_to_string(d.path("cowboy-discord-outbox-dc.log")).unwrap();
+    assert_eq!(log.matches("send failed; deferred").count(), 1, "{log}");
+    wait_until("every mark cleared", PLATFORM_SOON, || async {
+        let mut s = d.store().await;
+        let marks = harness::hash(&mut s, &keys::in_flight_marks("ann:dc:outbox")).await;
+        marks.is_empty().then_some(())
+    })
+    .await;
+    assert!(stream(&mut store, "dc:dead").await.is_empty());
+}
+
 /// A destination answering 429 for a whole minute holds up nothing else, on
 /// paused time (the outbox runs in the test on tokio's clock, held still
 /// between the test's steps). All the while, an approval on another

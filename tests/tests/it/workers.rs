@@ -464,18 +464,24 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     group_exists(&d, "slow").await;
     send(&mut store, "slow", "dest-0", "begun").await;
     send(&mut store, "slow", "dest-1", "queued").await;
-    // Both marked by a; the first through its gate, inside its 3 s send.
-    let marks = wait_until("the first send past its gate", SOON, || async {
-        let mut s = d.store().await;
-        let m = hash(
-            &mut s,
-            &keys::in_flight_marks(&keys::agent_outbox("ann", "slow")),
-        )
-        .await;
-        (m.len() == 2 && m.values().any(|v| v == "writing:a")).then_some(m)
-    })
+    // Both read by a; the first through its gate, inside its 3 s send; the
+    // second waiting for room, unmarked (read for the first time, so no
+    // earlier attempt can have marked it: its gate is its first mark).
+    let outbox = keys::agent_outbox("ann", "slow");
+    wait_until(
+        "the first send past its gate, the second read",
+        SOON,
+        || async {
+            let mut s = d.store().await;
+            let m = hash(&mut s, &keys::in_flight_marks(&outbox)).await;
+            let held: u64 = holders(&mut s, &outbox, &keys::outbox_group("slow"))
+                .await
+                .values()
+                .sum();
+            (m.len() == 1 && m.values().all(|v| v == "writing:a") && held == 2).then_some(())
+        },
+    )
     .await;
-    assert!(marks.values().any(|v| v == "started:a"), "{marks:?}");
     let signal = |sig: &str| signal(&a, sig);
     signal("-STOP");
     let _b = d.process_with("cowboy-console-outbox", "slow", &["--worker", "b"]);
@@ -513,6 +519,65 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     let sent = counts(d.delivered("slow.out").into_iter().map(|l| l.content));
     assert_eq!(sent.get("begun"), Some(&1), "{sent:?}");
     assert_eq!(sent.get("queued"), Some(&1), "{sent:?}");
+    drop(a);
+}
+
+/// The same in the middle of a run: three sends queued behind one
+/// destination pass their gate together, and worker `a` is paused while the
+/// first of them is at the platform. Its taker cannot tell which of the
+/// three `a` had begun, so it sends none and reports them `uncertain`; when
+/// `a` wakes its run's gate is stale, so it completes at most the send it
+/// had begun and sends nothing it had not: no message reaches the platform
+/// twice, and the two never begun not at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    group_exists(&d, "slow").await;
+    for content in ["alone", "begun", "run-2", "run-3"] {
+        send(&mut store, "slow", "dest", content).await;
+    }
+    // "alone" goes first by itself; the three queued behind it then pass
+    // their gate as one run, and "begun" is at the platform for 3 s.
+    wait_until("the run past its gate", SOON, || async {
+        let mut s = d.store().await;
+        let m = hash(
+            &mut s,
+            &keys::in_flight_marks(&keys::agent_outbox("ann", "slow")),
+        )
+        .await;
+        (m.len() == 3 && m.values().all(|v| v == "writing:a")).then_some(())
+    })
+    .await;
+    signal(&a, "-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "slow", &["--worker", "b"]);
+    let notices = wait_until("the run's three sends reported uncertain", SOON, || async {
+        let n = stream(&mut d.store().await, &keys::agent_inbox("ann", "slow")).await;
+        let uncertain: Vec<_> = n
+            .into_iter()
+            .filter(|n| n.get("status").map(String::as_str) == Some("uncertain"))
+            .collect();
+        (uncertain.len() == 3).then_some(uncertain)
+    })
+    .await;
+    assert!(
+        notices.iter().all(|n| n["reason"].contains("worker `a`")),
+        "{notices:?}"
+    );
+    signal(&a, "-CONT");
+    let log = d.path("cowboy-console-outbox-slow--workera.log");
+    wait_until("a letting go of the rest of its run", SOON, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
+            .then_some(())
+    })
+    .await;
+    let sent = counts(d.delivered("slow.out").into_iter().map(|l| l.content));
+    assert_eq!(sent.get("alone"), Some(&1), "{sent:?}");
+    assert!(sent.get("begun").copied().unwrap_or(0) <= 1, "{sent:?}");
+    assert_eq!(sent.get("run-2"), None, "{sent:?}");
+    assert_eq!(sent.get("run-3"), None, "{sent:?}");
     drop(a);
 }
 
