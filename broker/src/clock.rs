@@ -72,6 +72,26 @@ pub fn utc(unix_secs: f64) -> String {
     )
 }
 
+/// Time since the machine booted, suspends included (`CLOCK_BOOTTIME`): how
+/// long ago something happened by this process's own reckoning, however long
+/// the process was stopped or the machine asleep in between. Fences that
+/// must not be outlived by a pause read it ([`crate::outbox`]'s runs).
+pub fn since_boot() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on
+    // every Linux this runs on, and on failure `ts` stays zero.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts);
+    }
+    std::time::Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

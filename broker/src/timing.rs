@@ -20,6 +20,11 @@ pub struct Timing {
     pub sweep_every: Duration,
     /// How often the outbox trims handled history.
     pub retain_every: Duration,
+    /// How long the gate of a run of sends stands for the sends after its
+    /// first (see `outbox::deliver`): a bound on what a paused worker may
+    /// still begin, not a cadence; tests set it to nothing to see a run
+    /// that always goes stale still deliver.
+    pub run_fresh: Duration,
 }
 
 impl Default for Timing {
@@ -28,6 +33,7 @@ impl Default for Timing {
             heartbeat_every: HEARTBEAT_EVERY,
             sweep_every: Duration::from_secs(30),
             retain_every: Duration::from_secs(300),
+            run_fresh: Duration::from_millis(200),
         }
     }
 }

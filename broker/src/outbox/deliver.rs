@@ -211,13 +211,14 @@ impl<S: Sender> OutboxService<S> {
 
     /// Starts a run of plain sends to one destination from one stream, in
     /// order, as one task: their gate is passed in one step, then each is
-    /// sent while that gate is fresh ([`RUN_FRESH`]). A send that must be
+    /// sent while that gate is fresh (`Timing::run_fresh`). A send that must be
     /// tried again later (transient) stops the run; what it did not attempt
     /// is marked `started:` again and goes back to the head of the queue.
     fn launch_run(&mut self, mut run: Vec<Flight>) {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
         let worker = self.worker.clone();
+        let run_fresh = self.timing.run_fresh;
         let holder = inflight::Holder {
             stream: self.sources[run[0].source].key.clone(),
             group: self.group.clone(),
@@ -225,55 +226,63 @@ impl<S: Sender> OutboxService<S> {
             entry_id: String::new(),
         };
         self.mem.flights.spawn(async move {
-            let gated = Instant::now();
+            use inflight::RunGate;
+            // Read before the gate, on a clock that runs on while the process
+            // is stopped: however long a pause after the gate, it counts.
+            let gated = crate::clock::since_boot();
             let sends: Vec<(&str, &str)> = run
                 .iter()
                 .map(|f| (f.key.as_str(), f.entry.id.as_str()))
                 .collect();
-            let passed = inflight::pass_run(&mut conn, &holder, &sends, &worker).await;
+            let gate = inflight::pass_run(&mut conn, &holder, &sends, &worker).await;
             drop(sends);
-            // The first that cannot go stands for the run (an attempt of its
-            // own, or not, as alone); the rest wait behind it unattempted.
-            let mut stop: Option<(usize, SendError, bool)> = match &passed {
-                Err(e) => Some((0, e.clone(), false)),
-                Ok(_) => None,
-            };
-            let answered = passed.is_ok();
-            let passed = passed.unwrap_or_else(|_| vec![false; run.len()]);
-            if stop.is_none() && passed.iter().any(|p| *p) {
+            // The first send that cannot go stops the run: a transient
+            // failure (an attempt of its own, or not, as alone) holds its
+            // destination for its retry; one another worker holds goes back
+            // to be asked again. Everything after it waits, unattempted, so
+            // order is kept either way.
+            let mut stop: Option<(usize, SendError, bool)> = None;
+            let gate = gate.unwrap_or_else(|e| {
+                stop = Some((0, e, false));
+                vec![RunGate::Refused; run.len()]
+            });
+            let passed = |g: &RunGate| *g != RunGate::Refused;
+            if stop.is_none() && gate.iter().any(passed) {
                 if let Err(e) = conn.replicated("the run's gate marks").await {
-                    let first = passed.iter().position(|p| *p).unwrap_or(0);
+                    let first = gate.iter().position(passed).unwrap_or(0);
                     stop = Some((first, SendError::Transient(e.to_string()), true));
                 }
             }
             let mut results = Vec::with_capacity(run.len());
             let mut unattempted: Vec<String> = Vec::new();
-            let mut stale = false;
-            for (i, (mut f, passed)) in run.drain(..).zip(passed).enumerate() {
+            let (mut stale, mut begun) = (false, false);
+            for (i, (mut f, g)) in run.drain(..).zip(gate).enumerate() {
+                // The first send goes whenever its gate passed, as a send
+                // alone would; each later one only while the gate is fresh.
+                let fresh = !begun || crate::clock::since_boot() - gated < run_fresh;
                 let result = match &stop {
                     Some((at, why, unreplicated)) if *at == i => {
                         f.unreplicated = *unreplicated;
                         Err(why.clone())
                     }
-                    _ if answered && !passed => {
+                    None if g == RunGate::Refused => {
                         f.fenced = true;
+                        stop = Some((usize::MAX, SendError::Transient(String::new()), false));
                         Err(SendError::Transient("taken over by another worker".into()))
                     }
-                    Some(_) => {
+                    Some(_) | None if g == RunGate::Refused || stop.is_some() || !fresh => {
+                        if stop.is_none() {
+                            stale = true;
+                            stop = Some((usize::MAX, SendError::Transient(String::new()), false));
+                        }
                         f.skipped = true;
-                        if passed {
+                        if g == RunGate::Passed {
                             unattempted.push(f.key.clone());
                         }
                         Err(SendError::Transient("not attempted".into()))
                     }
-                    None if gated.elapsed() >= RUN_FRESH => {
-                        stale = true;
-                        stop = Some((usize::MAX, SendError::Transient(String::new()), false));
-                        f.skipped = true;
-                        unattempted.push(f.key.clone());
-                        Err(SendError::Transient("not attempted".into()))
-                    }
-                    None => {
+                    _ => {
+                        begun = true;
                         let out = Outgoing {
                             message: &f.message,
                             delivery_key: &f.key,
@@ -294,11 +303,17 @@ impl<S: Sender> OutboxService<S> {
             let unattempted: Vec<&str> = unattempted.iter().map(String::as_str).collect();
             if let Err(e) = inflight::ungate(&mut conn, &holder.stream, &unattempted, &worker).await
             {
-                // Left `writing:`: a later attempt is then a retry, which
-                // this sender deduplicates.
+                // Left `writing:`: a taker would report them `uncertain`
+                // rather than send them; this worker sends them as before.
                 tracing::warn!(error = %e, "the unattempted sends of a run keep their marks");
             }
-            let took = gated.elapsed();
+            if stale {
+                tracing::debug!(
+                    sent = results.iter().filter(|(f, _)| !f.skipped).count(),
+                    "a run's gate went stale; the rest pass it again"
+                );
+            }
+            let took = crate::clock::since_boot().saturating_sub(gated);
             Landed::Run {
                 results,
                 stale,
@@ -404,7 +419,11 @@ impl<S: Sender> OutboxService<S> {
         }
     }
 
-    /// Records what a send task ended with.
+    /// Records what a send task ended with. If a run's outcomes cannot all
+    /// be recorded, what was delivered is acked if it still can be, and
+    /// everything else is forgotten for the recovery that follows every
+    /// error to rebuild from Redis: none of the run's members may stay
+    /// scheduled with no one to start it, its destination held.
     async fn land(&mut self, landed: Landed) -> Result<()> {
         match landed {
             Landed::One(one) => {
@@ -418,7 +437,14 @@ impl<S: Sender> OutboxService<S> {
                 took,
             } => {
                 self.size_runs(&results, stale, took);
-                self.complete_run(results).await
+                let recorded = self.complete_run(results).await;
+                if recorded.is_err() {
+                    if let Err(e) = self.flush_acks().await {
+                        tracing::warn!(error = %e, "delivered entries left unacked: they are retries now");
+                    }
+                    self.mem.forget().await;
+                }
+                recorded
             }
         }
     }
@@ -428,11 +454,12 @@ impl<S: Sender> OutboxService<S> {
     /// time; so a slow platform gates about what it sends, and a fast one
     /// long runs.
     fn size_runs(&mut self, results: &[FlightResult], stale: bool, took: Duration) {
+        let fresh = self.timing.run_fresh;
         let attempted = results.iter().filter(|(f, _)| !f.skipped).count();
         let len = self.run_len();
         self.mem.run_len = if stale {
             attempted.max(1)
-        } else if attempted == results.len() && results.len() >= len && took < RUN_FRESH / 2 {
+        } else if attempted == results.len() && results.len() >= len && took < fresh / 2 {
             (len * 2).min(RUN_MAX)
         } else {
             len
@@ -448,34 +475,38 @@ impl<S: Sender> OutboxService<S> {
         let Some(channel) = results.first().map(|(f, _)| f.message.channel_id.clone()) else {
             return Ok(());
         };
-        let mut held = false;
+        // What goes back to the queue is put there before anything that can
+        // fail, so no member of the run is left nowhere.
+        let mut done = Vec::with_capacity(results.len());
         let mut back: Vec<(String, Job)> = Vec::new();
         for (mut f, result) in results {
-            self.stop_if_refused(&f, &result).await?;
             if f.skipped {
                 // Not attempted: it goes again as it was before the run.
                 f.skipped = false;
                 back.push((f.key.clone(), Job::Flight(Box::new(f))));
             } else if f.fenced {
-                self.mem.sched.end(&f.key);
-                if self.still_mine(&f).await? {
-                    tracing::warn!(entry = %f.entry.id, "the send gate found no mark on an entry still this worker's; marking it again");
-                    let job = Job::Plain {
-                        source: f.source,
-                        entry: f.entry,
-                        message: f.message,
-                        retry: f.retry,
-                    };
-                    back.push((f.key, job));
-                } else {
-                    tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
-                }
+                // Its gate refused it: marked afresh when its turn comes,
+                // which asks whose it is (dropped if another worker's, sent
+                // as a retry if still this one's).
+                tracing::warn!(entry = %f.entry.id, "send not made: its gate refused it; asked again whose it is");
+                let job = Job::Plain {
+                    source: f.source,
+                    entry: f.entry,
+                    message: f.message,
+                    retry: true,
+                };
+                back.push((f.key, job));
             } else {
-                held |= !self.complete_plain(f, result).await?;
+                done.push((f, result));
             }
         }
         for (key, job) in back.into_iter().rev() {
             self.mem.sched.requeue_front(&channel, PLAIN_LANE, key, job);
+        }
+        let mut held = false;
+        for (f, result) in done {
+            self.stop_if_refused(&f, &result).await?;
+            held |= !self.complete_plain(f, result).await?;
         }
         if held {
             return Ok(());
@@ -903,13 +934,15 @@ pub(super) enum Landed {
     },
 }
 
-/// Longest a run's gate stands for the sends after it: a run that takes
-/// longer (a slow platform, a paused process) stops there, and the rest
-/// pass the gate again, so a worker that slept through a takeover sends at
-/// most what it had started within this of the gate.
-const RUN_FRESH: Duration = Duration::from_millis(200);
-/// Most sends gated as one run.
-const RUN_MAX: usize = 256;
+/// Most sends gated as one run. A run's gate stands for the sends after its
+/// first for `Timing::run_fresh` only: a run that takes longer (a slow
+/// platform, a paused process) stops there, and the rest pass the gate
+/// again, so a worker that slept through a takeover sends at most what it
+/// had begun. What a worker that dies mid-run had not begun, a taker
+/// cannot tell from what it had: it reports them `uncertain` (or delivered,
+/// where the sender finds them) rather than send them, so this bounds that
+/// loss too.
+const RUN_MAX: usize = 64;
 /// Sends gated as one run before any run was timed.
 const RUN_START: usize = 8;
 

@@ -25,13 +25,16 @@
 //!   read again, after a crash or a takeover, are).
 //! - A run of plain sends to one destination from one stream passes its
 //!   gate in one step ([`GATE_RUN`], same rules per send), for senders that
-//!   deduplicate a retry only. Its sends go one after another while the gate
-//!   is fresh (`deliver::RUN_FRESH`, by the worker's own clock, which runs on
-//!   while it is paused); the rest are turned back to `started:` ([`UNGATE`])
-//!   and pass the gate again. A worker that stops in the middle of a run
-//!   leaves at most a fresh gate's worth of `writing:` marks for sends it
-//!   had not begun: a taker treats them as begun (delivered where the
-//!   sender finds them, `uncertain` otherwise), as for a single send.
+//!   deduplicate a retry only. Its first send goes as a send alone would;
+//!   the next ones only while the gate is fresh (`Timing::run_fresh`, 200 ms,
+//!   by the time since boot, which runs on while the process is stopped);
+//!   the rest are turned back to `started:` ([`UNGATE`], unless they were
+//!   `writing:` before the run) and pass the gate again. So a paused worker
+//!   that wakes begins nothing its gate no longer covers. A worker that
+//!   dies in the middle of a run leaves `writing:` marks on sends it had not
+//!   begun, at most a run's length (`deliver::RUN_MAX`): a taker cannot tell
+//!   them from begun ones and treats them so (delivered where the sender
+//!   finds them, `uncertain` otherwise), as for a single send.
 //! - Marking ([`MARK`]) never overwrites `writing:*`: a send that may have
 //!   reached the platform stays known. Seen from another worker it is
 //!   [`Prior::Taken`]: that worker may still complete it, so the taker never
@@ -125,7 +128,9 @@ return 1
 /// The gate of a run: [`GATE`] for each delivery of one stream, in one step.
 /// KEYS: the in-flight hash, the stream. ARGV: worker, group, consumer, the
 /// lowest and the highest entry id of the run, then (delivery key, entry id)
-/// pairs. Returns 1 or 0 per pair, as [`GATE`]. Whose entries are is read
+/// pairs. Returns per pair 0 (refused), 1 (passed) or 2 (passed, and its
+/// mark said `writing:{me}` already: an attempt before a restart may have
+/// reached the platform, which no later step may forget). Whose entries are is read
 /// once for the run's range (this consumer's pending entries in it, usually
 /// just the run's); one entry at a time only past a range too full to read
 /// whole.
@@ -153,7 +158,7 @@ for n = 1, #fields do
       held = p[1] and p[1][2] == ARGV[3]
     end
     if held then
-      ok = 1
+      ok = (v == writing) and 2 or 1
       set[#set + 1] = fields[n]
       set[#set + 1] = writing
     end
@@ -344,14 +349,26 @@ pub(super) async fn pass(
     Ok(passed == 1)
 }
 
+/// What the gate of a run said of one of its sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RunGate {
+    /// Another worker holds it, or the entry is no longer this worker's.
+    Refused,
+    /// It may go; nothing was at the platform before.
+    Passed,
+    /// It may go, as the retry it already was (`writing:{me}` before): a
+    /// run that does not attempt it leaves its mark as it found it.
+    PassedAgain,
+}
+
 /// The gate of a run of sends from one stream (`holder`'s, whose entry id
-/// is not used), `(delivery key, entry id)` each: whether each may go.
+/// is not used), `(delivery key, entry id)` each: what it said of each.
 pub(super) async fn pass_run(
     conn: &mut crate::store::Conn,
     holder: &Holder,
     sends: &[(&str, &str)],
     worker: &str,
-) -> std::result::Result<Vec<bool>, SendError> {
+) -> std::result::Result<Vec<RunGate>, SendError> {
     let by_id = |id: &&&str| crate::store::id_order(id);
     let ids = sends.iter().map(|(_, id)| id);
     let (Some(lowest), Some(highest)) = (ids.clone().min_by_key(by_id), ids.max_by_key(by_id))
@@ -372,7 +389,14 @@ pub(super) async fn pass_run(
         .invoke_async(conn)
         .await
         .map_err(|e| SendError::Transient(format!("the send gate could not be checked: {e}")))?;
-    Ok(passed.into_iter().map(|p| p == 1).collect())
+    Ok(passed
+        .into_iter()
+        .map(|p| match p {
+            1 => RunGate::Passed,
+            2 => RunGate::PassedAgain,
+            _ => RunGate::Refused,
+        })
+        .collect())
 }
 
 /// Turns the `writing:` marks of a run's sends that were never attempted

@@ -1365,6 +1365,46 @@ async fn a_run_cut_by_a_429_keeps_order_and_sends_each_once() {
     assert!(stream(&mut store, "dc:dead").await.is_empty());
 }
 
+/// A run whose gate is stale before its second send (a slow Redis or
+/// platform) still delivers: its first send goes, the rest pass the gate
+/// again, one run after another, each message once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_whose_gate_is_always_stale_still_deliver_in_order() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let mut store = d.store().await;
+    let want: Vec<String> = (0..8).map(|i| format!("stale {i}")).collect();
+    for content in &want {
+        store
+            .xadd(
+                "ann:dc:outbox",
+                &[
+                    ("channel_id", TALK.to_string().as_bytes()),
+                    ("content", content.as_bytes()),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    let timing = broker::timing::Timing {
+        run_fresh: Duration::ZERO,
+        ..Default::default()
+    };
+    let _outbox = d.run_timed::<discord::Discord>(broker::config::Service::Outbox, "dc", timing);
+    let talk = wait_until("all eight delivered", PLATFORM_SOON, || async {
+        let t = fake.with(|r| contents(r, TALK));
+        (t.len() >= want.len()).then_some(t)
+    })
+    .await;
+    assert_eq!(talk, want, "each once, in order");
+    wait_until("every mark cleared", PLATFORM_SOON, || async {
+        let mut s = d.store().await;
+        let marks = harness::hash(&mut s, &keys::in_flight_marks("ann:dc:outbox")).await;
+        marks.is_empty().then_some(())
+    })
+    .await;
+}
+
 /// A destination answering 429 for a whole minute holds up nothing else, on
 /// paused time (the outbox runs in the test on tokio's clock, held still
 /// between the test's steps). All the while, an approval on another
