@@ -3,9 +3,11 @@
 //! Invariants:
 //! - A send that may have happened before a crash is retried only with `retry =
 //!   true`, so the sender can deduplicate by `delivery_key` or report the delivery
-//!   uncertain. For senders that cannot deduplicate ([`Sender::DEDUPLICATES`]),
-//!   each delivery is marked in `{<stream>}:in-flight` first, so `retry` is set
-//!   exactly when an attempt may have reached the platform.
+//!   uncertain. Every delivery passes a gate on its mark in
+//!   `{<stream>}:in-flight` right before the platform call (see
+//!   [`super::inflight`]), so for senders that cannot deduplicate
+//!   ([`Sender::DEDUPLICATES`]) `retry` is set exactly when an attempt may
+//!   have reached the platform.
 //! - `Transient` means "not delivered": retrying it never sets `retry`.
 //! - A transient failure never stalls the loop: the entry stays pending and is
 //!   deferred to a retry time ([`RetryPolicy`]) while the loop goes on reading,
@@ -210,10 +212,12 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Starts a run of plain sends to one destination from one stream, in
-    /// order, as one task: their gate is passed in one step, then each is
-    /// sent while that gate is fresh (`Timing::run_fresh`). A send that must be
-    /// tried again later (transient) stops the run; what it did not attempt
-    /// is marked `started:` again and goes back to the head of the queue.
+    /// order, as one task: their gate is passed in one step, then the first
+    /// is sent as a send alone would be, and each later one only while that
+    /// gate is fresh (`Timing::run_fresh`). The run stops at a send to be
+    /// tried again later (transient), at one its gate refused, or at a stale
+    /// gate; what it did not attempt goes back to the head of the queue, its
+    /// mark `started:` again unless it was `writing:` before the run.
     fn launch_run(&mut self, mut run: Vec<Flight>) {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
@@ -242,15 +246,21 @@ impl<S: Sender> OutboxService<S> {
             // to be asked again. Everything after it waits, unattempted, so
             // order is kept either way.
             let mut stop: Option<(usize, SendError, bool)> = None;
+            let gate = match gate {
+                Ok(g) if g.len() != run.len() => Err(SendError::Transient(
+                    "the run's gate answered for another number of sends".into(),
+                )),
+                gate => gate,
+            };
             let gate = gate.unwrap_or_else(|e| {
                 stop = Some((0, e, false));
                 vec![RunGate::Refused; run.len()]
             });
-            let passed = |g: &RunGate| *g != RunGate::Refused;
-            if stop.is_none() && gate.iter().any(passed) {
+            // Nothing is sent unless the first passed (a refused first stops
+            // the run), so only then do the marks wait for replicas.
+            if stop.is_none() && gate.first().is_some_and(|g| *g != RunGate::Refused) {
                 if let Err(e) = conn.replicated("the run's gate marks").await {
-                    let first = gate.iter().position(passed).unwrap_or(0);
-                    stop = Some((first, SendError::Transient(e.to_string()), true));
+                    stop = Some((0, SendError::Transient(e.to_string()), true));
                 }
             }
             let mut results = Vec::with_capacity(run.len());
@@ -259,7 +269,7 @@ impl<S: Sender> OutboxService<S> {
             for (i, (mut f, g)) in run.drain(..).zip(gate).enumerate() {
                 // The first send goes whenever its gate passed, as a send
                 // alone would; each later one only while the gate is fresh.
-                let fresh = !begun || crate::clock::since_boot() - gated < run_fresh;
+                let fresh = !begun || crate::clock::since_boot().saturating_sub(gated) < run_fresh;
                 let result = match &stop {
                     Some((at, why, unreplicated)) if *at == i => {
                         f.unreplicated = *unreplicated;
@@ -342,7 +352,7 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn collect(&mut self, joined: Joined) -> Result<()> {
         let mut joined = Some(joined);
         while let Some(j) = joined.take().or_else(|| self.mem.flights.try_join_next()) {
-            let landed = j.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
+            let landed = self.joined(j).await?;
             self.land(landed).await?;
         }
         self.launch_ready();
@@ -412,10 +422,22 @@ impl<S: Sender> OutboxService<S> {
                 self.flush_shown().await?;
                 return self.flush_acks().await;
             };
-            let landed =
-                joined.map_err(|e| Error::internal(format!("a delivery task failed: {e}")))?;
+            let landed = self.joined(joined).await?;
             self.watchdog.tick();
             self.land(landed).await?;
+        }
+    }
+
+    /// What a send task ended with; a task that panicked (or was cancelled)
+    /// left its sends scheduled with no outcome, so everything is forgotten
+    /// for the recovery that follows the error to rebuild from Redis.
+    async fn joined(&mut self, j: Joined) -> Result<Landed> {
+        match j {
+            Ok(landed) => Ok(landed),
+            Err(e) => {
+                self.mem.forget().await;
+                Err(Error::internal(format!("a delivery task failed: {e}")))
+            }
         }
     }
 
@@ -456,10 +478,11 @@ impl<S: Sender> OutboxService<S> {
     fn size_runs(&mut self, results: &[FlightResult], stale: bool, took: Duration) {
         let fresh = self.timing.run_fresh;
         let attempted = results.iter().filter(|(f, _)| !f.skipped).count();
+        let all_sent = results.iter().all(|(_, r)| r.is_ok());
         let len = self.run_len();
         self.mem.run_len = if stale {
             attempted.max(1)
-        } else if attempted == results.len() && results.len() >= len && took < fresh / 2 {
+        } else if all_sent && results.len() >= len && took < fresh / 2 {
             (len * 2).min(RUN_MAX)
         } else {
             len
@@ -468,9 +491,9 @@ impl<S: Sender> OutboxService<S> {
 
     /// Records the outcomes of a run, in order. Its destination stays held
     /// by a send deferred for a retry; what the run did not attempt goes
-    /// back to the head of the queue behind it (a send whose gate found its
-    /// mark gone while its entry is still this worker's, unmarked, to be
-    /// marked again when its turn comes); otherwise the next send starts.
+    /// back to the head of the queue behind it (a send its gate refused, to
+    /// be marked afresh when its turn comes, which asks whose it is);
+    /// otherwise the next send starts.
     async fn complete_run(&mut self, results: Vec<FlightResult>) -> Result<()> {
         let Some(channel) = results.first().map(|(f, _)| f.message.channel_id.clone()) else {
             return Ok(());
@@ -489,13 +512,8 @@ impl<S: Sender> OutboxService<S> {
                 // which asks whose it is (dropped if another worker's, sent
                 // as a retry if still this one's).
                 tracing::warn!(entry = %f.entry.id, "send not made: its gate refused it; asked again whose it is");
-                let job = Job::Plain {
-                    source: f.source,
-                    entry: f.entry,
-                    message: f.message,
-                    retry: true,
-                };
-                back.push((f.key, job));
+                let key = f.key.clone();
+                back.push((key, f.into_job(true)));
             } else {
                 done.push((f, result));
             }
@@ -644,13 +662,8 @@ impl<S: Sender> OutboxService<S> {
                 // Not delivered: the mark goes, the entry waits (still pending),
                 // and the destination stays busy.
                 self.clear_in_flight(&[&f.key]).await?;
-                let job = Job::Plain {
-                    source: f.source,
-                    entry: f.entry,
-                    message: f.message,
-                    retry: f.retry,
-                };
-                self.mem.sched.defer(f.key, due, job);
+                let (key, retry) = (f.key.clone(), f.retry);
+                self.mem.sched.defer(key, due, f.into_job(retry));
                 return Ok(false);
             }
         }
@@ -879,7 +892,6 @@ impl<S: Sender> OutboxService<S> {
 /// A notice ready to write: its inbox and its fields.
 pub(super) type Told = (String, Vec<(String, Vec<u8>)>);
 
-/// The outcome of a send after retries.
 /// A delivery waiting for its retry time, or queued behind one.
 pub(super) enum Job {
     /// An entry that needs no approval.
@@ -898,8 +910,8 @@ pub(super) enum Job {
         /// As the pending list counted them when it was read.
         deliveries: u64,
     },
-    /// An approved entry's or a notification's send, queued behind another
-    /// delivery to its destination.
+    /// A send queued behind another delivery to its destination, its mark
+    /// taken: a plain entry's, an approved entry's or a notification's.
     Flight(Box<Flight>),
 }
 
@@ -947,6 +959,17 @@ const RUN_MAX: usize = 64;
 const RUN_START: usize = 8;
 
 impl Flight {
+    /// The plain send it is, as a job to start afresh (marked again when
+    /// its turn comes, the gate with it).
+    pub(super) fn into_job(self, retry: bool) -> Job {
+        Job::Plain {
+            source: self.source,
+            entry: self.entry,
+            message: self.message,
+            retry,
+        }
+    }
+
     /// Whether it may go in a run: a plain send of this worker's own.
     fn runs(&self) -> bool {
         matches!(self.purpose, Purpose::Plain) && matches!(self.gate, Gate::Mine(_)) && !self.fenced

@@ -11,6 +11,8 @@
 //! - A lane that becomes non-empty takes its turn after every lane already
 //!   waiting; a lane that was served goes to the back while it still holds
 //!   items. So each waiting lane is served once per round.
+//! - The one exception to both: an item put back ([`Lanes::push_front`]),
+//!   handed out and not started, goes first in its lane and its lane first.
 
 use std::collections::{HashMap, VecDeque};
 

@@ -54,9 +54,10 @@
 //!   its platform call (a pause, a deferred retry) sends nothing once taken
 //!   over, even if the taker has finished and cleared its mark.
 //! - The marks of a batch's sends are taken together ([`Unmarked`], one
-//!   pipelined round trip), each by the same script as alone; no send of the
-//!   batch starts before its own mark is answered.
-//! - The two scripts name two keys, the marks hash and the entry's stream;
+//!   pipelined round trip, one [`MARK_MANY`] per stream, the same rules per
+//!   send as [`MARK`]); no send of the batch starts before its own mark is
+//!   answered.
+//! - The scripts that read an entry's place name two keys, the marks hash and the entry's stream;
 //!   the hash is tagged with the stream's name, so both are in one slot on
 //!   Redis Cluster too. Marks found in the one-hash-per-bridge layout of
 //!   earlier versions are moved beside their streams at start
@@ -88,7 +89,7 @@ return v or ''
 /// [`MARK`] for several deliveries of one stream, in one step. KEYS: the
 /// in-flight hash, the stream. ARGV: worker, group, consumer, then (delivery
 /// key, entry id) pairs. Returns what [`MARK`] would, per pair.
-const MARK_RUN: &str = r#"
+const MARK_MANY: &str = r#"
 local out = {}
 for i = 4, #ARGV, 2 do
   local key, id = ARGV[i], ARGV[i + 1]
@@ -239,8 +240,8 @@ static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(GATE));
 static CLEAR_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(CLEAR));
-static MARK_RUN_SCRIPT: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(MARK_RUN));
+static MARK_MANY_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(MARK_MANY));
 static GATE_RUN_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(GATE_RUN));
 static UNGATE_SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -470,7 +471,7 @@ impl<S: Sender> OutboxService<S> {
         let invocations: Vec<_> = streams
             .iter()
             .map(|stream| {
-                let mut inv = MARK_RUN_SCRIPT.key(keys::in_flight_marks(stream));
+                let mut inv = MARK_MANY_SCRIPT.key(keys::in_flight_marks(stream));
                 inv.key(*stream)
                     .arg(&self.worker)
                     .arg(&self.group)
@@ -484,7 +485,7 @@ impl<S: Sender> OutboxService<S> {
             })
             .collect();
         let mut pipe = redis::pipe();
-        pipe.load_script(&MARK_RUN_SCRIPT).ignore();
+        pipe.load_script(&MARK_MANY_SCRIPT).ignore();
         for inv in &invocations {
             pipe.invoke_script(inv);
         }
@@ -591,12 +592,7 @@ impl<S: Sender> OutboxService<S> {
                 let (key, lane) = (flight.key.clone(), flight.lane());
                 let job = match flight.gate {
                     Gate::Mine(_) => Job::Flight(Box::new(flight)),
-                    _ => Job::Plain {
-                        source: flight.source,
-                        entry: flight.entry,
-                        message: flight.message,
-                        retry: u_retry,
-                    },
+                    _ => flight.into_job(u_retry),
                 };
                 self.mem.sched.queue_behind(&channel, &lane, key, job);
             }

@@ -12,8 +12,10 @@
 //!   send started at once is not scheduled: every path that reads a worker's
 //!   entries again waits for its sends first.
 //! - One current delivery per destination while later ones queue behind it
-//!   ([`Scheduler::hold`], [`Scheduler::release`]); queued cards take turns
-//!   by requesting agent ([`Lanes`]).
+//!   ([`Scheduler::hold`], [`Scheduler::release`]), or one run of them
+//!   handed out together ([`Scheduler::release_more`]); what a run did not
+//!   attempt goes back to the head ([`Scheduler::requeue_front`]); queued
+//!   cards take turns by requesting agent ([`Lanes`]).
 //! - A deferred plain delivery keeps its destination held (later ones wait
 //!   for it); a deferred approved entry or card does not.
 //! - Forgetting is `Scheduler::default()`: nothing here outlives a lost
@@ -35,7 +37,8 @@ pub(super) enum Phase {
     Deferred,
     /// Queued behind another delivery to its destination.
     Queued,
-    /// An approved entry's or a card's send, under way.
+    /// Under way: an approved entry's or a card's send, or a plain send
+    /// that waited behind its destination.
     UnderWay,
 }
 
@@ -55,7 +58,7 @@ pub(super) struct Scheduler {
 }
 
 impl Scheduler {
-    /// Whether `key` is deferred, queued or (approved or card) under way.
+    /// Whether `key` is deferred, queued or under way (see [`Phase`]).
     pub fn is_scheduled(&self, key: &str) -> bool {
         self.phase.contains_key(key)
     }
