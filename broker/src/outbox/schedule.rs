@@ -90,11 +90,16 @@ impl Scheduler {
 
     /// Queues `job` behind `channel`'s current delivery, in `lane`.
     pub fn queue_behind(&mut self, channel: &str, lane: &str, key: String, job: Job) {
+        self.queue(channel, lane, key, job, false);
+    }
+
+    fn queue(&mut self, channel: &str, lane: &str, key: String, job: Job, front: bool) {
         self.phase.insert(key.clone(), Phase::Queued);
-        self.destinations
-            .entry(channel.to_string())
-            .or_default()
-            .push(lane, (key, job));
+        let queue = self.destinations.entry(channel.to_string()).or_default();
+        match front {
+            true => queue.push_front(lane, (key, job)),
+            false => queue.push(lane, (key, job)),
+        }
     }
 
     /// Schedules an approved entry's or a card's send: returns it to start
@@ -156,11 +161,7 @@ impl Scheduler {
     /// Puts `job` back at the head of `channel`'s queue, in `lane`: handed
     /// out with a run and not started, it goes before everything queued.
     pub fn requeue_front(&mut self, channel: &str, lane: &str, key: String, job: Job) {
-        self.phase.insert(key.clone(), Phase::Queued);
-        self.destinations
-            .entry(channel.to_string())
-            .or_default()
-            .push_front(lane, (key, job));
+        self.queue(channel, lane, key, job, true);
     }
 
     /// Waits `job` until `due`.

@@ -1331,38 +1331,37 @@ async fn a_run_cut_by_a_429_keeps_order_and_sends_each_once() {
     let d = deployment(&fake, "", "");
     let mut store = d.store().await;
     let want: Vec<String> = (0..12).map(|i| format!("run {i}")).collect();
-    for content in &want {
-        store
-            .xadd(
-                "ann:dc:outbox",
-                &[
-                    ("channel_id", TALK.to_string().as_bytes()),
-                    ("content", content.as_bytes()),
-                ],
-            )
-            .await
-            .unwrap();
-    }
+    ann_posts(
+        &mut store,
+        &want.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
     // The first goes alone, the rest queue behind it and go as a run, which
     // the fourth post cuts.
     fake.rate_limit_channel_after(TALK, 4, 1);
     let _outbox = d.process("cowboy-discord-outbox", "dc");
-    let talk = wait_until("all twelve delivered", PLATFORM_SOON, || async {
+    delivered_once_in_order(&d, &fake, &want).await;
+    assert_eq!(fake.with(|r| r.rate_limited), 1);
+    let log = std::fs::read_to_string(d.path("cowboy-discord-outbox-dc.log")).unwrap();
+    assert_eq!(log.matches("send failed; deferred").count(), 1, "{log}");
+    assert!(stream(&mut store, "dc:dead").await.is_empty());
+}
+
+/// Waits until `want` reached TALK, then checks it came once each, in
+/// order, and that no in-flight mark is left behind.
+async fn delivered_once_in_order(d: &Deployment, fake: &FakeDiscord, want: &[String]) {
+    let talk = wait_until("every message delivered", PLATFORM_SOON, || async {
         let t = fake.with(|r| contents(r, TALK));
         (t.len() >= want.len()).then_some(t)
     })
     .await;
     assert_eq!(talk, want, "each once, in order");
-    assert_eq!(fake.with(|r| r.rate_limited), 1);
-    let log = std::fs::read_to_string(d.path("cowboy-discord-outbox-dc.log")).unwrap();
-    assert_eq!(log.matches("send failed; deferred").count(), 1, "{log}");
     wait_until("every mark cleared", PLATFORM_SOON, || async {
         let mut s = d.store().await;
         let marks = harness::hash(&mut s, &keys::in_flight_marks("ann:dc:outbox")).await;
         marks.is_empty().then_some(())
     })
     .await;
-    assert!(stream(&mut store, "dc:dead").await.is_empty());
 }
 
 /// A run whose gate is stale before its second send (a slow Redis or
@@ -1374,35 +1373,17 @@ async fn runs_whose_gate_is_always_stale_still_deliver_in_order() {
     let d = deployment(&fake, "", "");
     let mut store = d.store().await;
     let want: Vec<String> = (0..8).map(|i| format!("stale {i}")).collect();
-    for content in &want {
-        store
-            .xadd(
-                "ann:dc:outbox",
-                &[
-                    ("channel_id", TALK.to_string().as_bytes()),
-                    ("content", content.as_bytes()),
-                ],
-            )
-            .await
-            .unwrap();
-    }
+    ann_posts(
+        &mut store,
+        &want.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .await;
     let timing = broker::timing::Timing {
         run_fresh: Duration::ZERO,
         ..Default::default()
     };
     let _outbox = d.run_timed::<discord::Discord>(broker::config::Service::Outbox, "dc", timing);
-    let talk = wait_until("all eight delivered", PLATFORM_SOON, || async {
-        let t = fake.with(|r| contents(r, TALK));
-        (t.len() >= want.len()).then_some(t)
-    })
-    .await;
-    assert_eq!(talk, want, "each once, in order");
-    wait_until("every mark cleared", PLATFORM_SOON, || async {
-        let mut s = d.store().await;
-        let marks = harness::hash(&mut s, &keys::in_flight_marks("ann:dc:outbox")).await;
-        marks.is_empty().then_some(())
-    })
-    .await;
+    delivered_once_in_order(&d, &fake, &want).await;
 }
 
 /// A destination answering 429 for a whole minute holds up nothing else, on
