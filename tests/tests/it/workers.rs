@@ -581,6 +581,58 @@ async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
     drop(a);
 }
 
+/// A send its run's gate refuses (a mark another worker left on an entry
+/// that is this worker's again) stops the run there: it is asked again whose
+/// it is, found this worker's and sent, and the sends behind it wait for it,
+/// so the destination gets all four in the stream's order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_refused_in_a_run_keeps_its_place() {
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let _a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    group_exists(&d, "slow").await;
+    let want = ["one", "two", "three", "four"];
+    for content in want {
+        send(&mut store, "slow", "dest", content).await;
+    }
+    let outbox = keys::agent_outbox("ann", "slow");
+    // "one" at the platform (3 s), the other three read and queued behind
+    // it, unmarked: a foreign mark on "two" now makes its gate refuse it.
+    wait_until(
+        "the first send past its gate, all four read",
+        SOON,
+        || async {
+            let mut s = d.store().await;
+            let m = hash(&mut s, &keys::in_flight_marks(&outbox)).await;
+            let held: u64 = holders(&mut s, &outbox, &keys::outbox_group("slow"))
+                .await
+                .values()
+                .sum();
+            (m.len() == 1 && held == 4).then_some(())
+        },
+    )
+    .await;
+    let entries = store.range(&outbox, "-", "+", 10).await.unwrap();
+    let two = broker::outbox::delivery_key(&outbox, &entries[1].id);
+    let _: () = redis::cmd("HSET")
+        .arg(keys::in_flight_marks(&outbox))
+        .arg(&two)
+        .arg("started:zz")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    // Four sends of 3 s each, one after another.
+    let sent = wait_until("all four delivered", 3 * SOON, || async {
+        let out = d.delivered("slow.out");
+        (out.len() >= want.len()).then_some(out)
+    })
+    .await;
+    let sent: Vec<&str> = sent.iter().map(|l| l.content.as_str()).collect();
+    assert_eq!(sent, want, "each once, in order");
+    let log = std::fs::read_to_string(d.path("cowboy-console-outbox-slow--workera.log")).unwrap();
+    assert!(log.contains("its gate refused it"), "{log}");
+}
+
 /// The same for approval cards: worker `a` of the notify bridge is paused
 /// while showing one card, with a second queued behind it. Worker `b` takes
 /// both over: it shows the queued card (which never passed `a`'s gate) and,
