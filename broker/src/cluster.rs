@@ -36,6 +36,12 @@
 //!   unchanged.
 //! - Blocking reads never share a connection with other commands: each
 //!   [`crate::blocking::Blocking`] opens its own cluster connections.
+//! - No command is left to the client to send to several nodes (`SCRIPT
+//!   LOAD`, `WAIT`, a `DEL` of keys in several slots): the client sends the
+//!   per-node parts from inside its own driver task without waking it, so
+//!   they wait for whatever next wakes it, on a quiet service the reply
+//!   timeout (10 s). They go one node at a time here, each as a command
+//!   for one node ([`ClusterLink::fanned`]).
 
 use std::time::Duration;
 
@@ -141,25 +147,14 @@ impl ClusterLink {
             cmd.arg(replicas).arg(timeout_ms);
             cmd
         };
-        let first: redis::RedisResult<i64> = match self.conn.req_packed_command(&wait()).await {
-            Ok(v) => redis::from_redis_value(v).map_err(Into::into),
-            Err(e) => Err(e),
+        let e = match self.req_packed_command(&wait()).await {
+            Ok(v) => return Ok(redis::from_redis_value(v)?),
+            Err(e) => e,
         };
-        let Err(e) = first else {
-            return first;
-        };
-        self.masters.forget(None).await;
-        let Some(owners) = self.masters.owners(&mut self.conn).await else {
-            return Err(e);
-        };
-        let mut fewest = i64::MAX;
-        for (host, port) in owners.masters() {
-            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            let got = self.conn.route_command(wait(), routing).await?;
-            fewest = fewest.min(redis::from_redis_value(got)?);
-        }
+        // `fanned` forgot the map: asked again of the masters named now.
+        let got = self.req_packed_command(&wait()).await?;
         tracing::info!(error = %e, "WAIT asked of each master the cluster names now");
-        Ok(fewest)
+        Ok(redis::from_redis_value(got)?)
     }
 
     /// Which master serves each slot, as the cluster says now (`CLUSTER
@@ -170,6 +165,9 @@ impl ClusterLink {
 
     pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
+            if let Some(spread) = Spread::of(cmd) {
+                return self.fanned(cmd, spread).await;
+            }
             let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
             loop {
                 match self.conn.req_packed_command(cmd).await {
@@ -350,6 +348,55 @@ impl ClusterLink {
         Ok(per_run.into_iter().flatten().collect())
     }
 
+    /// A command meant for several nodes, sent one node at a time: to
+    /// every master the slot map names now (`SCRIPT LOAD`, `WAIT`, `CONFIG
+    /// SET`: replicas are not sent to, and a promoted one without a script
+    /// answers `NOSCRIPT`, which loads it again), or, for a command over
+    /// several keys, once per key. Every part must succeed; the answers are
+    /// combined as [`Spread`] says. A part that fails forgets the map, for
+    /// the caller's retry to ask again.
+    async fn fanned(&mut self, cmd: &Cmd, spread: Spread) -> redis::RedisResult<Value> {
+        let mut answers = Vec::new();
+        match spread.to {
+            Parts::EachKey => {
+                let mut args = cmd.args_iter().filter_map(|a| match a {
+                    redis::Arg::Simple(a) => Some(a),
+                    _ => None,
+                });
+                let name = String::from_utf8_lossy(args.next().unwrap_or_default()).into_owned();
+                for key in args {
+                    let mut one = redis::cmd(&name);
+                    one.arg(key);
+                    answers.push(self.req_packed_command(&one).await?);
+                }
+            }
+            Parts::EveryMaster => {
+                let Some(owners) = self.masters.owners(&mut self.conn).await else {
+                    return Err(redis::RedisError::from(std::io::Error::other(format!(
+                        "{}: the cluster did not say which nodes are masters",
+                        name_of(cmd)
+                    ))));
+                };
+                for (host, port) in owners.masters() {
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let got = self.conn.route_command(cmd.clone(), routing).await;
+                    match got.and_then(Value::extract_error) {
+                        Ok(v) => answers.push(v),
+                        Err(e) => {
+                            self.masters.forget(None).await;
+                            if e.is_timeout() {
+                                tracing::warn!(command = %name_of(cmd), "a command to every master timed out");
+                            }
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
+        spread.combined(answers)
+    }
+
     fn forget_scripts(&self) {
         self.loaded
             .lock()
@@ -371,11 +418,7 @@ impl ClusterLink {
                 .unwrap_or_else(|p| p.into_inner())
                 .contains(&body);
             if !known {
-                let _: Value = self.conn.req_packed_command(cmd).await.inspect_err(|e| {
-                    if e.is_timeout() {
-                        tracing::warn!("SCRIPT LOAD on every node timed out");
-                    }
-                })?;
+                let _: Value = self.req_packed_command(cmd).await?;
                 self.loaded
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -400,6 +443,117 @@ async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisRes
             }
             got => return got,
         }
+    }
+}
+
+/// How a command the cluster client would send to several nodes is sent
+/// here instead, and its answers made one. The client's own table is not
+/// public, so this names the commands that spread: those any of this
+/// project's tools send (scripts, `WAIT`, the ACL probes, the probe
+/// streams' `DEL`) and their kin.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Spread {
+    to: Parts,
+    answer: Answer,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Parts {
+    /// Once on every master.
+    EveryMaster,
+    /// Once per key (the command's arguments are all keys).
+    EachKey,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Answer {
+    /// The last part's (every part succeeded).
+    Last,
+    /// The sum of integers (`DEL`, `DBSIZE`).
+    Sum,
+    /// The least integer (`WAIT`: replicas that all masters reached).
+    Least,
+    /// Arrays joined in order (`KEYS`, `MGET`).
+    Joined,
+    /// Arrays of 0 and 1, and-ed place by place (`SCRIPT EXISTS`).
+    AllOf,
+}
+
+impl Spread {
+    fn of(cmd: &Cmd) -> Option<Spread> {
+        let mut args = cmd.args_iter().filter_map(|a| match a {
+            redis::Arg::Simple(a) => Some(a.to_ascii_uppercase()),
+            _ => None,
+        });
+        let name = args.next()?;
+        let sub = args.next();
+        let keys = 1 + args.count();
+        let every = |answer| {
+            Some(Spread {
+                to: Parts::EveryMaster,
+                answer,
+            })
+        };
+        let each = |answer| {
+            (keys > 1).then_some(Spread {
+                to: Parts::EachKey,
+                answer,
+            })
+        };
+        match (name.as_slice(), sub.as_deref()) {
+            (b"SCRIPT", Some(b"LOAD" | b"FLUSH" | b"KILL"))
+            | (b"CONFIG", Some(b"SET" | b"RESETSTAT" | b"REWRITE"))
+            | (b"ACL", Some(b"SETUSER" | b"DELUSER" | b"SAVE"))
+            | (b"CLIENT", Some(b"SETNAME" | b"SETINFO"))
+            | (b"FLUSHALL" | b"FLUSHDB" | b"PING" | b"UNWATCH", _) => every(Answer::Last),
+            (b"SCRIPT", Some(b"EXISTS")) => every(Answer::AllOf),
+            (b"WAIT", _) => every(Answer::Least),
+            (b"DBSIZE", _) => every(Answer::Sum),
+            (b"KEYS", _) => every(Answer::Joined),
+            (b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH", Some(_)) => each(Answer::Sum),
+            (b"MGET", Some(_)) => each(Answer::Joined),
+            _ => None,
+        }
+    }
+
+    /// The parts' answers as one.
+    fn combined(self, answers: Vec<Value>) -> redis::RedisResult<Value> {
+        let ints = |answers: &[Value]| -> redis::RedisResult<Vec<i64>> {
+            answers
+                .iter()
+                .map(|v| redis::from_redis_value_ref(v).map_err(Into::into))
+                .collect()
+        };
+        Ok(match self.answer {
+            Answer::Last => answers.into_iter().last().unwrap_or(Value::Nil),
+            Answer::Sum => Value::Int(ints(&answers)?.iter().sum()),
+            Answer::Least => Value::Int(ints(&answers)?.into_iter().min().unwrap_or_default()),
+            Answer::Joined => Value::Array(
+                answers
+                    .into_iter()
+                    .flat_map(|v| match v {
+                        Value::Array(items) => items,
+                        other => vec![other],
+                    })
+                    .collect(),
+            ),
+            Answer::AllOf => {
+                let mut all: Option<Vec<i64>> = None;
+                for v in &answers {
+                    let these: Vec<i64> = redis::from_redis_value_ref(v)?;
+                    all = Some(match all {
+                        None => these,
+                        Some(so_far) => so_far.iter().zip(&these).map(|(a, b)| a & b).collect(),
+                    });
+                }
+                Value::Array(
+                    all.unwrap_or_default()
+                        .into_iter()
+                        .map(Value::Int)
+                        .collect(),
+                )
+            }
+        })
     }
 }
 
@@ -892,6 +1046,68 @@ mod tests {
         // keyless script after it; the marks hash and its stream share a
         // slot.
         assert_eq!(lens, [3, 2, 2]);
+    }
+
+    #[test]
+    fn commands_for_several_nodes_are_spread_here() {
+        let spread = |args: &[&str]| {
+            let mut c = redis::cmd(args[0]);
+            for a in &args[1..] {
+                c.arg(*a);
+            }
+            Spread::of(&c).map(|s| (s.to, s.answer))
+        };
+        use {Answer::*, Parts::*};
+        assert_eq!(
+            spread(&["script", "load", "return 1"]),
+            Some((EveryMaster, Last))
+        );
+        assert_eq!(spread(&["WAIT", "1", "100"]), Some((EveryMaster, Least)));
+        assert_eq!(
+            spread(&["SCRIPT", "EXISTS", "a", "b"]),
+            Some((EveryMaster, AllOf))
+        );
+        assert_eq!(spread(&["DEL", "a", "b"]), Some((EachKey, Sum)));
+        assert_eq!(spread(&["MGET", "a", "b"]), Some((EachKey, Joined)));
+        // One key, or a keyed command: the client sends it to one node.
+        assert_eq!(spread(&["DEL", "a"]), None);
+        assert_eq!(spread(&["HSET", "a", "f", "v"]), None);
+        assert_eq!(spread(&["EVALSHA", "x", "1", "k"]), None);
+        assert_eq!(spread(&["TIME"]), None);
+    }
+
+    #[test]
+    fn parts_answers_are_made_one() {
+        let ints = |v: &[i64]| v.iter().map(|&i| Value::Int(i)).collect::<Vec<_>>();
+        let with = |answer| Spread {
+            to: Parts::EveryMaster,
+            answer,
+        };
+        assert_eq!(
+            with(Answer::Sum).combined(ints(&[1, 0, 2])).unwrap(),
+            Value::Int(3)
+        );
+        assert_eq!(
+            with(Answer::Least).combined(ints(&[2, 1, 3])).unwrap(),
+            Value::Int(1)
+        );
+        assert_eq!(
+            with(Answer::Last).combined(ints(&[2, 5])).unwrap(),
+            Value::Int(5)
+        );
+        let arrays = vec![
+            Value::Array(ints(&[1, 1, 0])),
+            Value::Array(ints(&[1, 0, 0])),
+        ];
+        assert_eq!(
+            with(Answer::AllOf).combined(arrays.clone()).unwrap(),
+            Value::Array(ints(&[1, 0, 0]))
+        );
+        assert_eq!(
+            with(Answer::Joined).combined(arrays).unwrap(),
+            Value::Array(ints(&[1, 1, 0, 1, 0, 0]))
+        );
+        assert!(with(Answer::Sum).combined(vec![Value::Nil]).is_err());
     }
 
     #[test]

@@ -223,6 +223,11 @@ impl Cluster {
         self.wait_ok();
     }
 
+    /// A connection to the node on `port` alone.
+    pub fn connect_to(&self, port: u16) -> redis::Connection {
+        connect(port, &self.admin)
+    }
+
     /// `INFO section` of the node on `port`.
     pub fn info(&self, port: u16, section: &str) -> String {
         let mut c = connect(port, &self.admin);

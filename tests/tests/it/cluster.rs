@@ -433,3 +433,65 @@ async fn a_cluster_failover_loses_and_doubles_nothing() {
     )
     .await;
 }
+
+/// Commands meant for several nodes reach every master, and their answers
+/// are made one: a script loaded is known on each node, a `DEL` over keys
+/// of three slots deletes all three, `WAIT` and `DBSIZE` answer for the
+/// cluster. The redis crate's cluster client sends such commands' per-node
+/// parts from inside its driver task without waking it, so they waited for
+/// whatever woke it next: a service's first run of a script stalled for the
+/// reply timeout (10 s) when nothing else was under way (seen in CI, not
+/// reproducible on demand). They are sent node by node instead; each call
+/// here must answer within 5 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_for_several_nodes_reach_every_master() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let mut store = d.store().await;
+    async fn ask<T: redis::FromRedisValue>(
+        store: &mut broker::store::Store,
+        cmd: &redis::Cmd,
+    ) -> T {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            cmd.query_async(&mut store.conn),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("no answer in 5 s to {cmd:?}"))
+        .unwrap()
+    }
+    let sha: String = ask(&mut store, redis::cmd("SCRIPT").arg("LOAD").arg("return 7")).await;
+    for &port in &cluster.ports {
+        let mut node = cluster.connect_to(port);
+        let known: Vec<i64> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&sha)
+            .query(&mut node)
+            .unwrap();
+        assert_eq!(known, vec![1], "script not loaded on node {port}");
+    }
+    let known: Vec<i64> = ask(
+        &mut store,
+        redis::cmd("SCRIPT").arg("EXISTS").arg(&sha).arg("0000"),
+    )
+    .await;
+    assert_eq!(known, vec![1, 0]);
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("spread:{i}"))
+        .scan(BTreeMap::<u16, ()>::new(), |seen, k| {
+            Some(seen.insert(cluster.owner_of(&k), ()).is_none().then_some(k))
+        })
+        .flatten()
+        .take(3)
+        .collect();
+    for k in &keys {
+        let _: () = ask(&mut store, redis::cmd("SET").arg(k).arg(1)).await;
+    }
+    let size: i64 = ask(&mut store, &redis::cmd("DBSIZE")).await;
+    assert!(size >= 3, "DBSIZE counts every master's keys: {size}");
+    let found: i64 = ask(&mut store, redis::cmd("EXISTS").arg(&keys)).await;
+    assert_eq!(found, 3);
+    let deleted: i64 = ask(&mut store, redis::cmd("DEL").arg(&keys)).await;
+    assert_eq!(deleted, 3);
+    let replicas: i64 = ask(&mut store, redis::cmd("WAIT").arg(0).arg(0)).await;
+    assert_eq!(replicas, 0);
+}
