@@ -19,10 +19,11 @@
 //!   refused with a redirect (stale map, slot in migration) is known not to
 //!   have run and is sent again alone through the cluster client; the map
 //!   is fetched again after a redirect or a failed connection. Anything else reaches the
-//!   caller, which retries as after any lost connection. `ASK` is not
-//!   followed to the importing node (`ASKING`): a key already moved out of a
-//!   slot in migration is refused until the slot is handed over, then
-//!   `MOVED` points to its new node.
+//!   caller, which retries as after any lost connection.
+//! - A command (or one-command run) refused with `ASK` (its key already
+//!   moved out of a slot still in migration) is sent to the importing node
+//!   the answer names, after `ASKING`, on the client's own connection to it
+//!   ([`asked`]); `TRYAGAIN` (keys split by the migration) waits as above.
 //! - A pipeline goes to one node per slot: the client refuses one that
 //!   spans slots, so it is cut into runs of consecutive commands of one
 //!   slot, sent in order, one after the other (a write pipeline's order is
@@ -36,12 +37,11 @@
 //!   unchanged.
 //! - Blocking reads never share a connection with other commands: each
 //!   [`crate::blocking::Blocking`] opens its own cluster connections.
-//! - No command is left to the client to send to several nodes (`SCRIPT
-//!   LOAD`, `WAIT`, a `DEL` of keys in several slots): the client sends the
-//!   per-node parts from inside its own driver task without waking it, so
-//!   they wait for whatever next wakes it, on a quiet service the reply
-//!   timeout (10 s). They go one node at a time here, each as a command
-//!   for one node ([`ClusterLink::fanned`]).
+//! - A command the client sends to several nodes itself (`SCRIPT LOAD`,
+//!   `WAIT`, a `DEL` of keys in several slots) is waited for with its
+//!   driver woken ([`ClusterLink::kicked`]): the client queues the per-node
+//!   parts without waking itself, so on a quiet service they waited for the
+//!   reply timeout (10 s).
 
 use std::time::Duration;
 
@@ -55,8 +55,13 @@ use crate::config::RedisConfig;
 use crate::error::{ConfigError, Error, Result};
 use crate::topology::{certificates, client_at, tcp_settings, Auth};
 
-/// How long a command refused with a redirect is tried again (a slot in
-/// migration answers `ASK` until it is handed over).
+/// How often a command the client sends to several nodes wakes its driver
+/// while its answer is awaited ([`ClusterLink::kicked`]).
+const KICK_EVERY: Duration = Duration::from_millis(10);
+
+/// How long a command refused with a redirect is tried again (a slot whose
+/// keys are split by a migration answers `TRYAGAIN` until it is handed
+/// over).
 const REDIRECTS_FOR: Duration = Duration::from_secs(5);
 
 /// The shared cluster connection of a service (cheap to clone).
@@ -147,14 +152,25 @@ impl ClusterLink {
             cmd.arg(replicas).arg(timeout_ms);
             cmd
         };
-        let e = match self.req_packed_command(&wait()).await {
-            Ok(v) => return Ok(redis::from_redis_value(v)?),
-            Err(e) => e,
+        let first: redis::RedisResult<i64> = match self.req_packed_command(&wait()).await {
+            Ok(v) => redis::from_redis_value(v).map_err(Into::into),
+            Err(e) => Err(e),
         };
-        // `fanned` forgot the map: asked again of the masters named now.
-        let got = self.req_packed_command(&wait()).await?;
+        let Err(e) = first else {
+            return first;
+        };
+        self.masters.forget(None).await;
+        let Some(owners) = self.masters.owners(&mut self.conn).await else {
+            return Err(e);
+        };
+        let mut fewest = i64::MAX;
+        for (host, port) in owners.masters() {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            let got = self.conn.route_command(wait(), routing).await?;
+            fewest = fewest.min(redis::from_redis_value(got)?);
+        }
         tracing::info!(error = %e, "WAIT asked of each master the cluster names now");
-        Ok(redis::from_redis_value(got)?)
+        Ok(fewest)
     }
 
     /// Which master serves each slot, as the cluster says now (`CLUSTER
@@ -165,12 +181,25 @@ impl ClusterLink {
 
     pub fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            if let Some(spread) = Spread::of(cmd) {
-                return self.fanned(cmd, spread).await;
+            if spreads(cmd) {
+                return self.kicked(cmd).await.inspect_err(|e| {
+                    if e.is_timeout() {
+                        tracing::warn!(command = %name_of(cmd), "a command to several nodes timed out");
+                    }
+                });
             }
             let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
+            let direct = self.direct();
             loop {
-                match self.conn.req_packed_command(cmd).await {
+                let mut got = self.conn.req_packed_command(cmd).await;
+                if let Err(e) = &got {
+                    let mut one = redis::pipe();
+                    one.add_command(cmd.clone());
+                    if let Some(there) = asked(direct.as_deref(), e, &one).await {
+                        got = there.and_then(|mut v| v.pop().unwrap_or(Value::Nil).extract_error());
+                    }
+                }
+                match got {
                     Err(e) if not_run(&e) && tokio::time::Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
@@ -265,7 +294,7 @@ impl ClusterLink {
         let Some(nodes) = nodes else {
             let sent: Vec<_> = batch
                 .into_iter()
-                .map(|run| tokio::spawn(send_run(self.conn.clone(), run)))
+                .map(|run| tokio::spawn(send_run(self.conn.clone(), self.direct(), run)))
                 .collect();
             let mut answers = Vec::new();
             for run in sent {
@@ -299,7 +328,9 @@ impl ClusterLink {
                         masters.forget(Some(&node)).await;
                         let mut answers = Vec::new();
                         for &i in &runs {
-                            answers.push((i, send_run(shared.clone(), batch[i].clone()).await?));
+                            let run = batch[i].clone();
+                            let direct = Some(masters.clone());
+                            answers.push((i, send_run(shared.clone(), direct, run).await?));
                         }
                         return Ok(answers);
                     }
@@ -342,59 +373,45 @@ impl ClusterLink {
                 // The slot moved: that command did not run. Sent again
                 // alone, through the client that follows redirects.
                 self.masters.forget(None).await;
-                *answers = send_run(self.conn.clone(), batch[i].clone()).await?;
+                *answers = send_run(self.conn.clone(), self.direct(), batch[i].clone()).await?;
             }
         }
         Ok(per_run.into_iter().flatten().collect())
     }
 
-    /// A command meant for several nodes, sent one node at a time: to
-    /// every master the slot map names now (`SCRIPT LOAD`, `WAIT`, `CONFIG
-    /// SET`: replicas are not sent to, and a promoted one without a script
-    /// answers `NOSCRIPT`, which loads it again), or, for a command over
-    /// several keys, once per key. Every part must succeed; the answers are
-    /// combined as [`Spread`] says. A part that fails forgets the map, for
-    /// the caller's retry to ask again.
-    async fn fanned(&mut self, cmd: &Cmd, spread: Spread) -> redis::RedisResult<Value> {
-        let mut answers = Vec::new();
-        match spread.to {
-            Parts::EachKey => {
-                let mut args = cmd.args_iter().filter_map(|a| match a {
-                    redis::Arg::Simple(a) => Some(a),
-                    _ => None,
-                });
-                let name = String::from_utf8_lossy(args.next().unwrap_or_default()).into_owned();
-                for key in args {
-                    let mut one = redis::cmd(&name);
-                    one.arg(key);
-                    answers.push(self.req_packed_command(&one).await?);
-                }
-            }
-            Parts::EveryMaster => {
-                let Some(owners) = self.masters.owners(&mut self.conn).await else {
-                    return Err(redis::RedisError::from(std::io::Error::other(format!(
-                        "{}: the cluster did not say which nodes are masters",
-                        name_of(cmd)
-                    ))));
-                };
-                for (host, port) in owners.masters() {
-                    let routing =
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-                    let got = self.conn.route_command(cmd.clone(), routing).await;
-                    match got.and_then(Value::extract_error) {
-                        Ok(v) => answers.push(v),
-                        Err(e) => {
-                            self.masters.forget(None).await;
-                            if e.is_timeout() {
-                                tracing::warn!(command = %name_of(cmd), "a command to every master timed out");
-                            }
-                            return Err(e);
-                        }
-                    }
+    /// A command the client sends to several nodes itself (`SCRIPT LOAD`,
+    /// `WAIT`, a `DEL` over several slots), its driver woken until the
+    /// answer comes. The client queues such a command's per-node parts from
+    /// inside its driver task without waking it (redis-rs), so they wait for
+    /// whatever next wakes it: on a quiet service, the 10 s reply timeout.
+    /// Any request to one node wakes it, so a `PING` goes to one node every
+    /// few milliseconds until the answer is in. The client's own fan-out is
+    /// kept: it knows every node (replicas and new masters too) and uses a
+    /// connection under repair rather than resetting them all.
+    async fn kicked(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        let mut conn = self.conn.clone();
+        let answer = conn.req_packed_command(cmd);
+        tokio::pin!(answer);
+        let mut kick = tokio::time::interval(KICK_EVERY);
+        kick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        kick.tick().await;
+        loop {
+            tokio::select! {
+                got = &mut answer => return got,
+                _ = kick.tick() => {
+                    let mut c = self.conn.clone();
+                    let ping = redis::cmd("PING");
+                    let one = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                    tokio::spawn(async move { c.route_command(ping, one).await });
                 }
             }
         }
-        spread.combined(answers)
+    }
+
+    /// The masters' direct connections, where an `ASK` may be followed:
+    /// none with `wait_replicas` (`WAIT` counts the cluster client's).
+    fn direct(&self) -> Option<std::sync::Arc<Masters>> {
+        self.wait.is_none().then(|| self.masters.clone())
     }
 
     fn forget_scripts(&self) {
@@ -433,11 +450,22 @@ impl ClusterLink {
 /// whole run with its first redirect, though commands before it may have
 /// run (a migration can end between two of them): only a run of one command
 /// (with idempotent script loads) is known not to have run, and is sent again.
-async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisResult<Vec<Value>> {
+/// `direct`: the masters' direct connections, where an `ASK` may be followed.
+async fn send_run(
+    mut conn: ClusterConnection,
+    direct: Option<std::sync::Arc<Masters>>,
+    run: Pipeline,
+) -> redis::RedisResult<Vec<Value>> {
     let alone = lone_kind(&run).is_some();
     let deadline = tokio::time::Instant::now() + REDIRECTS_FOR;
     loop {
-        match conn.req_packed_commands(&run, 0, run.len()).await {
+        let mut got = conn.req_packed_commands(&run, 0, run.len()).await;
+        if let (true, Err(e)) = (alone, &got) {
+            if let Some(there) = asked(direct.as_deref(), e, &run).await {
+                got = there;
+            }
+        }
+        match got {
             Err(e) if alone && not_run(&e) && tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -446,114 +474,90 @@ async fn send_run(mut conn: ClusterConnection, run: Pipeline) -> redis::RedisRes
     }
 }
 
-/// How a command the cluster client would send to several nodes is sent
-/// here instead, and its answers made one. The client's own table is not
-/// public, so this names the commands that spread: those any of this
-/// project's tools send (scripts, `WAIT`, the ACL probes, the probe
-/// streams' `DEL`) and their kin.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Spread {
-    to: Parts,
-    answer: Answer,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Parts {
-    /// Once on every master.
-    EveryMaster,
-    /// Once per key (the command's arguments are all keys).
-    EachKey,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Answer {
-    /// The last part's (every part succeeded).
-    Last,
-    /// The sum of integers (`DEL`, `DBSIZE`).
-    Sum,
-    /// The least integer (`WAIT`: replicas that all masters reached).
-    Least,
-    /// Arrays joined in order (`KEYS`, `MGET`).
-    Joined,
-    /// Arrays of 0 and 1, and-ed place by place (`SCRIPT EXISTS`).
-    AllOf,
-}
-
-impl Spread {
-    fn of(cmd: &Cmd) -> Option<Spread> {
-        let mut args = cmd.args_iter().filter_map(|a| match a {
-            redis::Arg::Simple(a) => Some(a.to_ascii_uppercase()),
+/// `run`, refused with `ASK` (it did not run: its key has left a slot still
+/// in migration), sent to the importing node the answer names, each command
+/// after `ASKING` (which admits the next command only), on a direct
+/// connection to that node: the cluster client's own is not used, as a node
+/// it has no connection to (one just added, importing its first slot) makes
+/// it drop every connection. The run's answers, without the `ASKING`s'; a
+/// refusal there is the error returned. `None` when `e` is not an `ASK`, or
+/// there are no direct connections (with `wait_replicas`: `WAIT` would not
+/// count a write made on one), or the node cannot be reached (nothing was
+/// sent: the `ASK` is waited out as before).
+async fn asked(
+    direct: Option<&Masters>,
+    e: &redis::RedisError,
+    run: &Pipeline,
+) -> Option<redis::RedisResult<Vec<Value>>> {
+    let masters = direct?;
+    if e.code() != Some("ASK") {
+        return None;
+    }
+    let (node, _) = e.redirect_node()?;
+    let node = match node.rsplit_once(':') {
+        Some((host, port)) if host.contains(':') && !host.starts_with('[') => {
+            format!("[{host}]:{port}")
+        }
+        _ => node.to_string(),
+    };
+    let mut conn = masters.conn(&node).await.ok()?;
+    let mut pipe = redis::pipe();
+    for cmd in run.cmd_iter() {
+        pipe.cmd("ASKING");
+        pipe.add_command(cmd.clone());
+    }
+    let got = match conn.req_packed_commands(&pipe, 0, pipe.len()).await {
+        Ok(got) if got.len() == pipe.len() => Ok(got),
+        Ok(got) => Err(redis::RedisError::from(std::io::Error::other(format!(
+            "{node} answered {} of {} commands",
+            got.len(),
+            pipe.len()
+        )))),
+        Err(e) => Err(e),
+    };
+    if got.is_err() {
+        masters.forget(Some(&node)).await;
+    }
+    Some(got.and_then(|answers| {
+        let answers: Vec<Value> = answers.into_iter().skip(1).step_by(2).collect();
+        let refused = answers.iter().find_map(|a| match a {
+            Value::ServerError(e) if did_not_run(e.code()) => Some(e.clone()),
             _ => None,
         });
-        let name = args.next()?;
-        let sub = args.next();
-        let keys = 1 + args.count();
-        let every = |answer| {
-            Some(Spread {
-                to: Parts::EveryMaster,
-                answer,
-            })
-        };
-        let each = |answer| {
-            (keys > 1).then_some(Spread {
-                to: Parts::EachKey,
-                answer,
-            })
-        };
-        match (name.as_slice(), sub.as_deref()) {
-            (b"SCRIPT", Some(b"LOAD" | b"FLUSH" | b"KILL"))
-            | (b"CONFIG", Some(b"SET" | b"RESETSTAT" | b"REWRITE"))
-            | (b"ACL", Some(b"SETUSER" | b"DELUSER" | b"SAVE"))
-            | (b"CLIENT", Some(b"SETNAME" | b"SETINFO"))
-            | (b"FLUSHALL" | b"FLUSHDB" | b"PING" | b"UNWATCH", _) => every(Answer::Last),
-            (b"SCRIPT", Some(b"EXISTS")) => every(Answer::AllOf),
-            (b"WAIT", _) => every(Answer::Least),
-            (b"DBSIZE", _) => every(Answer::Sum),
-            (b"KEYS", _) => every(Answer::Joined),
-            (b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH", Some(_)) => each(Answer::Sum),
-            (b"MGET", Some(_)) => each(Answer::Joined),
-            _ => None,
+        match refused {
+            Some(e) => Err(e.into()),
+            None => Ok(answers),
         }
-    }
+    }))
+}
 
-    /// The parts' answers as one.
-    fn combined(self, answers: Vec<Value>) -> redis::RedisResult<Value> {
-        let ints = |answers: &[Value]| -> redis::RedisResult<Vec<i64>> {
-            answers
-                .iter()
-                .map(|v| redis::from_redis_value_ref(v).map_err(Into::into))
-                .collect()
-        };
-        Ok(match self.answer {
-            Answer::Last => answers.into_iter().last().unwrap_or(Value::Nil),
-            Answer::Sum => Value::Int(ints(&answers)?.iter().sum()),
-            Answer::Least => Value::Int(ints(&answers)?.into_iter().min().unwrap_or_default()),
-            Answer::Joined => Value::Array(
-                answers
-                    .into_iter()
-                    .flat_map(|v| match v {
-                        Value::Array(items) => items,
-                        other => vec![other],
-                    })
-                    .collect(),
-            ),
-            Answer::AllOf => {
-                let mut all: Option<Vec<i64>> = None;
-                for v in &answers {
-                    let these: Vec<i64> = redis::from_redis_value_ref(v)?;
-                    all = Some(match all {
-                        None => these,
-                        Some(so_far) => so_far.iter().zip(&these).map(|(a, b)| a & b).collect(),
-                    });
-                }
-                Value::Array(
-                    all.unwrap_or_default()
-                        .into_iter()
-                        .map(Value::Int)
-                        .collect(),
-                )
-            }
-        })
+/// Whether the cluster client sends `cmd` to several nodes itself (its own
+/// table is not public): the keyless commands it sends to every node or
+/// master, and the commands over several keys it splits by slot. Those any
+/// of this project's tools send are `SCRIPT LOAD`, `WAIT`, the ACL probes
+/// and the probe streams' `DEL`; the rest are their kin.
+fn spreads(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(a) => Some(a.to_ascii_uppercase()),
+        _ => None,
+    });
+    let Some(name) = args.next() else {
+        return false;
+    };
+    let sub = args.next();
+    let several = args.next().is_some();
+    match (name.as_slice(), sub.as_deref()) {
+        (b"SCRIPT", Some(b"LOAD" | b"FLUSH" | b"KILL" | b"EXISTS"))
+        | (b"CONFIG", Some(b"SET" | b"RESETSTAT" | b"REWRITE"))
+        | (b"ACL", Some(b"SETUSER" | b"DELUSER" | b"SAVE"))
+        | (b"CLIENT", Some(b"SETNAME" | b"SETINFO"))
+        | (b"FLUSHALL" | b"FLUSHDB" | b"PING" | b"UNWATCH" | b"WAIT" | b"DBSIZE" | b"KEYS", _) => {
+            true
+        }
+        (b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH" | b"MGET", Some(_)) => several,
+        // Pairs: a second key after the first value.
+        (b"MSET", Some(_)) => args.next().is_some(),
+        _ => false,
     }
 }
 
@@ -598,9 +602,10 @@ impl Masters {
 
     /// The connection to master `node` (`host:port`), made as the cluster
     /// client's are (user, password, TLS and certificates of `[redis]`).
+    /// The map is not locked while connecting: the masters of one batch
+    /// connect side by side, and a slow node holds up only its own runs.
     async fn conn(&self, node: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        let mut conns = self.conns.lock().await;
-        if let Some(c) = conns.get(node) {
+        if let Some(c) = self.conns.lock().await.get(node) {
             return Ok(c.clone());
         }
         let url = format!("{}://{node}", if self.tls() { "rediss" } else { "redis" });
@@ -612,8 +617,9 @@ impl Masters {
         let conn = client
             .get_multiplexed_async_connection_with_config(&settings)
             .await?;
-        conns.insert(node.to_string(), conn.clone());
-        Ok(conn)
+        // Two batches may have connected at once: the first kept is used.
+        let mut conns = self.conns.lock().await;
+        Ok(conns.entry(node.to_string()).or_insert(conn).clone())
     }
 
     /// Whether the nodes speak TLS (`redis.cluster` names `rediss://` URLs:
@@ -1049,65 +1055,26 @@ mod tests {
     }
 
     #[test]
-    fn commands_for_several_nodes_are_spread_here() {
-        let spread = |args: &[&str]| {
+    fn commands_the_client_spreads_are_known() {
+        let spreads = |args: &[&str]| {
             let mut c = redis::cmd(args[0]);
             for a in &args[1..] {
                 c.arg(*a);
             }
-            Spread::of(&c).map(|s| (s.to, s.answer))
+            spreads(&c)
         };
-        use {Answer::*, Parts::*};
-        assert_eq!(
-            spread(&["script", "load", "return 1"]),
-            Some((EveryMaster, Last))
-        );
-        assert_eq!(spread(&["WAIT", "1", "100"]), Some((EveryMaster, Least)));
-        assert_eq!(
-            spread(&["SCRIPT", "EXISTS", "a", "b"]),
-            Some((EveryMaster, AllOf))
-        );
-        assert_eq!(spread(&["DEL", "a", "b"]), Some((EachKey, Sum)));
-        assert_eq!(spread(&["MGET", "a", "b"]), Some((EachKey, Joined)));
+        assert!(spreads(&["script", "load", "return 1"]));
+        assert!(spreads(&["WAIT", "1", "100"]));
+        assert!(spreads(&["SCRIPT", "EXISTS", "a", "b"]));
+        assert!(spreads(&["DEL", "a", "b"]));
+        assert!(spreads(&["MGET", "a", "b"]));
+        assert!(spreads(&["MSET", "a", "1", "b", "2"]));
         // One key, or a keyed command: the client sends it to one node.
-        assert_eq!(spread(&["DEL", "a"]), None);
-        assert_eq!(spread(&["HSET", "a", "f", "v"]), None);
-        assert_eq!(spread(&["EVALSHA", "x", "1", "k"]), None);
-        assert_eq!(spread(&["TIME"]), None);
-    }
-
-    #[test]
-    fn parts_answers_are_made_one() {
-        let ints = |v: &[i64]| v.iter().map(|&i| Value::Int(i)).collect::<Vec<_>>();
-        let with = |answer| Spread {
-            to: Parts::EveryMaster,
-            answer,
-        };
-        assert_eq!(
-            with(Answer::Sum).combined(ints(&[1, 0, 2])).unwrap(),
-            Value::Int(3)
-        );
-        assert_eq!(
-            with(Answer::Least).combined(ints(&[2, 1, 3])).unwrap(),
-            Value::Int(1)
-        );
-        assert_eq!(
-            with(Answer::Last).combined(ints(&[2, 5])).unwrap(),
-            Value::Int(5)
-        );
-        let arrays = vec![
-            Value::Array(ints(&[1, 1, 0])),
-            Value::Array(ints(&[1, 0, 0])),
-        ];
-        assert_eq!(
-            with(Answer::AllOf).combined(arrays.clone()).unwrap(),
-            Value::Array(ints(&[1, 0, 0]))
-        );
-        assert_eq!(
-            with(Answer::Joined).combined(arrays).unwrap(),
-            Value::Array(ints(&[1, 1, 0, 1, 0, 0]))
-        );
-        assert!(with(Answer::Sum).combined(vec![Value::Nil]).is_err());
+        assert!(!spreads(&["DEL", "a"]));
+        assert!(!spreads(&["MSET", "a", "1"]));
+        assert!(!spreads(&["HSET", "a", "f", "v"]));
+        assert!(!spreads(&["EVALSHA", "x", "1", "k"]));
+        assert!(!spreads(&["TIME"]));
     }
 
     #[test]

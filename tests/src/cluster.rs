@@ -268,6 +268,57 @@ impl Cluster {
     fn wait_ok(&self) {
         wait_ok(&self.ports, &self.admin)
     }
+
+    /// Starts moving the slot of `key` from the node on `from` to the node
+    /// on `to` and moves that key alone, as `redis-cli --cluster reshard`
+    /// does key by key: until [`Self::end_migration`], the old owner answers
+    /// `ASK` for it.
+    pub fn begin_migration(&self, key: &str, from: u16, to: u16) {
+        let slot = self.slot_of(key);
+        let id = |port| -> String {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query(&mut self.connect_to(port))
+                .unwrap()
+        };
+        let set = |port, state: &str, other: u16| {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id(other))
+                .query(&mut self.connect_to(port))
+                .unwrap();
+        };
+        set(to, "IMPORTING", from);
+        set(from, "MIGRATING", to);
+        let mut migrate = redis::cmd("MIGRATE");
+        migrate.arg("127.0.0.1").arg(to).arg(key).arg(0).arg(5000);
+        if let Some((user, password)) = &self.admin.login {
+            migrate.arg("AUTH2").arg(user).arg(password);
+        }
+        let _: () = migrate.query(&mut self.connect_to(from)).unwrap();
+    }
+
+    /// Ends what [`Self::begin_migration`] began: the slot of `key` is the
+    /// node on `to`'s, on every node.
+    pub fn end_migration(&self, key: &str, to: u16) {
+        let slot = self.slot_of(key);
+        let owner: String = redis::cmd("CLUSTER")
+            .arg("MYID")
+            .query(&mut self.connect_to(to))
+            .unwrap();
+        for &port in &self.ports {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&owner)
+                .query(&mut self.connect_to(port))
+                .unwrap();
+        }
+        self.wait_ok();
+    }
 }
 
 /// [`Cluster::reshard`] on the cluster of `ports` (callable from a blocking

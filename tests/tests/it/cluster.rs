@@ -434,15 +434,10 @@ async fn a_cluster_failover_loses_and_doubles_nothing() {
     .await;
 }
 
-/// Commands meant for several nodes reach every master, and their answers
-/// are made one: a script loaded is known on each node, a `DEL` over keys
-/// of three slots deletes all three, `WAIT` and `DBSIZE` answer for the
-/// cluster. The redis crate's cluster client sends such commands' per-node
-/// parts from inside its driver task without waking it, so they waited for
-/// whatever woke it next: a service's first run of a script stalled for the
-/// reply timeout (10 s) when nothing else was under way (seen in CI, not
-/// reproducible on demand). They are sent node by node instead; each call
-/// here must answer within 5 s.
+/// Commands the cluster client sends to several nodes reach every master
+/// and answer for the cluster: a script loaded is known on each node, a
+/// `DEL` over keys of three slots deletes all three, `WAIT` and `DBSIZE`
+/// answer; each call answers within 5 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_for_several_nodes_reach_every_master() {
     let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
@@ -494,4 +489,142 @@ async fn commands_for_several_nodes_reach_every_master() {
     assert_eq!(deleted, 3);
     let replicas: i64 = ask(&mut store, redis::cmd("WAIT").arg(0).arg(0)).await;
     assert_eq!(replicas, 0);
+}
+
+/// A command the cluster client sends to every node is not held up by
+/// another request in flight on the same connection. The client queues its
+/// per-node parts from inside its driver without waking it, so with a slow
+/// request pending they waited until that request answered (with nothing
+/// else under way, a service's first `SCRIPT LOAD` waited the 10 s reply
+/// timeout, a CI failure). Here one master is kept busy by a 1.2 s script
+/// (under the cluster's 2 s node timeout) sent on the service's connection; a script load sent on it meanwhile
+/// must reach the other masters before the busy one is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_for_every_node_is_not_held_up_by_a_slow_one() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let store = d.store().await;
+    let busy_key = "busy:node";
+    let busy_port = cluster.owner_of(busy_key);
+    let other = *cluster.ports.iter().find(|&&p| p != busy_port).unwrap();
+    let spin = redis::Script::new(
+        "local function us() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end \
+         local from = us() repeat until us() - from > 1200000 return 1",
+    );
+    // Loaded beforehand, so that the busy script is one request alone.
+    spin.load(&mut cluster.connect_to(busy_port)).unwrap();
+    let mut conn = store.conn.clone();
+    let busy = tokio::spawn(async move {
+        redis::cmd("EVALSHA")
+            .arg(spin.get_hash())
+            .arg(1)
+            .arg(busy_key)
+            .query_async::<i64>(&mut conn)
+            .await
+    });
+    // The busy master no longer answers anyone (its script runs).
+    let probe_port = busy_port;
+    wait_until("the busy master taken by its script", SOON, || async move {
+        // A bare `PING` (no handshake a busy node would hold up).
+        let answered = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut c = std::net::TcpStream::connect(("127.0.0.1", probe_port)).ok()?;
+            c.set_read_timeout(Some(std::time::Duration::from_millis(100)))
+                .ok()?;
+            c.write_all(b"PING\r\n").ok()?;
+            let mut answer = [0u8; 7];
+            c.read_exact(&mut answer).ok()
+        })
+        .await
+        .unwrap();
+        answered.is_none().then_some(())
+    })
+    .await;
+    let mut conn = store.conn.clone();
+    let load = tokio::spawn(async move {
+        redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg("return 'not held up'")
+            .query_async::<String>(&mut conn)
+            .await
+    });
+    let mut node = cluster.connect_to(other);
+    let mut loaded_elsewhere = false;
+    while !busy.is_finished() {
+        let known: Vec<i64> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(redis::Script::new("return 'not held up'").get_hash())
+            .query(&mut node)
+            .unwrap();
+        if known == [1] {
+            loaded_elsewhere = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        loaded_elsewhere,
+        "the script reached node {other} only once the busy master was free"
+    );
+    assert_eq!(busy.await.unwrap().unwrap(), 1);
+    load.await.unwrap().unwrap();
+}
+
+/// A key moved out of a slot still in migration is served at once by the
+/// importing node: its old owner answers `ASK`, and the command goes there
+/// after `ASKING`: a command alone, and a script in a batch beside another
+/// key's (the batch goes straight to each master; the refused one is sent
+/// again), each run once. Before, such a key was refused until the slot was
+/// handed over (after 5 s of `ASK`, the step failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_a_slot_in_migration_is_served_where_it_went() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let mut store = d.store().await;
+    let key = "migrating:count";
+    let from = cluster.owner_of(key);
+    let to = *cluster.ports.iter().find(|&&p| p != from).unwrap();
+    let other = (0..)
+        .map(|i| format!("staying:{i}"))
+        .find(|k| cluster.owner_of(k) == to)
+        .unwrap();
+    let _: i64 = redis::cmd("INCR")
+        .arg(key)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| cluster.begin_migration(key, from, to));
+    let three = std::time::Duration::from_secs(3);
+    let alone = tokio::time::timeout(
+        three,
+        redis::cmd("INCR")
+            .arg(key)
+            .query_async::<i64>(&mut store.conn),
+    )
+    .await
+    .expect("a command alone: no answer in 3 s")
+    .expect("a command alone");
+    assert_eq!(alone, 2);
+    let incr = redis::Script::new("return redis.call('INCR', KEYS[1])");
+    let mut pipe = redis::pipe();
+    pipe.load_script(&incr).ignore();
+    pipe.invoke_script(&incr.key(key));
+    pipe.invoke_script(&incr.key(&other));
+    let batch = tokio::time::timeout(three, pipe.query_async::<Vec<i64>>(&mut store.conn))
+        .await
+        .expect("a batch: no answer in 3 s")
+        .expect("a batch");
+    assert_eq!(batch, vec![3, 1]);
+    let errors = cluster.info(from, "errorstats");
+    assert!(
+        errors.contains("errorstat_ASK"),
+        "no ASK answered: {errors}"
+    );
+    let asked = cluster.info(to, "commandstats");
+    assert!(asked.contains("cmdstat_asking"), "no ASKING sent: {asked}");
+    tokio::task::block_in_place(|| cluster.end_migration(key, to));
+    let count: i64 = redis::cmd("GET")
+        .arg(key)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    assert_eq!(count, 3, "each command ran once");
 }
