@@ -48,7 +48,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot};
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::config::RedisConfig;
@@ -171,6 +171,49 @@ impl ClusterLink {
         }
         tracing::info!(error = %e, "WAIT asked of each master the cluster names now");
         Ok(fewest)
+    }
+
+    /// The keys matching `pattern` on every master the cluster names now
+    /// (`SCAN` visits one node), each master on its direct connection.
+    pub async fn keys_matching(&mut self, pattern: &str) -> redis::RedisResult<Vec<String>> {
+        self.masters.forget(None).await;
+        let Some(owners) = self.masters.owners(&mut self.conn).await else {
+            return Err(redis::RedisError::from(std::io::Error::other(
+                "the cluster did not say which nodes are masters",
+            )));
+        };
+        let mut keys = Vec::new();
+        for (host, port) in owners.masters() {
+            let node = match host.contains(':') {
+                true => format!("[{host}]:{port}"),
+                false => format!("{host}:{port}"),
+            };
+            let mut conn = self.masters.conn(&node).await?;
+            let mut cursor = 0u64;
+            loop {
+                let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await?;
+                keys.extend(page);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(keys)
+    }
+
+    /// `TIME` of the master serving `key`'s slot.
+    pub async fn time_at(&mut self, key: &str) -> redis::RedisResult<Value> {
+        let at = redis::cluster_routing::Route::new(slot_number(key.as_bytes()), SlotAddr::Master);
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(at));
+        self.conn.route_command(redis::cmd("TIME"), routing).await
     }
 
     /// Which master serves each slot, as the cluster says now (`CLUSTER

@@ -645,9 +645,13 @@ async fn serve_once(
     if read.iter().all(|(_, entries)| entries.is_empty()) {
         return Ok(false);
     }
-    let now_ms = server_millis(store).await?;
     let mut any = false;
     for (stream, entries) in read {
+        // The clock that dated the stream's ids: on a cluster, its node's.
+        let now_ms = match entries.is_empty() {
+            true => 0,
+            false => store.conn.millis_at(&stream).await?,
+        };
         let Some(requester) = streams
             .iter()
             .position(|s| *s == stream)
@@ -716,15 +720,6 @@ async fn serve_once(
         }
     }
     Ok(any)
-}
-
-/// Redis's clock, in milliseconds (the clock stream ids are made with).
-async fn server_millis(store: &mut Store) -> Result<u64> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME")
-        .query_async(&mut store.conn)
-        .await
-        .map_err(|e| Error::from_redis("TIME", e))?;
-    Ok(secs * 1000 + micros / 1000)
 }
 
 /// Applies one request of `requester` under the rules every surface follows.

@@ -203,6 +203,41 @@ impl Conn {
         }
     }
 
+    /// Every key matching `pattern` (`SCAN`; on a cluster, on every master).
+    pub async fn keys_matching(&mut self, pattern: &str) -> Result<Vec<String>> {
+        if let Link::Cluster(link) = &mut self.link {
+            return link
+                .keys_matching(pattern)
+                .await
+                .map_err(|e| Error::from_redis("SCAN", e));
+        }
+        use redis::AsyncCommands;
+        let mut keys = Vec::new();
+        let mut iter: redis::AsyncIter<String> = self
+            .scan_match(pattern)
+            .await
+            .map_err(|e| Error::from_redis("SCAN", e))?;
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.map_err(|e| Error::from_redis("SCAN", e))?);
+        }
+        Ok(keys)
+    }
+
+    /// The clock of the server that holds `key`, in milliseconds (`TIME`):
+    /// the clock that made its stream ids. On a cluster, asked of the
+    /// master of the key's slot, as nodes' clocks may differ.
+    pub async fn millis_at(&mut self, key: &str) -> Result<u64> {
+        let got: redis::RedisResult<(u64, u64)> = match &mut self.link {
+            Link::Cluster(link) => link
+                .time_at(key)
+                .await
+                .and_then(|v| Ok(redis::from_redis_value(v)?)),
+            Link::Master(_) => redis::cmd("TIME").query_async(self).await,
+        };
+        let (secs, micros) = got.map_err(|e| Error::from_redis("TIME", e))?;
+        Ok(secs * 1000 + micros / 1000)
+    }
+
     /// `host:port` of the server in use (a cluster: the nodes it was given).
     pub fn address(&self) -> String {
         match &self.link {

@@ -629,11 +629,22 @@ async fn method(
                 all.retain(|m| m.ts == parent || m.thread_ts.as_deref() == Some(parent.as_str()));
                 all.sort_by_key(|m| key(&m.ts));
             }
+            // As Slack: a message's metadata is listed only when asked.
+            let with_metadata =
+                str_of(&p, "include_all_metadata").is_some_and(|v| v == "true" || v == "1");
             let page: Vec<Value> = all
                 .iter()
                 .skip(skip)
                 .take(limit)
-                .map(|m| history_json(m))
+                .map(|m| {
+                    let mut v = history_json(m);
+                    if !with_metadata {
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("metadata");
+                        }
+                    }
+                    v
+                })
                 .collect();
             let more = all.len() > skip + limit;
             let next = if more {

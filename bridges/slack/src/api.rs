@@ -275,25 +275,34 @@ impl Api {
         Ok((page.messages, next))
     }
 
-    /// One page of the replies in the thread of `ts` (the parent first).
+    /// One page of the replies in the thread of `ts` (the parent first),
+    /// with the messages' metadata; and the next page's cursor.
+    ///
+    /// Slack lists metadata only when asked (`include_all_metadata`), and
+    /// slack-morphism's request for this method has no such field: the
+    /// call goes through the session's own `GET` with it added, and is
+    /// read into the crate's response type.
     pub async fn replies(
         &self,
         channel: &str,
         ts: &str,
         cursor: Option<String>,
     ) -> Result<(Vec<SlackHistoryMessage>, Option<String>), SendError> {
-        let mut req = SlackApiConversationsRepliesRequest::new(
-            SlackChannelId(channel.into()),
-            SlackTs(ts.into()),
-        )
-        .with_limit(200);
-        if let Some(c) = cursor {
-            req = req.with_cursor(SlackCursorId(c));
-        }
-        let (session, req) = (&self.session(), &req);
-        let page = self
+        let params: Vec<(&str, Option<String>)> = vec![
+            ("channel", Some(channel.to_string())),
+            ("ts", Some(ts.to_string())),
+            ("limit", Some("200".to_string())),
+            ("include_all_metadata", Some("true".to_string())),
+            ("cursor", cursor),
+        ];
+        let (session, params) = (&self.session(), &params);
+        let page: SlackApiConversationsRepliesResponse = self
             .call("conversations.replies", channel, || {
-                session.conversations_replies(req)
+                session.http_session_api.http_get::<_, _, String>(
+                    "conversations.replies",
+                    params,
+                    None,
+                )
             })
             .await
             .map_err(|e| classify("conversations.replies", e))?;

@@ -8,9 +8,12 @@
 //!   posted in the channel and posts only the parts Slack does not have; so
 //!   does a post that may have happened (a server error, a lost response),
 //!   at once, before the failure is reported: transient only when Slack
-//!   certainly does not have it. A part of a thread reply, where that list
-//!   cannot be read, is reported `uncertain` instead of posted twice. Only the bot's own messages count,
-//!   so another app cannot suppress a delivery by imitating the metadata.
+//!   certainly does not have it; the same for a thread reply, looked up in
+//!   its thread (`conversations.replies` with the metadata). Only what
+//!   cannot be read at all (more history than the lookup reads, or a failed
+//!   read) is reported `uncertain` instead of posted twice. Only the bot's
+//!   own messages count, so another app cannot suppress a delivery by
+//!   imitating the metadata.
 //! - Long content is split, never cut, and posted in order.
 
 use std::collections::BTreeMap;
@@ -101,8 +104,9 @@ impl SlackSender {
     }
 
     /// The parts of delivery `key` the bot already posted in `channel`:
-    /// index → ts. `None` when that cannot be told (a thread; history
-    /// beyond what is read).
+    /// index → ts, from the channel's history or, for a thread reply, its
+    /// thread's. `None` when that cannot be told (history beyond what is
+    /// read).
     async fn posted(
         &self,
         channel: &str,
@@ -161,20 +165,7 @@ impl SlackSender {
         let mut have = BTreeMap::new();
         if retry {
             match self.posted(channel, key, thread).await? {
-                // In a thread, an empty list proves nothing either.
-                Some(found) if thread.is_some() && found.is_empty() => {
-                    return Err(SendError::Uncertain(
-                        "an earlier attempt may have posted this thread reply, and Slack's thread listing shows none of its parts".into(),
-                    ))
-                }
                 Some(found) => have = found,
-                // Thread replies may not list metadata: what was posted
-                // cannot be told, and posting again could double it.
-                None if thread.is_some() => {
-                    return Err(SendError::Uncertain(
-                        "an earlier attempt may have posted this thread reply, and Slack's thread listing cannot tell".into(),
-                    ))
-                }
                 None => {
                     return Err(SendError::Uncertain(
                         "an earlier attempt may have posted this, and it is not in the channel's recent history the bot read".into(),
@@ -215,7 +206,7 @@ impl SlackSender {
 
     /// After a post that may have happened: its ts when Slack has it; when
     /// Slack certainly has not, the failure as transient (try again); when
-    /// that cannot be told (a thread), uncertain.
+    /// that cannot be told (too much history), uncertain.
     async fn found_after(
         &self,
         channel: &str,
@@ -234,11 +225,11 @@ impl SlackSender {
         };
         match found {
             Some(found) if found.contains_key(&part) => Ok(found[&part].clone()),
-            Some(found) if thread.is_none() || !found.is_empty() => {
-                Err(SendError::Transient(format!("{failure} (Slack does not have it)")))
-            }
-            _ => Err(SendError::Uncertain(format!(
-                "{failure}; Slack may have posted this thread reply, and its thread listing cannot tell"
+            Some(_) => Err(SendError::Transient(format!(
+                "{failure} (Slack does not have it)"
+            ))),
+            None => Err(SendError::Uncertain(format!(
+                "{failure}; whether Slack posted it is beyond the history the bot reads"
             ))),
         }
     }

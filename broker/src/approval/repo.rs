@@ -891,15 +891,9 @@ impl<'a> Approvals<'a> {
 
     /// Ids of every approval record, by `SCAN` (operator use only).
     pub async fn scan_ids(&mut self) -> Result<Vec<String>> {
+        let pattern = format!("{}*", keys::APPROVAL_PREFIX);
         let mut ids = Vec::new();
-        let mut iter: redis::AsyncIter<String> = self
-            .store
-            .conn
-            .scan_match(format!("{}*", keys::APPROVAL_PREFIX))
-            .await
-            .map_err(|e| Error::from_redis("SCAN", e))?;
-        while let Some(key) = iter.next_item().await {
-            let key = key?;
+        for key in self.store.conn.keys_matching(&pattern).await? {
             if let Some(id) = keys::approval_id_of(&key) {
                 ids.push(id.to_string());
             }

@@ -628,3 +628,68 @@ async fn a_key_in_a_slot_in_migration_is_served_where_it_went() {
         .unwrap();
     assert_eq!(count, 3, "each command ran once");
 }
+
+/// A decision request's age is measured by the clock that dated its stream
+/// id: on a cluster, `TIME` is asked of the master holding the request
+/// stream, never of any node (nodes' clocks may differ, and a request
+/// dated ahead of the clock asked is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_is_read_on_the_node_of_the_stream() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let mut store = d.store().await;
+    let stream = keys::requests("desk", "cli");
+    let owner = cluster.owner_of(&stream);
+    let calls = |port: u16| -> u64 {
+        let stats = cluster.info(port, "commandstats");
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_time:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before: Vec<u64> = cluster.ports.iter().map(|&p| calls(p)).collect();
+    for _ in 0..5 {
+        store.conn.millis_at(&stream).await.unwrap();
+    }
+    for (i, &port) in cluster.ports.iter().enumerate() {
+        let asked = calls(port) - before[i];
+        let expected = if port == owner { 5 } else { 0 };
+        assert_eq!(
+            asked, expected,
+            "TIME asked of node {port} (the stream's: {owner})"
+        );
+    }
+}
+
+/// The operator's listing of every approval record (`SCAN`) visits every
+/// master: records on each of the three nodes are all found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_master_is_scanned_for_records() {
+    let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
+    let mut store = d.store().await;
+    let mut by_node = BTreeMap::<u16, String>::new();
+    for _ in 0..200 {
+        let id = uuid::Uuid::new_v4().to_string();
+        by_node
+            .entry(cluster.owner_of(&keys::approval(&id)))
+            .or_insert(id);
+        if by_node.len() == cluster.ports.len() {
+            break;
+        }
+    }
+    assert_eq!(by_node.len(), 3, "records on every node");
+    for id in by_node.values() {
+        let _: () = redis::cmd("HSET")
+            .arg(keys::approval(id))
+            .arg("status")
+            .arg("pending")
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+    }
+    let mut listed = broker::approval::list_ids(&mut store).await.unwrap();
+    listed.sort();
+    let mut expected: Vec<String> = by_node.into_values().collect();
+    expected.sort();
+    assert_eq!(listed, expected);
+}

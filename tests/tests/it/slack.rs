@@ -491,11 +491,13 @@ async fn later_moves_the_deadline_and_the_card_says_so() {
 }
 
 /// While the ingest is down: the approver reacts ✅ on one card, replies
-/// `reject not now` in another's thread, a stranger reacts on a third, and
-/// three messages are written in a listened channel. When the ingest
-/// connects, the first is delivered, the second rejected with its reason,
-/// the third still waits, and the three messages reach the inbox in order.
-/// Restarted again, nothing is carried or decided twice.
+/// `reject not now` in another's thread, a stranger reacts on a third and
+/// the approver presses its Approve button, and three messages are written
+/// in a listened channel. When the ingest connects, the first is delivered,
+/// the second rejected with its reason, the third still waits (Slack keeps
+/// no presses; the presser was shown that the app did not respond), and
+/// the three messages reach the inbox in order. Restarted again, nothing is
+/// carried or decided twice; the third, pressed again, is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
     let fake = FakeSlack::start(&[TALK, OPS]).await;
@@ -530,10 +532,20 @@ async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
     fake.react(&external(&first), BOSS, "white_check_mark", TEAM);
     fake.say(OPS, BOSS, "reject not now", Some(&second.ts));
     fake.react(&external(&third), STRANGER, "white_check_mark", TEAM);
+    // A press nobody heard: Slack gives up on it and shows the presser that
+    // the app did not respond. It keeps no history of presses, and one it
+    // told the presser had failed must not take effect later.
+    fake.press(
+        &external(&third),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(&third),
+    );
     for text in ["m1", "m2", "m3"] {
         fake.say(TALK, "U0ANN0001", text, None);
     }
-    assert!(fake.with(|r| r.dropped) >= 6, "nobody listened");
+    assert!(fake.with(|r| r.dropped) >= 7, "nobody listened");
     let ingest = d.process("cowboy-slack-ingest", "sl");
     wait_until("the approved message delivered", PLATFORM_SOON, || async {
         posted(&fake, TALK).first().cloned()
@@ -584,8 +596,21 @@ async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
     assert_eq!(
         ids.len(),
         1,
-        "the stranger decided nothing: the third waits"
+        "the stranger and the unheard press decided nothing: the third waits"
     );
+    // Pressed again while the ingest listens, it decides.
+    let env = fake.press(
+        &external(&third),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(&third),
+    );
+    acked(&fake, &env).await;
+    wait_until("the third delivered", PLATFORM_SOON, || async {
+        (posted(&fake, TALK).len() == 2).then_some(())
+    })
+    .await;
 }
 
 /// A revoked bot token or a token of another workspace stops the services
@@ -689,6 +714,53 @@ async fn a_post_whose_answer_was_lost_is_not_posted_twice() {
         posts, 4,
         "one post per part and one for the first message: none repeated"
     );
+}
+
+/// The same in a thread: a reply whose response is lost is found in the
+/// thread (`conversations.replies`, asked for the metadata Slack lists only
+/// when asked) and neither posted again nor reported uncertain. Before,
+/// the thread was read without metadata, so such a reply was `uncertain`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_reply_whose_answer_was_lost_is_not_posted_twice() {
+    let fake = FakeSlack::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "");
+    let _outbox = d.process("cowboy-slack-outbox", "sl");
+    send(&d, &[("channel_id", TALK), ("content", "the parent")]).await;
+    let parent = wait_until("the parent posted", PLATFORM_SOON, || async {
+        posted(&fake, TALK).first().map(|m| m.ts.clone())
+    })
+    .await;
+    // Lost: the second post, the reply.
+    fake.with(|r| r.lose_posts = [2].into());
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "in the thread"),
+            ("reply_to", &parent),
+            ("request_id", "reply"),
+        ],
+    )
+    .await;
+    wait_until("the reply settled", PLATFORM_SOON, || async {
+        let mut store = d.store().await;
+        let looked = fake.with(|r| r.calls.iter().any(|(m, _)| m == "conversations.replies"));
+        (looked && harness::pending(&mut store, "ann:sl:outbox", "sl-outbox").await == 0)
+            .then_some(())
+    })
+    .await;
+    let told: Vec<_> = inbox(&d, "ann:sl:inbox")
+        .await
+        .into_iter()
+        .filter(|n| n["request_id"] == "reply")
+        .collect();
+    assert!(
+        told.iter().all(|n| n["status"] != "uncertain"),
+        "the lost reply was found in its thread: {told:?}"
+    );
+    let all = posted(&fake, TALK);
+    assert_eq!(all.len(), 2, "the reply posted once");
+    assert_eq!(all[1].thread_ts.as_deref(), Some(parent.as_str()));
 }
 
 /// Agent text on a card cannot pass for the frame, a status or a button:
