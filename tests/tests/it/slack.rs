@@ -92,6 +92,18 @@ fn external(m: &Msg) -> String {
     format!("{}:{}", m.channel, m.ts)
 }
 
+/// The approver presses Approve on `card`, for the version it shows;
+/// returns the envelope id.
+fn approve_by_button(fake: &FakeSlack, card: &Msg) -> String {
+    fake.press(
+        &external(card),
+        BOSS,
+        TEAM,
+        slack::render::APPROVE,
+        &digest(card),
+    )
+}
+
 /// The digest the card's buttons carry.
 fn digest(card: &Msg) -> String {
     let blocks = card.blocks.as_array().unwrap();
@@ -535,13 +547,7 @@ async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
     // A press nobody heard: Slack gives up on it and shows the presser that
     // the app did not respond. It keeps no history of presses, and one it
     // told the presser had failed must not take effect later.
-    fake.press(
-        &external(&third),
-        BOSS,
-        TEAM,
-        slack::render::APPROVE,
-        &digest(&third),
-    );
+    approve_by_button(&fake, &third);
     for text in ["m1", "m2", "m3"] {
         fake.say(TALK, "U0ANN0001", text, None);
     }
@@ -599,13 +605,7 @@ async fn what_was_said_while_the_ingest_was_away_is_caught_up_once() {
         "the stranger and the unheard press decided nothing: the third waits"
     );
     // Pressed again while the ingest listens, it decides.
-    let env = fake.press(
-        &external(&third),
-        BOSS,
-        TEAM,
-        slack::render::APPROVE,
-        &digest(&third),
-    );
+    let env = approve_by_button(&fake, &third);
     acked(&fake, &env).await;
     wait_until("the third delivered", PLATFORM_SOON, || async {
         (posted(&fake, TALK).len() == 2).then_some(())
@@ -829,13 +829,7 @@ async fn the_frame_cannot_be_imitated_and_forged_outcomes_edit_nothing() {
         "nothing was edited"
     );
     assert_eq!(status_of(&d).await, "pending");
-    let env = fake.press(
-        &external(&first),
-        BOSS,
-        TEAM,
-        slack::render::APPROVE,
-        &digest(&first),
-    );
+    let env = approve_by_button(&fake, &first);
     acked(&fake, &env).await;
     let sent = wait_until("delivery", PLATFORM_SOON, || async {
         posted(&fake, TALK).first().cloned()
@@ -886,13 +880,7 @@ async fn a_press_after_the_deadline_decides_nothing() {
         !last.to_string().contains("cowboy_approve"),
         "no buttons on a closed card"
     );
-    let env = fake.press(
-        &external(&first),
-        BOSS,
-        TEAM,
-        slack::render::APPROVE,
-        &digest(&first),
-    );
+    let env = approve_by_button(&fake, &first);
     acked(&fake, &env).await;
     let notice = wait_until("the expiry notice", PLATFORM_SOON, || async {
         inbox(&d, "ann:sl:inbox")
@@ -926,13 +914,7 @@ async fn a_storm_on_card_edits_delays_no_delivery() {
     });
     send(&d, &[("channel_id", TALK), ("content", "approved one")]).await;
     let first = card(&fake, &d, 0).await;
-    let env = fake.press(
-        &external(&first),
-        BOSS,
-        TEAM,
-        slack::render::APPROVE,
-        &digest(&first),
-    );
+    let env = approve_by_button(&fake, &first);
     acked(&fake, &env).await;
     wait_until("the closing edit refused", PLATFORM_SOON, || async {
         fake.with(|r| r.rate_limited.contains_key("chat.update"))

@@ -93,6 +93,22 @@ async fn group_exists(d: &Deployment, bridge: &str) {
 }
 
 /// How many entries of `stream` each consumer of the outbox group holds.
+/// The in-flight marks of bridge `bridge`'s stream `outbox`, and how many of
+/// its entries its workers hold pending.
+async fn marks_and_held(
+    d: &Deployment,
+    outbox: &str,
+    bridge: &str,
+) -> (HashMap<String, String>, u64) {
+    let mut s = d.store().await;
+    let marks = hash(&mut s, &keys::in_flight_marks(outbox)).await;
+    let held = holders(&mut s, outbox, &keys::outbox_group(bridge))
+        .await
+        .values()
+        .sum();
+    (marks, held)
+}
+
 async fn holders(store: &mut Store, stream: &str, group: &str) -> HashMap<String, u64> {
     store
         .consumers(stream, group)
@@ -472,12 +488,7 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
         "the first send past its gate, the second read",
         SOON,
         || async {
-            let mut s = d.store().await;
-            let m = hash(&mut s, &keys::in_flight_marks(&outbox)).await;
-            let held: u64 = holders(&mut s, &outbox, &keys::outbox_group("slow"))
-                .await
-                .values()
-                .sum();
+            let (m, held) = marks_and_held(&d, &outbox, "slow").await;
             (m.len() == 1 && m.values().all(|v| v == "writing:a") && held == 2).then_some(())
         },
     )
@@ -602,12 +613,7 @@ async fn a_send_refused_in_a_run_keeps_its_place() {
         "the first send past its gate, all four read",
         SOON,
         || async {
-            let mut s = d.store().await;
-            let m = hash(&mut s, &keys::in_flight_marks(&outbox)).await;
-            let held: u64 = holders(&mut s, &outbox, &keys::outbox_group("slow"))
-                .await
-                .values()
-                .sum();
+            let (m, held) = marks_and_held(&d, &outbox, "slow").await;
             (m.len() == 1 && held == 4).then_some(())
         },
     )
