@@ -435,9 +435,11 @@ impl ClusterLink {
         let mut conn = self.conn.clone();
         let answer = conn.req_packed_command(cmd);
         tokio::pin!(answer);
-        let mut kick = tokio::time::interval(KICK_EVERY);
+        // The first wake soon: not stalled, such a command answers within
+        // a millisecond or two on a near network, and `WAIT` waits on it.
+        let first = tokio::time::Instant::now() + Duration::from_millis(2);
+        let mut kick = tokio::time::interval_at(first, KICK_EVERY);
         kick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        kick.tick().await;
         loop {
             tokio::select! {
                 got = &mut answer => return got,
@@ -589,15 +591,29 @@ fn spreads(cmd: &Cmd) -> bool {
     };
     let sub = args.next();
     let several = args.next().is_some();
+    // As redis 1.8's routing table (`cluster_handling/routing.rs`).
     match (name.as_slice(), sub.as_deref()) {
         (b"SCRIPT", Some(b"LOAD" | b"FLUSH" | b"KILL" | b"EXISTS"))
         | (b"CONFIG", Some(b"SET" | b"RESETSTAT" | b"REWRITE"))
         | (b"ACL", Some(b"SETUSER" | b"DELUSER" | b"SAVE"))
         | (b"CLIENT", Some(b"SETNAME" | b"SETINFO"))
-        | (b"FLUSHALL" | b"FLUSHDB" | b"PING" | b"UNWATCH" | b"WAIT" | b"DBSIZE" | b"KEYS", _) => {
-            true
-        }
-        (b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH" | b"MGET", Some(_)) => several,
+        | (b"SLOWLOG", Some(b"GET" | b"LEN" | b"RESET"))
+        | (
+            b"LATENCY",
+            Some(b"RESET" | b"GRAPH" | b"HISTOGRAM" | b"HISTORY" | b"DOCTOR" | b"LATEST"),
+        )
+        | (
+            b"PUBSUB",
+            Some(b"NUMPAT" | b"CHANNELS" | b"NUMSUB" | b"SHARDCHANNELS" | b"SHARDNUMSUB"),
+        )
+        | (b"FUNCTION", Some(b"KILL" | b"STATS" | b"DELETE" | b"FLUSH" | b"LOAD" | b"RESTORE"))
+        | (b"MEMORY", Some(b"DOCTOR" | b"MALLOC-STATS" | b"PURGE" | b"STATS"))
+        | (
+            b"FLUSHALL" | b"FLUSHDB" | b"PING" | b"UNWATCH" | b"WAIT" | b"WAITAOF" | b"DBSIZE"
+            | b"KEYS" | b"INFO" | b"DEBUG" | b"RANDOMKEY",
+            _,
+        ) => true,
+        (b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH" | b"MGET" | b"WATCH", Some(_)) => several,
         // Pairs: a second key after the first value.
         (b"MSET", Some(_)) => args.next().is_some(),
         _ => false,

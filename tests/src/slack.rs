@@ -5,8 +5,10 @@
 //! them, `Authorization: Bearer`, always HTTP 200 with `ok: false` and an
 //! error code for a refusal, 429 with `Retry-After` on demand): `auth.test`,
 //! `apps.connections.open` (app token only), `chat.postMessage`,
-//! `chat.update`, `conversations.history` and `.replies` (metadata included,
-//! newest first, cursor paging), `reactions.get`, `views.open`.
+//! `chat.update`, `conversations.history` (newest first) and `.replies` (a
+//! thread's parent first; asked with a reply's ts, that reply alone; a post
+//! to a reply goes to its thread), messages' metadata only when asked
+//! (`include_all_metadata`), cursor paging; `reactions.get`, `views.open`.
 //! Socket Mode over a WebSocket on loopback: `hello` on connect, envelopes
 //! (`events_api`, `interactive`) with an `envelope_id` the client must
 //! acknowledge. What people do is kept whether or not a connection heard it
@@ -551,6 +553,14 @@ async fn method(
             if !(blocks.is_null() || blocks.as_array().is_some_and(|b| b.len() <= 50)) {
                 return refuse("invalid_blocks");
             }
+            // A reply to a thread reply goes to that reply's thread.
+            let thread_ts = str_of(&p, "thread_ts").map(|t| {
+                rec.messages
+                    .iter()
+                    .find(|m| m.channel == channel && m.ts == t)
+                    .and_then(|m| m.thread_ts.clone())
+                    .unwrap_or(t)
+            });
             let ts = rec.ts();
             let msg = Msg {
                 channel: channel.clone(),
@@ -559,7 +569,7 @@ async fn method(
                 bot_id: Some(BOT_ID.into()),
                 text,
                 blocks,
-                thread_ts: str_of(&p, "thread_ts"),
+                thread_ts,
                 metadata: (!p["metadata"].is_null()).then(|| p["metadata"].clone()),
                 request: p.clone(),
                 edits: Vec::new(),
@@ -623,10 +633,18 @@ async fn method(
                 all.retain(|m| oldest.is_none_or(|o| key(&m.ts) > o));
                 all.sort_by_key(|m| std::cmp::Reverse(key(&m.ts)));
             } else {
-                let Some(parent) = str_of(&p, "ts") else {
+                let Some(asked) = all
+                    .iter()
+                    .find(|m| str_of(&p, "ts").as_deref() == Some(&m.ts))
+                else {
                     return refuse("thread_not_found");
                 };
-                all.retain(|m| m.ts == parent || m.thread_ts.as_deref() == Some(parent.as_str()));
+                // Asked with a reply's ts, Slack lists that reply alone.
+                let parent = asked.ts.clone();
+                let a_reply = asked.thread_ts.as_ref().is_some_and(|t| *t != parent);
+                all.retain(|m| {
+                    m.ts == parent || (!a_reply && m.thread_ts.as_deref() == Some(parent.as_str()))
+                });
                 all.sort_by_key(|m| key(&m.ts));
             }
             // As Slack: a message's metadata is listed only when asked.

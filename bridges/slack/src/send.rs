@@ -106,7 +106,7 @@ impl SlackSender {
     /// The parts of delivery `key` the bot already posted in `channel`:
     /// index → ts, from the channel's history or, for a thread reply, its
     /// thread's. `None` when that cannot be told (history beyond what is
-    /// read).
+    /// read; a thread named by a message that is not its parent).
     async fn posted(
         &self,
         channel: &str,
@@ -128,9 +128,21 @@ impl SlackSender {
         };
         let mut found = BTreeMap::new();
         let mut cursor = None;
-        for _ in 0..LOOKBACK_PAGES {
+        for page_number in 0..LOOKBACK_PAGES {
             let (page, next) = match thread {
-                Some(ts) => self.api.replies(channel, ts, cursor).await?,
+                Some(ts) => {
+                    let (page, next) = self.api.replies(channel, ts, cursor).await?;
+                    // Only a thread's parent lists its thread: asked with a
+                    // reply's ts, Slack lists that reply alone, while a post
+                    // to it lands in the parent's thread, unseen here.
+                    let parent = page.first().filter(|m| {
+                        m.origin.ts.0 == ts && m.origin.thread_ts.as_ref().is_none_or(|t| t.0 == ts)
+                    });
+                    if page_number == 0 && parent.is_none() {
+                        return Ok(None);
+                    }
+                    (page, next)
+                }
                 None => {
                     let oldest = since(key);
                     self.api

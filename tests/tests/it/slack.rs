@@ -720,6 +720,8 @@ async fn a_post_whose_answer_was_lost_is_not_posted_twice() {
 /// thread (`conversations.replies`, asked for the metadata Slack lists only
 /// when asked) and neither posted again nor reported uncertain. Before,
 /// the thread was read without metadata, so such a reply was `uncertain`.
+/// A reply to a thread reply, which the lookup cannot see, stays
+/// `uncertain` when lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thread_reply_whose_answer_was_lost_is_not_posted_twice() {
     let fake = FakeSlack::start(&[TALK, OPS]).await;
@@ -761,6 +763,34 @@ async fn a_thread_reply_whose_answer_was_lost_is_not_posted_twice() {
     let all = posted(&fake, TALK);
     assert_eq!(all.len(), 2, "the reply posted once");
     assert_eq!(all[1].thread_ts.as_deref(), Some(parent.as_str()));
+
+    // An answer to someone's reply in that thread: Slack lists a reply's
+    // "thread" as that reply alone and posts to it in the parent's thread,
+    // so the lookup cannot see it there. Lost, it is reported uncertain,
+    // never posted twice.
+    let (question, _) = fake.say(TALK, "U0ANN0001", "a question", Some(&parent));
+    fake.with(|r| r.lose_posts = [3].into());
+    send(
+        &d,
+        &[
+            ("channel_id", TALK),
+            ("content", "the answer"),
+            ("reply_to", &question),
+            ("request_id", "answer"),
+        ],
+    )
+    .await;
+    let told = wait_until("the answer's outcome", PLATFORM_SOON, || async {
+        inbox(&d, "ann:sl:inbox")
+            .await
+            .into_iter()
+            .find(|n| n["request_id"] == "answer")
+    })
+    .await;
+    assert_eq!(told["status"], "uncertain", "{told:?}");
+    let all = posted(&fake, TALK);
+    assert_eq!(all.len(), 3, "the answer posted once");
+    assert_eq!(all[2].thread_ts.as_deref(), Some(parent.as_str()));
 }
 
 /// Agent text on a card cannot pass for the frame, a status or a button:
