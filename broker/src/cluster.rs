@@ -22,8 +22,11 @@
 //!   caller, which retries as after any lost connection.
 //! - A command (or one-command run) refused with `ASK` (its key already
 //!   moved out of a slot still in migration) is sent to the importing node
-//!   the answer names, after `ASKING`, on the client's own connection to it
-//!   ([`asked`]); `TRYAGAIN` (keys split by the migration) waits as above.
+//!   the answer names, after `ASKING`, on a direct connection to it
+//!   ([`asked`]); not with `wait_replicas` (`WAIT` counts the client's
+//!   connections only), nor for a run of several commands, nor when that
+//!   node cannot be reached: those wait as above, as does `TRYAGAIN` (keys
+//!   split by the migration).
 //! - A pipeline goes to one node per slot: the client refuses one that
 //!   spans slots, so it is cut into runs of consecutive commands of one
 //!   slot, sent in order, one after the other (a write pipeline's order is
@@ -55,8 +58,10 @@ use crate::config::RedisConfig;
 use crate::error::{ConfigError, Error, Result};
 use crate::topology::{certificates, client_at, tcp_settings, Auth};
 
-/// How often a command the client sends to several nodes wakes its driver
-/// while its answer is awaited ([`ClusterLink::kicked`]).
+/// When a command the client sends to several nodes first wakes its driver,
+/// and how often after that, while its answer is awaited
+/// ([`ClusterLink::kicked`]).
+const KICK_FIRST: Duration = Duration::from_millis(2);
 const KICK_EVERY: Duration = Duration::from_millis(10);
 
 /// How long a command refused with a redirect is tried again (a slot whose
@@ -372,6 +377,8 @@ impl ClusterLink {
                         let mut answers = Vec::new();
                         for &i in &runs {
                             let run = batch[i].clone();
+                            // Straight to each master only without `WAIT`:
+                            // an `ASK` may be followed on one as well.
                             let direct = Some(masters.clone());
                             answers.push((i, send_run(shared.clone(), direct, run).await?));
                         }
@@ -436,8 +443,9 @@ impl ClusterLink {
         let answer = conn.req_packed_command(cmd);
         tokio::pin!(answer);
         // The first wake soon: not stalled, such a command answers within
-        // a millisecond or two on a near network, and `WAIT` waits on it.
-        let first = tokio::time::Instant::now() + Duration::from_millis(2);
+        // a millisecond or two on a near network, and with `wait_replicas`
+        // every write waits for one (`WAIT`).
+        let first = tokio::time::Instant::now() + KICK_FIRST;
         let mut kick = tokio::time::interval_at(first, KICK_EVERY);
         kick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -661,7 +669,7 @@ impl Masters {
 
     /// The connection to master `node` (`host:port`), made as the cluster
     /// client's are (user, password, TLS and certificates of `[redis]`).
-    /// The map is not locked while connecting: the masters of one batch
+    /// The connections' map is not locked while connecting: the masters of one batch
     /// connect side by side, and a slow node holds up only its own runs.
     async fn conn(&self, node: &str) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
         if let Some(c) = self.conns.lock().await.get(node) {

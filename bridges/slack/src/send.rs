@@ -9,9 +9,10 @@
 //!   does a post that may have happened (a server error, a lost response),
 //!   at once, before the failure is reported: transient only when Slack
 //!   certainly does not have it; the same for a thread reply, looked up in
-//!   its thread (`conversations.replies` with the metadata). Only what
-//!   cannot be read at all (more history than the lookup reads, or a failed
-//!   read) is reported `uncertain` instead of posted twice. Only the bot's
+//!   its thread (`conversations.replies` with the metadata). What cannot be
+//!   told (more history than the lookup reads, a failed read, or a
+//!   `reply_to` naming a reply rather than a thread's parent, whose thread
+//!   Slack does not list) is reported `uncertain` instead of posted twice. Only the bot's
 //!   own messages count, so another app cannot suppress a delivery by
 //!   imitating the metadata.
 //! - Long content is split, never cut, and posted in order.
@@ -180,7 +181,7 @@ impl SlackSender {
                 Some(found) => have = found,
                 None => {
                     return Err(SendError::Uncertain(
-                        "an earlier attempt may have posted this, and it is not in the channel's recent history the bot read".into(),
+                        "an earlier attempt may have posted this, and the history the bot can read cannot tell (too far back, or `reply_to` names a reply rather than its thread's parent)".into(),
                     ))
                 }
             }
@@ -218,7 +219,7 @@ impl SlackSender {
 
     /// After a post that may have happened: its ts when Slack has it; when
     /// Slack certainly has not, the failure as transient (try again); when
-    /// that cannot be told (too much history), uncertain.
+    /// that cannot be told (too much history; a reply to a reply), uncertain.
     async fn found_after(
         &self,
         channel: &str,
@@ -241,7 +242,7 @@ impl SlackSender {
                 "{failure} (Slack does not have it)"
             ))),
             None => Err(SendError::Uncertain(format!(
-                "{failure}; whether Slack posted it is beyond the history the bot reads"
+                "{failure}; whether Slack posted it cannot be told from the history the bot reads (too far back, or `reply_to` names a reply rather than its thread's parent)"
             ))),
         }
     }

@@ -770,7 +770,8 @@ pub async fn shown_card(
     Ok(None)
 }
 
-/// Ids of every approval record, by `SCAN` (operator use only).
+/// Ids of every approval record, by `SCAN` on every master (tests and
+/// tools: operators list from the pending index).
 pub async fn list_ids(store: &mut Store) -> Result<Vec<String>> {
     Approvals::on(store).scan_ids().await
 }

@@ -889,7 +889,8 @@ impl<'a> Approvals<'a> {
         Ok(dropped)
     }
 
-    /// Ids of every approval record, by `SCAN` (operator use only).
+    /// Ids of every approval record, by `SCAN` on every master (tests and
+    /// tools: operators list from the pending index).
     pub async fn scan_ids(&mut self) -> Result<Vec<String>> {
         let pattern = format!("{}*", keys::APPROVAL_PREFIX);
         let mut ids = Vec::new();

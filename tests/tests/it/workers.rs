@@ -92,7 +92,6 @@ async fn group_exists(d: &Deployment, bridge: &str) {
     .await;
 }
 
-/// How many entries of `stream` each consumer of the outbox group holds.
 /// The in-flight marks of bridge `bridge`'s stream `outbox`, and how many of
 /// its entries its workers hold pending.
 async fn marks_and_held(
@@ -109,6 +108,7 @@ async fn marks_and_held(
     (marks, held)
 }
 
+/// How many entries of `stream` each consumer of the outbox group holds.
 async fn holders(store: &mut Store, stream: &str, group: &str) -> HashMap<String, u64> {
     store
         .consumers(stream, group)
