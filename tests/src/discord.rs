@@ -57,6 +57,8 @@ pub struct Recorded {
     /// Every create-message call to any channel: when it came (a global
     /// limit holds them all).
     pub post_times: Vec<tokio::time::Instant>,
+    /// Every request that reached the REST API (the gateway's included).
+    pub requests: usize,
     /// The next create-message call draws a global 429 with this `retry_after`.
     pub global_next: Option<std::time::Duration>,
     /// Global 429s answered: (when, how long).
@@ -444,6 +446,7 @@ async fn edge(
     if s.down.load(std::sync::atomic::Ordering::SeqCst) {
         return error(StatusCode::BAD_GATEWAY, 0, "502: Bad Gateway");
     }
+    s.rec.lock().unwrap().requests += 1;
     next.run(request).await
 }
 

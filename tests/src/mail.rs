@@ -500,6 +500,32 @@ maximal_backoff_time = 2s
         std::fs::read_to_string(self.d().join("postfix/postfix.log")).unwrap_or_default()
     }
 
+    /// Asks Postfix to try every queued mail now (`postqueue -f`), as an
+    /// administrator would after an outage. Postfix alone can strand a mail
+    /// for minutes: when its queue manager finds a mail still locked by the
+    /// delivery agent that is deferring it ("skipped, still being
+    /// delivered"), it sets the mail aside for 60 s in the incoming queue,
+    /// which it scans again only when new mail arrives or every 300 s.
+    pub fn flush_queue(&self) {
+        quietly(
+            Command::new("postqueue")
+                .arg("-c")
+                .arg(self.d().join("postfix"))
+                .arg("-f"),
+        );
+    }
+
+    /// Postfix's queue as `postqueue -p` lists it.
+    pub fn queue_listing(&self) -> String {
+        Command::new("postqueue")
+            .arg("-c")
+            .arg(self.d().join("postfix"))
+            .arg("-p")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+
     /// Stops Dovecot and waits until it is gone.
     pub fn stop_dovecot(&self) {
         stop_master(&self.d().join("dovecot/run/master.pid"));

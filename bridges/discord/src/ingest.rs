@@ -387,20 +387,7 @@ impl Handler {
             .unwrap_or_default();
         let mut dms = Vec::new();
         for channel in stored.keys().filter(|c| !self.channels.contains(c)) {
-            let seen: serenity::Result<serde_json::Value> = self
-                .rest
-                .send_json(
-                    Kind::ReadChannel,
-                    *channel,
-                    Route::Channel {
-                        channel_id: ChannelId::new(*channel),
-                    },
-                    LightMethod::Get,
-                    None,
-                    None,
-                )
-                .await;
-            match seen {
+            match self.rest.channel(*channel).await {
                 Ok(c) if c["type"].as_u64() == Some(1) => dms.push(*channel),
                 Ok(_) => {}
                 Err(e) => {

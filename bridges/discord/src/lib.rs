@@ -43,22 +43,22 @@ pub fn settings(config: &Config, name: &str) -> Result<DiscordSettings> {
 /// The REST client: discord.com, or `api_base`. serenity's limiter is off
 /// (0.12.5's would still call discord.com with `api_base`); [`rest::Rest`]
 /// keeps the limits on every path instead.
-pub fn rest(s: &DiscordSettings, token: &str) -> rest::Rest {
+pub fn rest(s: &DiscordSettings, token: &str) -> Result<rest::Rest> {
+    // A client that cannot be built (no TLS backend) fails the start-up:
+    // a default client would quietly lack what the bridge asked for.
     let client = reqwest::Client::builder()
         .use_rustls_tls()
         .build()
-        .unwrap_or_default();
+        .map_err(|e| Error::internal(format!("Discord HTTP client: {e}")))?;
+    Ok(rest::Rest::new(Arc::new(http(s, token, &client)), client))
+}
+
+/// serenity's HTTP client on `client`, for the REST calls and the gateway's
+/// own start-up calls alike.
+fn http(s: &DiscordSettings, token: &str, client: &reqwest::Client) -> Http {
     let mut builder = HttpBuilder::new(token)
         .client(client.clone())
         .ratelimiter_disabled(true);
-    if let Some(base) = &s.api_base {
-        builder = builder.proxy(base.clone());
-    }
-    rest::Rest::new(Arc::new(builder.build()), client)
-}
-
-fn http(s: &DiscordSettings, token: &str) -> Http {
-    let mut builder = HttpBuilder::new(token).ratelimiter_disabled(true);
     if let Some(base) = &s.api_base {
         builder = builder.proxy(base.clone());
     }
@@ -77,7 +77,7 @@ impl Bridge for Discord {
 
     fn sender(&self, _name: &str) -> Result<DiscordSender> {
         Ok(DiscordSender::new(
-            Arc::new(rest(&self.settings, &self.token)),
+            Arc::new(rest(&self.settings, &self.token)?),
             self.settings.mentions.clone(),
         ))
     }
@@ -85,10 +85,10 @@ impl Bridge for Discord {
     /// The gateway connection.
     async fn ingest(self, ingest: Ingest, shutdown: Shutdown) -> Result<()> {
         let s = self.settings;
-        let http = http(&s, &self.token);
+        let rest = rest(&s, &self.token)?;
+        let http = http(&s, &self.token, rest.client());
         let beats = ingest.keep_alive(shutdown.clone());
         let name = ingest.name().to_string();
-        let rest = rest(&s, &self.token);
         let handler = ingest::Handler::new(ingest, s.clone(), rest, shutdown.clone());
         let client = serenity::client::ClientBuilder::new_with_http(http, ingest::intents(s.dms))
             .event_handler(handler)
@@ -103,7 +103,7 @@ impl Bridge for Discord {
     /// `users/@me`.
     fn probe(&self, _name: &str) -> Result<Option<broker::ping::Probe>> {
         let sender = Arc::new(DiscordSender::new(
-            Arc::new(rest(&self.settings, &self.token)),
+            Arc::new(rest(&self.settings, &self.token)?),
             Vec::new(),
         ));
         Ok(Some(Box::new(move || {

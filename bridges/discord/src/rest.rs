@@ -128,6 +128,11 @@ impl Rest {
         }
     }
 
+    /// The HTTP client the calls go out on.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
     fn limits(&self) -> std::sync::MutexGuard<'_, Limits> {
         self.limits.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -228,6 +233,23 @@ impl Rest {
             .await
             .map_err(|e| serenity::Error::Http(HttpError::Request(e)))?;
         Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// The channel object Discord keeps for `channel` (its `type` tells a
+    /// DM, 1, from a guild channel).
+    pub async fn channel(&self, channel: u64) -> serenity::Result<serde_json::Value> {
+        let route = Route::Channel {
+            channel_id: channel.into(),
+        };
+        self.send_json(
+            Kind::ReadChannel,
+            channel,
+            route,
+            LightMethod::Get,
+            None,
+            None,
+        )
+        .await
     }
 
     /// A request whose answer has no body worth reading.

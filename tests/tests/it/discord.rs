@@ -287,6 +287,105 @@ async fn rate_limit_buckets_are_obeyed_before_they_bite() {
     assert_eq!(outbox.stop(), Some(0));
 }
 
+/// Buckets as Discord sets them (5 posts per channel per 5 s, with the real
+/// headers), on paused time: 50 messages to one channel take the nine refills
+/// the bucket needs and never less (about 45 s), 50 spread over five channels
+/// need one refill each and take about an eighth of that (a full bucket on one
+/// channel holds back no other; asserted: at most a third), and no bucket
+/// draws a 429 (the sender waits before it would).
+#[tokio::test(start_paused = true)]
+async fn five_channels_are_served_side_by_side() {
+    const MORE: [u64; 4] = [
+        444_444_444_444_444_444,
+        555_555_555_555_555_555,
+        666_666_666_666_666_666,
+        777_777_777_777_777_777,
+    ];
+    const WINDOW: Duration = Duration::from_secs(5);
+    let time = harness::Frozen::hold();
+    let fake = FakeDiscord::start(&[TALK, OPS, MORE[0], MORE[1], MORE[2], MORE[3]]).await;
+    fake.enforce_buckets(5, WINDOW);
+    let d = deployment(&fake, "", "");
+    let _outbox = d.run_paused::<discord::Discord>(
+        broker::config::Service::Outbox,
+        "dc",
+        broker::timing::Timing::default(),
+    );
+    let mut store = d.store().await;
+    let mut run = async |channels: &[u64], tag: &str| {
+        let began = tokio::time::Instant::now();
+        let before = fake.with(|r| r.posted.len());
+        for i in 0..50 {
+            let to = channels[i % channels.len()];
+            store
+                .xadd(
+                    "ann:dc:outbox",
+                    &[
+                        ("channel_id", to.to_string().as_bytes()),
+                        ("content", format!("{tag} {i}").as_bytes()),
+                    ],
+                )
+                .await
+                .unwrap();
+        }
+        time.advance_until(
+            &format!("the 50 messages of the {tag} run"),
+            Duration::from_secs(120),
+            || async { fake.with(|r| (r.posted.len() == before + 50).then_some(())) },
+        )
+        .await;
+        // When the last post was made, on the service's clock.
+        let last = fake.with(|r| *r.post_times.last().unwrap());
+        last.duration_since(began)
+    };
+    let one = run(&[TALK], "one").await;
+    time.advance(WINDOW).await;
+    let five = run(&[TALK, MORE[0], MORE[1], MORE[2], MORE[3]], "five").await;
+    eprintln!("50 posts: one channel {one:?}, five channels {five:?}");
+    // Fifty posts at five per window need nine more windows after the first;
+    // ten per channel need one more.
+    assert!(one >= WINDOW * 9, "one channel: 50 posts in {one:?}");
+    assert!(five >= WINDOW, "five channels: 50 posts in {five:?}");
+    assert!(
+        five * 3 <= one,
+        "five channels took {five:?}, one took {one:?}: not served side by side"
+    );
+    let refused = fake.with(|r| r.bucket_429s.clone());
+    assert!(refused.is_empty(), "429s per channel: {refused:?}");
+    for (channel, n) in [(TALK, 60), (MORE[0], 10), (MORE[3], 10)] {
+        let got = contents_of(&fake, channel);
+        assert_eq!(got.len(), n, "posts in {channel}");
+    }
+}
+
+/// The bridge's own budget of refused requests (Discord bans an address for
+/// an hour at 10,000 in ten minutes): with a token Discord refuses, 1,000
+/// calls draw 1,000 401s, the next is held back without reaching Discord, and
+/// once ten minutes have passed since the first, calls go out again.
+#[tokio::test(start_paused = true)]
+async fn refused_requests_stop_at_the_bridges_budget() {
+    let _time = harness::Frozen::hold();
+    let fake = FakeDiscord::start(&[TALK]).await;
+    let settings: discord::config::DiscordSettings = serde_json::from_value(
+        serde_json::json!({"token_file": "unused", "api_base": fake.api_base()}),
+    )
+    .unwrap();
+    let rest = discord::rest(&settings, "not-the-token").unwrap();
+    let requests = || fake.with(|r| r.requests);
+    for n in 0..discord::rest::INVALID_BUDGET {
+        let refused = rest.channel(TALK).await.unwrap_err().to_string();
+        assert!(refused.contains("401"), "call {n}: {refused}");
+    }
+    assert_eq!(requests(), discord::rest::INVALID_BUDGET);
+    let held = rest.channel(TALK).await.unwrap_err().to_string();
+    assert!(held.contains("holding back"), "{held}");
+    assert_eq!(requests(), discord::rest::INVALID_BUDGET, "nothing asked");
+    tokio::time::advance(discord::rest::INVALID_WINDOW).await;
+    let asked = rest.channel(TALK).await.unwrap_err().to_string();
+    assert!(asked.contains("401"), "{asked}");
+    assert_eq!(requests(), discord::rest::INVALID_BUDGET + 1);
+}
+
 /// With `dms = true` a direct message to the bot reaches the inbox (with its
 /// DM channel, which is not listed in `channels`), and the agent's answer to
 /// that channel is delivered there; DMs written while the ingest was away are
@@ -387,7 +486,7 @@ async fn a_retried_send_creates_one_message() {
     let d = deployment(&fake, "", "");
     let s = discord::settings(&d.config, "dc").unwrap();
     let sender = discord::send::DiscordSender::new(
-        std::sync::Arc::new(discord::rest(&s, TOKEN)),
+        std::sync::Arc::new(discord::rest(&s, TOKEN).unwrap()),
         vec!["users".into()],
     );
     let message = broker::entry::Message {
