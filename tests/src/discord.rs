@@ -4,7 +4,9 @@
 //! de-duplication under `enforce_nonce`), edit message, add and delete reaction,
 //! list a channel's messages and a reaction's users (what people did is kept
 //! whether or not a session heard it), and a 429 with `retry_after` on demand. Gateway websocket: HELLO, IDENTIFY →
-//! READY, heartbeat ACK, RESUME → RESUMED with replay, and dispatches of
+//! READY and the guild's GUILD_CREATE (roles, channels, the bot's overwrites; the
+//! bot's missing permissions are answered 403), heartbeat ACK, RESUME → RESUMED
+//! with replay, and dispatches of
 //! MESSAGE_CREATE / MESSAGE_REACTION_ADD carrying the fields serenity 0.12.5
 //! needs. Everything the bridge did is recorded for assertions. It listens on
 //! 127.0.0.1 only; anything unexpected is recorded as such and answered 404.
@@ -26,6 +28,20 @@ use tokio::sync::broadcast;
 pub const BOT_ID: u64 = 900_000_000_000_000_001;
 /// The token the fake accepts.
 pub const TOKEN: &str = "fake-bot-token";
+/// The one guild, holding every channel the fake was started with that is not a DM.
+pub const GUILD: u64 = 700_000_000_000_000_001;
+
+/// Discord's permission bits the fake checks before answering.
+pub mod permission {
+    pub const ADD_REACTIONS: u64 = 1 << 6;
+    pub const VIEW_CHANNEL: u64 = 1 << 10;
+    pub const SEND_MESSAGES: u64 = 1 << 11;
+    pub const MANAGE_MESSAGES: u64 = 1 << 13;
+    pub const READ_MESSAGE_HISTORY: u64 = 1 << 16;
+    /// What @everyone may do in the guild: everything the bridge uses.
+    pub const EVERYONE: u64 =
+        ADD_REACTIONS | VIEW_CHANNEL | SEND_MESSAGES | MANAGE_MESSAGES | READ_MESSAGE_HISTORY;
+}
 
 /// A message the bridge created.
 #[derive(Debug, Clone)]
@@ -84,6 +100,11 @@ pub struct Recorded {
     pub channels: HashSet<u64>,
     /// Of them, the DM channels (`GET /channels/{id}` says type 1).
     pub dm_channels: HashSet<u64>,
+    /// Per channel: the permission bits an overwrite there denies the bot
+    /// ([`FakeDiscord::deny_bot`]); carried in GUILD_CREATE and enforced.
+    pub bot_denied: HashMap<u64, u64>,
+    /// Requests answered 403 because the bot lacked a permission.
+    pub forbidden: usize,
     /// How many of the next create-message calls answer 429.
     pub rate_limit_next: usize,
     /// Per channel: how many of the next create-message calls there answer 429.
@@ -293,6 +314,12 @@ impl FakeDiscord {
         self.with(|r| r.rate_limit_until.insert(channel, until));
     }
 
+    /// An overwrite in `channel` denying the bot `bits` (of [`permission`]):
+    /// in the GUILD_CREATE of every later session, and enforced with 403s.
+    pub fn deny_bot(&self, channel: u64, bits: u64) {
+        self.with(|r| *r.bot_denied.entry(channel).or_default() |= bits);
+    }
+
     /// Enforces Discord's create-message buckets: `limit` posts per channel in
     /// each `window`, answered with the real `X-RateLimit-*` headers; a post
     /// to an empty bucket gets 429 with `Retry-After`, as from discord.com.
@@ -448,6 +475,53 @@ async fn edge(
     }
     s.rec.lock().unwrap().requests += 1;
     next.run(request).await
+}
+
+/// The guild as GUILD_CREATE carries it: @everyone's permissions, the
+/// channels with the overwrites denying the bot, and the bot's own member.
+fn guild_json(rec: &Recorded) -> Value {
+    let channels: Vec<Value> = rec
+        .channels
+        .iter()
+        .filter(|c| !rec.dm_channels.contains(c))
+        .map(|c| {
+            let overwrites: Vec<Value> = rec
+                .bot_denied
+                .get(c)
+                .map(|deny| json!({"id": BOT_ID.to_string(), "type": 1, "allow": "0", "deny": deny.to_string()}))
+                .into_iter()
+                .collect();
+            json!({"id": c.to_string(), "type": 0, "name": format!("channel-{c}"), "position": 0, "permission_overwrites": overwrites})
+        })
+        .collect();
+    json!({
+        "id": GUILD.to_string(), "name": "cowboy", "icon": null, "splash": null,
+        "discovery_splash": null, "owner_id": "1", "verification_level": 0,
+        "default_message_notifications": 0, "explicit_content_filter": 0,
+        "roles": [{"id": GUILD.to_string(), "name": "@everyone", "color": 0,
+            "colors": {"primary_color": 0, "secondary_color": null, "tertiary_color": null},
+            "hoist": false, "managed": false, "mentionable": false, "position": 0,
+            "permissions": permission::EVERYONE.to_string(), "icon": null, "unicode_emoji": null, "flags": 0}],
+        "emojis": [], "features": [], "mfa_level": 0, "application_id": null,
+        "system_channel_id": null, "system_channel_flags": 0, "rules_channel_id": null,
+        "premium_tier": 0, "preferred_locale": "en-US", "nsfw_level": 0, "stickers": [],
+        "premium_progress_bar_enabled": false, "joined_at": "2026-01-01T00:00:00.000000+00:00",
+        "large": false, "unavailable": false, "member_count": 1, "voice_states": [],
+        "members": [{"user": user(BOT_ID, "cowboy-bot", true), "roles": [],
+            "joined_at": "2026-01-01T00:00:00.000000+00:00", "deaf": false, "mute": false, "flags": 0}],
+        "channels": channels, "threads": [], "presences": [], "stage_instances": [],
+        "guild_scheduled_events": [],
+    })
+}
+
+/// Whether the bot may do `bits` in `channel`; a 403 is counted when not.
+fn bot_may(rec: &mut Recorded, channel: u64, bits: u64) -> bool {
+    let denied = rec.bot_denied.get(&channel).copied().unwrap_or(0);
+    let may = denied & bits == 0;
+    if !may {
+        rec.forbidden += 1;
+    }
+    may
 }
 
 fn authorized(headers: &HeaderMap) -> bool {
@@ -657,7 +731,7 @@ async fn add_reaction(
 
 async fn delete_reaction(
     State(s): State<Arc<Shared>>,
-    Path((_channel, message, emoji, who)): Path<(u64, u64, String, String)>,
+    Path((channel, message, emoji, who)): Path<(u64, u64, String, String)>,
     headers: HeaderMap,
 ) -> Response {
     if !authorized(&headers) {
@@ -669,6 +743,9 @@ async fn delete_reaction(
         who.parse().unwrap_or(0)
     };
     let mut rec = s.rec.lock().unwrap();
+    if uid != BOT_ID && !bot_may(&mut rec, channel, permission::MANAGE_MESSAGES) {
+        return error(StatusCode::FORBIDDEN, 50013, "Missing Permissions");
+    }
     rec.user_reactions
         .retain(|(m, e, u)| !(*m == message && *e == emoji && *u == uid));
     rec.removed.push((message, emoji, uid));
@@ -690,7 +767,7 @@ fn page(q: &HashMap<String, String>, default: usize) -> (usize, u64) {
 /// so, in user id order, `limit` (default 25) after `after`.
 async fn reaction_users(
     State(s): State<Arc<Shared>>,
-    Path((_channel, message, emoji)): Path<(u64, u64, String)>,
+    Path((channel, message, emoji)): Path<(u64, u64, String)>,
     axum::extract::Query(q): axum::extract::Query<HashMap<String, String>>,
     headers: HeaderMap,
 ) -> Response {
@@ -700,6 +777,10 @@ async fn reaction_users(
     let (limit, after) = page(&q, 25);
     let burst = q.get("type").map(String::as_str) == Some("1");
     let mut rec = s.rec.lock().unwrap();
+    let read = permission::VIEW_CHANNEL | permission::READ_MESSAGE_HISTORY;
+    if !bot_may(&mut rec, channel, read) {
+        return error(StatusCode::FORBIDDEN, 50001, "Missing Access");
+    }
     rec.reads += 1;
     let listed: Vec<&(u64, String, u64)> = match burst {
         true => rec.burst_reactions.iter().collect(),
@@ -733,14 +814,20 @@ async fn list_messages(
     }
     let (limit, after) = page(&q, 50);
     let mut rec = s.rec.lock().unwrap();
+    if !bot_may(&mut rec, channel, permission::VIEW_CHANNEL) {
+        return error(StatusCode::FORBIDDEN, 50001, "Missing Access");
+    }
     rec.reads += 1;
+    // As Discord: without Read Message History, an empty list.
+    let history =
+        rec.bot_denied.get(&channel).copied().unwrap_or(0) & permission::READ_MESSAGE_HISTORY == 0;
     let bot = user(BOT_ID, "cowboy-bot", true);
     let mut all: Vec<(u64, Value)> = rec
         .posted
         .iter()
         .map(|p| (p, bot.clone()))
         .chain(rec.said.iter().map(|(p, a)| (p, a.clone())))
-        .filter(|(p, _)| p.channel_id == channel && p.id > after)
+        .filter(|(p, _)| history && p.channel_id == channel && p.id > after)
         .map(|(p, a)| (p.id, message_json(p, a)))
         .collect();
     all.sort_by_key(|(id, _)| *id);
@@ -842,13 +929,19 @@ async fn session(s: Arc<Shared>, socket: WebSocket) {
                             json!({"op": 0, "t": "READY", "s": rec.seq, "d": {
                                 "v": 10,
                                 "user": {"id": BOT_ID.to_string(), "username": "cowboy-bot", "discriminator": "0", "global_name": null, "avatar": null, "bot": true, "verified": true, "mfa_enabled": false, "flags": 0},
-                                "guilds": [],
+                                "guilds": [{"id": GUILD.to_string(), "unavailable": true}],
                                 "session_id": "fake-session",
                                 "resume_gateway_url": format!("ws://{}/gateway", s.base),
                                 "application": {"id": "800000000000000001", "flags": 0},
                             }})
                         };
                         if tx.send(WsMessage::Text(ready.to_string().into())).await.is_err() { return }
+                        let guild = {
+                            let mut rec = s.rec.lock().unwrap();
+                            rec.seq += 1;
+                            json!({"op": 0, "t": "GUILD_CREATE", "s": rec.seq, "d": guild_json(&rec)})
+                        };
+                        if tx.send(WsMessage::Text(guild.to_string().into())).await.is_err() { return }
                         live = true;
                     }
                     Some(6) => {

@@ -3,8 +3,13 @@
 //! and replies on approval cards into `resolve_approval`.
 //!
 //! Invariants:
-//! - Intents are only what this needs: guild messages, message content
+//! - Intents are only what this needs: guilds (roles, channels and the bot's
+//!   own member, for [`crate::perms`]), guild messages, message content
 //!   (privileged), guild message reactions, and the DM pair when `dms` is on.
+//! - A call the gateway says the bot may not make (reading a channel it may
+//!   not read, removing a reaction where it may not manage messages) is not
+//!   made: each 403 counts toward Discord's ban. The catch-up waits (at most
+//!   [`GUILDS_WAIT`]) for the guilds READY names, so it knows.
 //! - The bot's own messages and reactions never count; a reaction from someone
 //!   not on `approval.approvers` decides nothing and is removed where the bot may.
 //! - Replies to a card are answers, never inbox entries.
@@ -29,21 +34,27 @@
 
 use std::collections::HashSet;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use broker::approval::{Outcome, Verdict};
 use broker::ingest::Ingest;
 use broker::{Error, Result, Shutdown};
 use serenity::all::{
-    ChannelId, Context, EventHandler, GatewayIntents, Message, MessageId, Reaction, ReactionType,
-    Ready, User, UserId,
+    ChannelId, Context, EventHandler, GatewayIntents, Guild, Message, MessageId, Reaction,
+    ReactionType, Ready, User, UserId,
 };
 use serenity::async_trait;
 use serenity::http::{LightMethod, Route};
 use tokio::sync::Mutex;
 
 use crate::config::DiscordSettings;
+use crate::perms::{self, Permits};
 use crate::render;
 use crate::rest::{Kind, Rest};
+
+/// How long the catch-up waits for the guilds READY names to arrive (their
+/// GUILD_CREATE carries the permissions it checks).
+pub const GUILDS_WAIT: Duration = Duration::from_secs(10);
 
 /// Attempts at an event while Redis is unavailable (about two minutes in all).
 const RETRIES: u32 = 10;
@@ -99,7 +110,8 @@ type Carried = broker::carried::Carried<u64, u64>;
 
 /// The gateway intents the ingest asks for.
 pub fn intents(dms: bool) -> GatewayIntents {
-    let mut i = GatewayIntents::GUILD_MESSAGES
+    let mut i = GatewayIntents::GUILDS
+        | GatewayIntents::GUILD_MESSAGES
         | GatewayIntents::MESSAGE_CONTENT
         | GatewayIntents::GUILD_MESSAGE_REACTIONS;
     if dms {
@@ -120,6 +132,10 @@ pub struct Handler {
     rest: Rest,
     /// Ends the waits between retries.
     shutdown: Shutdown,
+    /// What the bot may do where, as the gateway says.
+    permits: Permits,
+    /// Rung on every GUILD_CREATE (the catch-up waits for its guilds).
+    guild_arrived: tokio::sync::Notify,
 }
 
 impl Handler {
@@ -142,6 +158,8 @@ impl Handler {
             carried: Default::default(),
             rest,
             shutdown,
+            permits: Permits::default(),
+            guild_arrived: tokio::sync::Notify::new(),
         }
     }
 
@@ -205,6 +223,10 @@ impl Handler {
         user: UserId,
         emoji: &str,
     ) {
+        if let Some(missing) = self.permits.lacking(channel, perms::UNREACT) {
+            tracing::info!(%channel, %card, %missing, "a stranger's reaction stays: the bot may not remove reactions in this channel");
+            return;
+        }
         let reaction = ReactionType::Unicode(emoji.to_string()).as_data();
         let removed = self
             .rest
@@ -400,6 +422,12 @@ impl Handler {
 
     /// Carries `channel`'s messages after `after`, oldest first; returns how many.
     async fn catch_up_channel(&self, channel: u64, mut after: MessageId) -> Result<usize> {
+        if let Some(missing) = self.permits.lacking(ChannelId::new(channel), perms::READ) {
+            return Err(Error::platform(
+                false,
+                format!("the bot may not read this channel's history (it lacks {missing})"),
+            ));
+        }
         let mut carried = 0;
         loop {
             let mut page = self.messages_after(ChannelId::new(channel), after).await?;
@@ -450,6 +478,10 @@ impl Handler {
                 continue;
             };
             let channel = ChannelId::new(channel);
+            if let Some(missing) = self.permits.lacking(channel, perms::READ) {
+                tracing::warn!(%channel, %card, %missing, "answers made on this card while no session listened are not caught up: the bot may not read its channel's history");
+                continue;
+            }
             let counted = |user: UserId| {
                 let who = broker::identity::Identity::on("discord", &user.to_string());
                 record.approvals.iter().any(|a| a == who.as_str())
@@ -581,10 +613,28 @@ impl Handler {
 
 #[async_trait]
 impl EventHandler for Handler {
-    async fn ready(&self, _ctx: Context, ready: Ready) {
+    async fn ready(&self, ctx: Context, ready: Ready) {
         let _ = self.bot.set(ready.user.id);
+        self.permits.start(ctx.cache.clone(), ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
+        let guilds: Vec<_> = ready.guilds.iter().map(|g| g.id).collect();
+        let loaded = || guilds.iter().all(|g| ctx.cache.guild(*g).is_some());
+        let arrived = tokio::time::timeout(GUILDS_WAIT, async {
+            loop {
+                let rung = self.guild_arrived.notified();
+                tokio::pin!(rung);
+                rung.as_mut().enable();
+                if loaded() {
+                    return;
+                }
+                rung.await;
+            }
+        })
+        .await;
+        if arrived.is_err() {
+            tracing::warn!("not every guild arrived within {GUILDS_WAIT:?}; catching up without knowing the bot's permissions there");
+        }
         let shutdown = &self.shutdown;
         retried("catching up on the channels' messages", shutdown, || {
             self.catch_up_messages()
@@ -594,6 +644,10 @@ impl EventHandler for Handler {
             self.catch_up()
         })
         .await;
+    }
+
+    async fn guild_create(&self, _ctx: Context, _guild: Guild, _is_new: Option<bool>) {
+        self.guild_arrived.notify_waiters();
     }
 
     async fn message(&self, _ctx: Context, msg: Message) {

@@ -9,9 +9,11 @@
 //! - [`rest`]: every REST call, under Discord's rate limits.
 //! - [`send`]: the [`broker::Sender`] over Discord's REST API.
 //! - [`ingest`]: the gateway event handler.
+//! - [`perms`]: what the bot may do where, so refused calls are not made.
 
 pub mod config;
 pub mod ingest;
+pub mod perms;
 pub mod render;
 pub mod rest;
 pub mod send;

@@ -386,6 +386,66 @@ async fn refused_requests_stop_at_the_bridges_budget() {
     assert_eq!(requests(), discord::rest::INVALID_BUDGET + 1);
 }
 
+/// Calls Discord would refuse are not made (each 403 counts toward its ban):
+/// where the bot may not manage messages, a stranger's ✅ on a card stays, no
+/// removal tried, and the approver's still decides; a listened channel the
+/// bot may not view is not read when catching up, while the others are. The
+/// local Discord sends the overwrites in GUILD_CREATE, answers 403 where they
+/// deny, and counts no such answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_the_bots_permissions_refuse_are_not_made() {
+    use harness::discord::permission;
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    fake.deny_bot(OPS, permission::MANAGE_MESSAGES);
+    fake.deny_bot(TALK, permission::VIEW_CHANNEL);
+    let d = deployment(&fake, GATED, "");
+    let _outbox = d.process("cowboy-discord-outbox", "dc");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    let mut store = d.store().await;
+    ann_posts(&mut store, &["needs a yes"]).await;
+    let card = card(&fake, 0).await;
+    answerable(&d, card.id).await;
+    let log = || std::fs::read_to_string(d.path("cowboy-discord-ingest-dc.log")).unwrap();
+    fake.user_reaction(OPS, card.id, STRANGER, "✅");
+    wait_until("the stranger's reaction left", PLATFORM_SOON, || async {
+        log().contains("a stranger's reaction stays").then_some(())
+    })
+    .await;
+    fake.user_reaction(OPS, card.id, APPROVER, "✅");
+    wait_until("the approved delivery", PLATFORM_SOON, || async {
+        (contents_of(&fake, TALK) == ["needs a yes"]).then_some(())
+    })
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    fake.user_message(TALK, APPROVER, "boss", "unreadable", None);
+    fake.user_message(OPS, APPROVER, "boss", "readable", None);
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    wait_until("the readable channel caught up", PLATFORM_SOON, || async {
+        let carried = inbox(&d, "dc:inbox").await;
+        carried
+            .iter()
+            .any(|e| e["content"] == "readable")
+            .then_some(())
+    })
+    .await;
+    wait_until(
+        "the unreadable channel passed over",
+        PLATFORM_SOON,
+        || async {
+            log()
+                .lines()
+                .any(|l| l.contains("not caught up") && l.contains(&TALK.to_string()))
+                .then_some(())
+        },
+    )
+    .await;
+    let carried = inbox(&d, "dc:inbox").await;
+    assert!(carried.iter().all(|e| e["content"] != "unreadable"));
+    assert!(fake.with(|r| r.removed.is_empty()), "no removal tried");
+    assert_eq!(fake.with(|r| r.forbidden), 0, "no call Discord refused");
+}
+
 /// With `dms = true` a direct message to the bot reaches the inbox (with its
 /// DM channel, which is not listed in `channels`), and the agent's answer to
 /// that channel is delivered there; DMs written while the ingest was away are
