@@ -100,6 +100,15 @@ impl<C: Ord + Hash + Clone, P: Ord + Hash + Clone> Carried<C, P> {
         }
     }
 
+    /// `channel` is not listened after all (a stored DM channel Discord says
+    /// is not one): its position is dropped, as [`Carried::resume`] drops
+    /// those of channels no longer listened.
+    pub fn forget(&mut self, channel: &C) {
+        self.last.remove(channel);
+        self.catching.remove(channel);
+        self.live.remove(channel);
+    }
+
     /// `channel` is caught up (or given up on): live messages count again.
     pub fn caught_up(&mut self, channel: &C) {
         self.catching.remove(channel);

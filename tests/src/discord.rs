@@ -105,6 +105,8 @@ pub struct Recorded {
     pub bot_denied: HashMap<u64, u64>,
     /// Requests answered 403 because the bot lacked a permission.
     pub forbidden: usize,
+    /// GUILD_CREATE is not sent on IDENTIFY ([`FakeDiscord::hold_guilds`]).
+    pub guilds_held: bool,
     /// How many of the next create-message calls answer 429.
     pub rate_limit_next: usize,
     /// Per channel: how many of the next create-message calls there answer 429.
@@ -312,6 +314,22 @@ impl FakeDiscord {
     pub fn rate_limit_channel_for(&self, channel: u64, how_long: std::time::Duration) {
         let until = tokio::time::Instant::now() + how_long;
         self.with(|r| r.rate_limit_until.insert(channel, until));
+    }
+
+    /// Sessions that identify from now on get READY but not the guild's
+    /// GUILD_CREATE, until [`FakeDiscord::release_guilds`] (Discord sends it
+    /// after READY, at a time of its choosing).
+    pub fn hold_guilds(&self) {
+        self.with(|r| r.guilds_held = true);
+    }
+
+    /// Sends the held GUILD_CREATE to every identified session.
+    pub fn release_guilds(&self) {
+        let guild = self.with(|r| {
+            r.guilds_held = false;
+            guild_json(r)
+        });
+        self.dispatch("GUILD_CREATE", guild);
     }
 
     /// An overwrite in `channel` denying the bot `bits` (of [`permission`]):
@@ -938,10 +956,14 @@ async fn session(s: Arc<Shared>, socket: WebSocket) {
                         if tx.send(WsMessage::Text(ready.to_string().into())).await.is_err() { return }
                         let guild = {
                             let mut rec = s.rec.lock().unwrap();
-                            rec.seq += 1;
-                            json!({"op": 0, "t": "GUILD_CREATE", "s": rec.seq, "d": guild_json(&rec)})
+                            (!rec.guilds_held).then(|| {
+                                rec.seq += 1;
+                                json!({"op": 0, "t": "GUILD_CREATE", "s": rec.seq, "d": guild_json(&rec)})
+                            })
                         };
-                        if tx.send(WsMessage::Text(guild.to_string().into())).await.is_err() { return }
+                        if let Some(guild) = guild {
+                            if tx.send(WsMessage::Text(guild.to_string().into())).await.is_err() { return }
+                        }
                         live = true;
                     }
                     Some(6) => {

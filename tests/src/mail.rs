@@ -507,12 +507,17 @@ maximal_backoff_time = 2s
     /// delivered"), it sets the mail aside for 60 s in the incoming queue,
     /// which it scans again only when new mail arrives or every 300 s.
     pub fn flush_queue(&self) {
-        quietly(
+        let flushed = quietly(
             Command::new("postqueue")
                 .arg("-c")
                 .arg(self.d().join("postfix"))
                 .arg("-f"),
         );
+        // Said, not failed on: a flush refused would show as mail the soak
+        // then counts as lost, and this names why.
+        if !flushed.success() {
+            eprintln!("postqueue -f failed ({flushed}): Postfix's queue was not flushed");
+        }
     }
 
     /// Postfix's queue as `postqueue -p` lists it.

@@ -25,14 +25,17 @@
 //!   one carried per channel (kept in `{bridge}:ingest:cursor`, written in
 //!   one transaction with each inbox entry, so a crash between them carries
 //!   nothing twice); none is carried twice by one process (the ids carried
-//!   are remembered, checked and recorded under the ingest's lock). Only a
+//!   are remembered, checked and recorded under the ingest's lock). The
+//!   saved positions are taken up before anything is carried (on READY, or
+//!   by the first live message if it comes first). Only a
 //!   live message heard while its channel is still being caught up can come
 //!   twice, if the process dies before that catch-up ends. The first start
 //!   carries nothing from before it. DM channels (with `dms`) are caught up
 //!   once the bot has carried a message from them: their positions are saved
 //!   with the rest, and Discord confirms each is a DM before it is read.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -136,6 +139,8 @@ pub struct Handler {
     permits: Permits,
     /// Rung on every GUILD_CREATE (the catch-up waits for its guilds).
     guild_arrived: tokio::sync::Notify,
+    /// The saved positions were taken up ([`Handler::resume_positions`]).
+    resumed: AtomicBool,
 }
 
 impl Handler {
@@ -160,6 +165,7 @@ impl Handler {
             shutdown,
             permits: Permits::default(),
             guild_arrived: tokio::sync::Notify::new(),
+            resumed: AtomicBool::new(false),
         }
     }
 
@@ -326,6 +332,9 @@ impl Handler {
         let (channel, id) = (msg.channel_id.get(), msg.id.get());
         // Under the lock: a message caught up and heard live is carried once.
         let mut ingest = self.ingest.lock().await;
+        if !self.resumed.load(Ordering::Acquire) {
+            self.resume_positions(&mut ingest).await?;
+        }
         if self.carried().has(&channel, &id) {
             return Ok(());
         }
@@ -349,24 +358,52 @@ impl Handler {
         self.carried.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Takes up the saved positions (under the ingest's lock, which the
+    /// caller holds): every configured channel, and with `dms` every other
+    /// channel with a position (a DM until Discord says otherwise); a channel
+    /// with none yet (a first start, a channel added to the config) starts
+    /// from now. Runs before anything is carried in a process: until then a
+    /// live message would save positions naming its channel alone, and the
+    /// catch-up would start every other channel from now, skipping what was
+    /// written there meanwhile. Again on every new session.
+    async fn resume_positions(&self, ingest: &mut Ingest) -> Result<BTreeMap<u64, u64>> {
+        let stored: BTreeMap<u64, u64> = ingest
+            .cursor()
+            .await?
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default();
+        let mut listened: Vec<u64> = self.channels.iter().copied().collect();
+        if self.settings.dms {
+            listened.extend(stored.keys().filter(|c| !self.channels.contains(c)));
+        }
+        self.carried().resume(&stored, &listened, &snowflake_now());
+        self.save_positions(ingest).await?;
+        self.resumed.store(true, Ordering::Release);
+        Ok(stored)
+    }
+
     /// Carries what was written in the listened channels since the last
     /// message carried there (nothing on a first start: no cursor yet).
     async fn catch_up_messages(&self) -> Result<()> {
         // DM channels the bot has carried from before (their positions are
         // saved with the rest; Discord lists a bot's DM channels nowhere).
-        let dms = self.known_dm_channels().await?;
+        let candidates: Vec<u64> = self
+            .carried()
+            .positions()
+            .keys()
+            .filter(|c| !self.channels.contains(c))
+            .copied()
+            .collect();
+        let dms = self.known_dm_channels(&candidates).await;
         let listened: Vec<u64> = self.channels.iter().copied().chain(dms).collect();
         // Read, merged and marked under the ingest's lock, so no live message
         // is carried between reading the positions and marking the channels.
         let stored = {
             let mut ingest = self.ingest.lock().await;
-            let stored = ingest.cursor().await?;
-            let stored: std::collections::BTreeMap<u64, u64> = stored
-                .and_then(|s| serde_json::from_str(&s).ok())
-                .unwrap_or_default();
-            // A channel with no position yet (a first start, a channel
-            // added to the config) starts from now.
-            self.carried().resume(&stored, &listened, &snowflake_now());
+            let stored = self.resume_positions(&mut ingest).await?;
+            for c in candidates.iter().filter(|c| !listened.contains(c)) {
+                self.carried().forget(c);
+            }
             self.save_positions(&mut ingest).await?;
             stored
         };
@@ -396,19 +433,15 @@ impl Handler {
         Ok(())
     }
 
-    /// With `dms` on: the channels with a saved position that are not
-    /// configured and that Discord says are DMs (type 1). A configured
+    /// With `dms` on: which of `candidates` (channels with a saved position
+    /// that are not configured) Discord says are DMs (type 1). A configured
     /// channel since removed is not one, so it is not read again.
-    async fn known_dm_channels(&self) -> Result<Vec<u64>> {
+    async fn known_dm_channels(&self, candidates: &[u64]) -> Vec<u64> {
         if !self.settings.dms {
-            return Ok(Vec::new());
+            return Vec::new();
         }
-        let stored = self.ingest.lock().await.cursor().await?;
-        let stored: std::collections::BTreeMap<u64, u64> = stored
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_default();
         let mut dms = Vec::new();
-        for channel in stored.keys().filter(|c| !self.channels.contains(c)) {
+        for channel in candidates {
             match self.rest.channel(*channel).await {
                 Ok(c) if c["type"].as_u64() == Some(1) => dms.push(*channel),
                 Ok(_) => {}
@@ -417,7 +450,7 @@ impl Handler {
                 }
             }
         }
-        Ok(dms)
+        dms
     }
 
     /// Carries `channel`'s messages after `after`, oldest first; returns how many.
@@ -618,6 +651,12 @@ impl EventHandler for Handler {
         self.permits.start(ctx.cache.clone(), ready.user.id);
         tracing::info!(user = %ready.user.name, "connected to the Discord gateway");
         broker::systemd::ready();
+        let shutdown = &self.shutdown;
+        retried("taking up the saved positions", shutdown, || async {
+            let mut ingest = self.ingest.lock().await;
+            self.resume_positions(&mut ingest).await.map(|_| ())
+        })
+        .await;
         let guilds: Vec<_> = ready.guilds.iter().map(|g| g.id).collect();
         let loaded = || guilds.iter().all(|g| ctx.cache.guild(*g).is_some());
         let arrived = tokio::time::timeout(GUILDS_WAIT, async {
@@ -635,7 +674,6 @@ impl EventHandler for Handler {
         if arrived.is_err() {
             tracing::warn!("not every guild arrived within {GUILDS_WAIT:?}; catching up without knowing the bot's permissions there");
         }
-        let shutdown = &self.shutdown;
         retried("catching up on the channels' messages", shutdown, || {
             self.catch_up_messages()
         })

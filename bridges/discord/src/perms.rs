@@ -20,8 +20,9 @@ use serenity::cache::Cache;
 
 /// Reading a channel's history (the catch-up's reads).
 pub const READ: Permissions = Permissions::VIEW_CHANNEL.union(Permissions::READ_MESSAGE_HISTORY);
-/// Removing someone else's reaction.
-pub const UNREACT: Permissions = Permissions::MANAGE_MESSAGES;
+/// Removing someone else's reaction (Discord refuses everything in a channel
+/// the bot may not view, whatever else it may do there).
+pub const UNREACT: Permissions = READ.union(Permissions::MANAGE_MESSAGES);
 
 /// The gateway's view of the bot's permissions, once a session has begun.
 #[derive(Default)]
@@ -41,7 +42,12 @@ impl Permits {
         let (cache, bot) = self.cache.get()?;
         let has = cache.guilds().into_iter().find_map(|id| {
             let guild = cache.guild(id)?;
-            let in_channel = guild.channels.get(&channel)?;
+            // A thread has its parent channel's permissions.
+            let parent = || {
+                let thread = guild.threads.iter().find(|t| t.id == channel)?;
+                guild.channels.get(&thread.parent_id?)
+            };
+            let in_channel = guild.channels.get(&channel).or_else(parent)?;
             let member = guild.members.get(bot)?;
             Some(guild.user_permissions_in(in_channel, member))
         })?;

@@ -288,11 +288,11 @@ async fn rate_limit_buckets_are_obeyed_before_they_bite() {
 }
 
 /// Buckets as Discord sets them (5 posts per channel per 5 s, with the real
-/// headers), on paused time: 50 messages to one channel take the nine refills
-/// the bucket needs and never less (about 45 s), 50 spread over five channels
-/// need one refill each and take about an eighth of that (a full bucket on one
-/// channel holds back no other; asserted: at most a third), and no bucket
-/// draws a 429 (the sender waits before it would).
+/// headers), on paused time, counted window by window while the clock stands
+/// still: 50 messages to one channel go 5 per window, so they need nine
+/// refills, while 50 spread over five channels go 25 per window and need
+/// one (a full bucket on one channel holds back no other); no bucket draws a
+/// 429 (the sender waits before it would).
 #[tokio::test(start_paused = true)]
 async fn five_channels_are_served_side_by_side() {
     const MORE: [u64; 4] = [
@@ -312,9 +312,11 @@ async fn five_channels_are_served_side_by_side() {
         broker::timing::Timing::default(),
     );
     let mut store = d.store().await;
+    let posted = || fake.with(|r| r.posted.len());
+    // Writes 50 messages over `channels`; returns how many posts each window
+    // took, with the clock still within a window and moved by one after it.
     let mut run = async |channels: &[u64], tag: &str| {
-        let began = tokio::time::Instant::now();
-        let before = fake.with(|r| r.posted.len());
+        let before = posted();
         for i in 0..50 {
             let to = channels[i % channels.len()];
             store
@@ -328,34 +330,85 @@ async fn five_channels_are_served_side_by_side() {
                 .await
                 .unwrap();
         }
-        time.advance_until(
-            &format!("the 50 messages of the {tag} run"),
-            Duration::from_secs(120),
-            || async { fake.with(|r| (r.posted.len() == before + 50).then_some(())) },
-        )
-        .await;
-        // When the last post was made, on the service's clock.
-        let last = fake.with(|r| *r.post_times.last().unwrap());
-        last.duration_since(began)
+        let mut per_window = Vec::new();
+        let mut seen = before;
+        while seen < before + 50 && per_window.len() < 12 {
+            // What this window lets through, the clock standing still: the
+            // count settles once every sender waits for its bucket.
+            let want = (before + 50).min(seen + 5 * channels.len());
+            let now = wait_until(
+                &format!("the {tag} run's posts in window {}", per_window.len() + 1),
+                PLATFORM_SOON,
+                || async { (posted() >= want).then_some(posted()) },
+            )
+            .await;
+            per_window.push(now - seen);
+            seen = now;
+            time.advance(WINDOW).await;
+        }
+        per_window
     };
     let one = run(&[TALK], "one").await;
-    time.advance(WINDOW).await;
+    assert_eq!(one, [5; 10], "one channel: posts per window");
     let five = run(&[TALK, MORE[0], MORE[1], MORE[2], MORE[3]], "five").await;
-    eprintln!("50 posts: one channel {one:?}, five channels {five:?}");
-    // Fifty posts at five per window need nine more windows after the first;
-    // ten per channel need one more.
-    assert!(one >= WINDOW * 9, "one channel: 50 posts in {one:?}");
-    assert!(five >= WINDOW, "five channels: 50 posts in {five:?}");
-    assert!(
-        five * 3 <= one,
-        "five channels took {five:?}, one took {one:?}: not served side by side"
-    );
+    assert_eq!(five, [25, 25], "five channels: posts per window");
     let refused = fake.with(|r| r.bucket_429s.clone());
     assert!(refused.is_empty(), "429s per channel: {refused:?}");
     for (channel, n) in [(TALK, 60), (MORE[0], 10), (MORE[3], 10)] {
-        let got = contents_of(&fake, channel);
-        assert_eq!(got.len(), n, "posts in {channel}");
+        assert_eq!(contents_of(&fake, channel).len(), n, "posts in {channel}");
     }
+}
+
+/// The saved positions are taken up before anything is carried: a live
+/// message heard right after READY, before the guild has arrived and the
+/// catch-up has begun, does not make the catch-up forget where the other
+/// channels stood, so what was written there meanwhile is still carried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_message_before_the_catch_up_loses_nothing_written_meanwhile() {
+    let fake = FakeDiscord::start(&[TALK, OPS]).await;
+    let d = deployment(&fake, "", "");
+    let ingest = d.process("cowboy-discord-ingest", "dc");
+    connected(&fake).await;
+    fake.user_message(TALK, APPROVER, "boss", "before 1", None);
+    fake.user_message(OPS, APPROVER, "boss", "before 2", None);
+    let carried = |text: &'static str| {
+        let d = &d;
+        async move {
+            let entries = inbox(d, "dc:inbox").await;
+            entries.iter().any(|e| e["content"] == text).then_some(())
+        }
+    };
+    wait_until("the first messages carried", PLATFORM_SOON, || async {
+        carried("before 1").await?;
+        carried("before 2").await
+    })
+    .await;
+    assert_eq!(ingest.stop(), Some(0));
+    fake.user_message(OPS, APPROVER, "boss", "while away", None);
+    fake.hold_guilds();
+    let _ingest = d.process("cowboy-discord-ingest", "dc");
+    wait_until("a new session", PLATFORM_SOON, || async {
+        fake.with(|r| (r.identifies >= 2).then_some(()))
+    })
+    .await;
+    fake.user_message(TALK, APPROVER, "boss", "live first", None);
+    wait_until("the live message carried", PLATFORM_SOON, || {
+        carried("live first")
+    })
+    .await;
+    fake.release_guilds();
+    wait_until(
+        "the message written meanwhile carried",
+        PLATFORM_SOON,
+        || carried("while away"),
+    )
+    .await;
+    let texts: Vec<String> = inbox(&d, "dc:inbox")
+        .await
+        .iter()
+        .map(|e| e["content"].clone())
+        .collect();
+    assert_eq!(texts.len(), 4, "each once: {texts:?}");
 }
 
 /// The bridge's own budget of refused requests (Discord bans an address for
