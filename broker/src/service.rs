@@ -93,6 +93,7 @@ pub fn load_for(
 
 /// The whole `main` of a bridge binary: parse, load, run until a signal, exit.
 pub fn main<B: Bridge>(service: Service) -> ! {
+    crate::alloc::fix_thresholds();
     let args = BridgeArgs::parse();
     init_tracing();
     let code = match load_for(&args.config, &args.bridge, B::TYPE) {

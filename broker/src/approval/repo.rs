@@ -1417,6 +1417,9 @@ impl<'a> Approvals<'a> {
         ids: &[String],
         surfaces: &[&str],
     ) -> Result<Vec<SweepState>> {
+        if ids.is_empty() {
+            return Ok(Vec::new()); // redis-rs refuses an empty pipeline
+        }
         let mut pipe = redis::pipe();
         let mut names = vec![
             field::STATUS.to_string(),

@@ -100,7 +100,11 @@ impl<S: Sender> OutboxService<S> {
         }
         // The message as approvers are shown it (an edit's version).
         let stream = self.sources[parked.source].key.clone();
-        let Some(entry) = self.store.entry(&stream, &parked.entry_id).await? else {
+        let Some(entry) = self
+            .store
+            .entry(&stream, &parked.entry_id.to_string())
+            .await?
+        else {
             return Ok(()); // the vanished-entry check settles it
         };
         let requested = self.requested(&stream, &entry).await;

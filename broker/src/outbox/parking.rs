@@ -732,7 +732,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         }
         let key = self.sources[parked.source].key.clone();
-        let Some(entry) = self.store.entry(&key, &parked.entry_id).await? else {
+        let Some(entry) = self.store.entry(&key, &parked.entry_id.to_string()).await? else {
             return Ok(()); // the vanished-entry check settles it
         };
         let requested = self.requested(&key, &entry).await;

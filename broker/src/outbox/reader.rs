@@ -36,6 +36,9 @@ impl<S: Sender> OutboxService<S> {
         self.take_lease().await?;
         let mut conn = self.store.blocking().await?;
         self.recover(&mut conn).await?;
+        // The recovery pages' record table (a thousand records wide) is not
+        // kept for the small live batches, then the freed heap goes back.
+        self.mem.prefetched = Default::default();
         crate::alloc::release_freed();
         let mut reads = Some(self.spawn_reader(conn));
         systemd::ready();

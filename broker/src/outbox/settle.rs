@@ -20,11 +20,12 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         let src = parked.source;
+        let entry_id = parked.entry_id.to_string();
         // Its approved send is under way or queued: its outcome settles it.
         if self
             .mem
             .sched
-            .is_scheduled(&delivery_key(&self.sources[src].key, &parked.entry_id))
+            .is_scheduled(&delivery_key(&self.sources[src].key, &entry_id))
         {
             return Ok(());
         }
@@ -33,12 +34,10 @@ impl<S: Sender> OutboxService<S> {
             let n = Notice::new(NoticeStatus::Failed, reason).approval(&id);
             // The entry names its request id, for the agent to match.
             let key = self.sources[src].key.clone();
-            let entry = self.store.entry(&key, &parked.entry_id).await?;
-            self.notice(src, &parked.entry_id, entry.as_ref(), n)
-                .await?;
+            let entry = self.store.entry(&key, &entry_id).await?;
+            self.notice(src, &entry_id, entry.as_ref(), n).await?;
             self.audit_failed(&id, reason, None).await?;
-            self.ack(&self.sources[src].key.clone(), &parked.entry_id)
-                .await?;
+            self.ack(&self.sources[src].key.clone(), &entry_id).await?;
             let agent = self.sources[src].agent.clone();
             Approvals::on(&mut self.store)
                 .unindex(&self.name, agent.as_deref(), &id)
@@ -47,7 +46,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         if record.is_settled() {
-            return self.finish(src, &parked.entry_id, &record, None).await;
+            return self.finish(src, &entry_id, &record, None).await;
         }
         // Approved in time stays approved while its delivery waits for a retry,
         // even once the deadline has passed.
@@ -62,9 +61,7 @@ impl<S: Sender> OutboxService<S> {
             // Only a later one this bridge sealed: a record writer without
             // the key cannot keep an entry parked past the deadline tracked.
             if tracked != 0 && moved > tracked && self.deadline_sealed(&record) {
-                self.mem
-                    .parked
-                    .track(id, src, parked.entry_id.clone(), moved);
+                self.mem.parked.track(id, src, entry_id.clone(), moved);
                 // A reminder the old deadline came before may fit now.
                 self.arm_reminder(&record);
                 self.arm_escalation(&record);
@@ -77,7 +74,7 @@ impl<S: Sender> OutboxService<S> {
         }
         match state {
             State::Pending => Ok(()),
-            State::Approved => self.deliver_approved(src, &parked.entry_id, record).await,
+            State::Approved => self.deliver_approved(src, &entry_id, record).await,
             State::Rejected | State::Expired => {
                 let timeout_reason = match record.snoozes {
                     0 => format!(
@@ -103,7 +100,7 @@ impl<S: Sender> OutboxService<S> {
                 if state == State::Rejected {
                     n = n.approver(record.approver());
                 }
-                self.notice(src, &parked.entry_id, None, n).await?;
+                self.notice(src, &entry_id, None, n).await?;
                 if state == State::Expired {
                     let expired = self
                         .event(audit::Kind::Expired, &id)
@@ -111,7 +108,7 @@ impl<S: Sender> OutboxService<S> {
                     self.audit(&[expired]).await?;
                 }
                 tracing::info!(approval = %id, state = state.as_str(), "parked entry dropped");
-                self.finish(src, &parked.entry_id, &record, Some(state.as_str()))
+                self.finish(src, &entry_id, &record, Some(state.as_str()))
                     .await
             }
         }
