@@ -13,7 +13,8 @@
 //!   skipping those untracked since: what a sweep costs does not grow with
 //!   the number parked. The round is a cursor (the last id visited, in id
 //!   order), not a copy of the ids: a copy would hold about 70 bytes per
-//!   parked entry for the whole round, hours long at 100,000 parked.
+//!   parked entry for the whole round, hours long at 100,000 parked. An id
+//!   parked during a round joins it when it sorts after the cursor.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
