@@ -36,10 +36,6 @@ impl<S: Sender> OutboxService<S> {
         self.take_lease().await?;
         let mut conn = self.store.blocking().await?;
         self.recover(&mut conn).await?;
-        // The recovery pages' record table (a thousand records wide) is not
-        // kept for the small live batches, then the freed heap goes back.
-        self.mem.prefetched = Default::default();
-        crate::alloc::release_freed();
         let mut reads = Some(self.spawn_reader(conn));
         systemd::ready();
         tracing::info!(bridge = %self.name, worker = %self.worker, parked = self.mem.parked.len(), "outbox service running");
@@ -304,6 +300,11 @@ impl<S: Sender> OutboxService<S> {
                 self.serve_decisions(blocking).await?;
             }
         }
+        // The pages' record table (a thousand records wide) is not kept for
+        // the small live batches, and the freed heap goes back: at start-up
+        // and after a reconnect alike.
+        self.mem.prefetched = Default::default();
+        crate::alloc::release_freed();
         self.settle_due().await
     }
 
