@@ -26,4 +26,6 @@ pub mod decisions {
     pub const APPROVAL_ID: &str = "approval_id";
     /// What it was decided as.
     pub const STATUS: &str = "status";
+    /// The surface that showed its card (a wake-up without a decision).
+    pub const SHOWN: &str = "shown";
 }

@@ -247,6 +247,17 @@ pub async fn edit(
     for (card, _, digest) in &notifications {
         pairs.push((card.field(field::NOTIFY_SHA256), digest.clone()));
     }
+    // Announced first, as a decision is (see `approval::apply`): an editor
+    // that dies before writing the new cards still has the requester read
+    // the record, find them unwritten and write them.
+    super::wake(
+        store,
+        record.source(),
+        &record.worker,
+        id,
+        super::Wake::Changed,
+    )
+    .await?;
     let answer = Approvals::on(store)
         .edit(
             id,

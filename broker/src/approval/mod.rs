@@ -578,6 +578,10 @@ async fn apply(
         }
         _ => String::new(),
     };
+    // Announced before it is made: a decider that dies between deciding and
+    // its wake-up below has still told the requester to read the record
+    // again (at its next sweep), which it otherwise would only by chance.
+    wake(store, record.source(), &record.worker, id, Wake::Changed).await?;
     let d = Approvals::on(store)
         .decide(id, &given, &seal, &count)
         .await?;
@@ -596,7 +600,7 @@ async fn apply(
             .event(record, audit::Kind::Ignored)
             .with(audit::field::WHY, why)
     };
-    let (events, outcome, wake) = match d.answer {
+    let (events, outcome, woken) = match d.answer {
         Decided::Decided => {
             tracing::info!(
                 approval = id,
@@ -717,31 +721,68 @@ async fn apply(
             }
         }
     }
-    if let Some(status) = wake {
+    if let Some(status) = woken {
         // Wake the requesting worker (the one the record names, read in the same
         // step as the decision). If this is lost (the decider died in between, or
         // the cap trimmed it unread), answering again through the CLI wakes it
         // again, a restart re-reads every record, and the sweep's round robin
         // reaches it.
-        let stream = keys::decisions_for(record.source(), &d.worker);
-        let _: String = redis::cmd("XADD")
-            .arg(&stream)
-            .arg("MAXLEN")
-            .arg("~")
-            .arg(DECISIONS_KEPT)
-            .arg("*")
-            .arg(crate::fields::decisions::APPROVAL_ID)
-            .arg(id)
-            .arg(crate::fields::decisions::STATUS)
-            .arg(status)
-            .query_async(&mut store.conn)
-            .await
-            .map_err(|e| Error::from_redis(&format!("XADD {stream}"), e))?;
+        wake(store, record.source(), &d.worker, id, Wake::Decided(status)).await?;
     }
     // Told to the human only once a failover cannot lose it (after its audit
     // event and wake-up, so a shortfall retried finds it decided, not undone).
     store.conn.replicated("the decision").await?;
     Ok(Applied::Done(outcome))
+}
+
+/// What a wake-up tells the requesting worker (its decisions stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake<'a> {
+    /// Decided as this status: the entry is settled at once.
+    Decided(&'a str),
+    /// This surface showed its card: no longer watched for it.
+    Shown(&'a str),
+    /// About to change (a decision or an edit under way): the record is
+    /// read again at the next sweep, whatever the change turns out to be.
+    Changed,
+}
+
+/// The `XADD` that wakes worker `worker` of bridge `requester` about
+/// approval `id` (capped: see [`DECISIONS_KEPT`]).
+pub fn wake_cmd(requester: &str, worker: &str, id: &str, what: Wake) -> redis::Cmd {
+    use crate::fields::decisions::{APPROVAL_ID, SHOWN, STATUS};
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(keys::decisions_for(requester, worker))
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(DECISIONS_KEPT)
+        .arg("*")
+        .arg(APPROVAL_ID)
+        .arg(id);
+    match what {
+        Wake::Decided(status) => cmd.arg(STATUS).arg(status),
+        Wake::Shown(surface) => cmd.arg(SHOWN).arg(surface),
+        Wake::Changed => &mut cmd,
+    };
+    cmd
+}
+
+/// Wakes worker `worker` of bridge `requester` about approval `id`.
+pub async fn wake(
+    store: &mut Store,
+    requester: &str,
+    worker: &str,
+    id: &str,
+    what: Wake<'_>,
+) -> Result<()> {
+    let _: String = wake_cmd(requester, worker, id, what)
+        .query_async(&mut store.conn)
+        .await
+        .map_err(|e| {
+            let stream = keys::decisions_for(requester, worker);
+            Error::from_redis(&format!("XADD {stream}"), e)
+        })?;
+    Ok(())
 }
 
 /// The card approvers were shown for `record`, as the notify bridge got it

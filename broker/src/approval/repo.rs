@@ -1291,13 +1291,14 @@ impl<'a> Approvals<'a> {
     /// together). A card whose record is gone, or no longer claims the entry it
     /// was shown from (edited meanwhile), keeps no answerable card: its map
     /// entry is removed again. `shown`: (approval id, entry id, external id,
-    /// the digest of the version the card shows; see [`map_value`]).
+    /// the digest of the version the card shows; see [`map_value`]). Returns,
+    /// for each, whether its card was recorded.
     pub async fn record_shown(
         &mut self,
         bridge: &str,
         shown: &[(&str, &str, &str, &str)],
         then: impl FnOnce(&mut redis::Pipeline),
-    ) -> Result<()> {
+    ) -> Result<Vec<bool>> {
         let map = keys::approval_map(bridge);
         let notes: Vec<_> = shown
             .iter()
@@ -1331,10 +1332,11 @@ impl<'a> Approvals<'a> {
             .query_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("HSET {map}"), e))?;
+        let kept: Vec<bool> = kept.into_iter().map(|k| k != 0).collect();
         let gone: Vec<&str> = shown
             .iter()
-            .zip(kept)
-            .filter(|(_, k)| *k == 0)
+            .zip(&kept)
+            .filter(|(_, k)| !**k)
             .map(|((_, _, external, _), _)| *external)
             .collect();
         if !gone.is_empty() {
@@ -1345,7 +1347,7 @@ impl<'a> Approvals<'a> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HDEL {map}"), e))?;
         }
-        Ok(())
+        Ok(kept)
     }
 
     /// The approval id behind a card notify bridge `bridge` showed.

@@ -555,8 +555,15 @@ impl<S: Sender> OutboxService<S> {
         let mut pipe = redis::pipe();
         for (stream, (ids, delivery_keys)) in &by_stream {
             pipe.xack(*stream, &self.group, ids).ignore();
-            pipe.hdel(keys::in_flight_marks(stream), delivery_keys)
-                .ignore();
+            // A wake-up has no mark (its key is empty).
+            let marked: Vec<&str> = delivery_keys
+                .iter()
+                .copied()
+                .filter(|k| !k.is_empty())
+                .collect();
+            if !marked.is_empty() {
+                pipe.hdel(keys::in_flight_marks(stream), marked).ignore();
+            }
         }
         let () = pipe
             .query_async(&mut self.store.conn)

@@ -155,6 +155,8 @@ impl<S: Sender> OutboxService<S> {
         if let Err(why) = self.notify_card(&next, &card, &shown, false).await? {
             tracing::warn!(approval = %id, surface = %step.notify, why, "the escalation's surface refused its card");
         }
+        let bit = self.surface_bit(&step.notify);
+        self.mem.parked.watch(id, bit);
         // The cards shown already say who else is asked now.
         let told: Vec<(&str, &[u8])> = vec![
             (crate::fields::outbox::APPROVAL_ID, id.as_bytes()),

@@ -57,7 +57,8 @@ pub(super) struct Memory {
     pub shown: Vec<surface::Shown>,
     /// When the oldest of `shown` was shown.
     pub shown_since: Option<Instant>,
-    /// Delivered this batch, to ack together: (stream, entry id, delivery key).
+    /// Delivered this batch, to ack together: (stream, entry id, delivery
+    /// key); a wake-up that needed no read has an empty delivery key.
     pub acks: Vec<(String, String, String)>,
     /// When the oldest of `acks` was delivered.
     pub acks_since: Option<Instant>,

@@ -49,6 +49,7 @@ use deliver::{Delivery, Flight, Job, Landed, Purpose};
 use incoming::Class;
 use inflight::{Marking, Unmarked};
 use memory::Memory;
+use parked::RECHECK;
 use source::{Kind, Source, SourceId, Sources};
 
 use std::collections::{BTreeMap, HashMap};
@@ -69,8 +70,12 @@ use crate::shutdown::Shutdown;
 use crate::store::{Entry, Store, StreamBatch};
 use crate::systemd::{self, Watchdog};
 
-/// Parked records re-read per sweep.
+/// Watched parked records re-read per sweep (see [`parked`]).
 const SWEEP_SLICE: usize = 64;
+/// Parked records re-read per sweep whether watched or not: what catches a
+/// change no wake-up announced (a forged write), slowly, for two commands a
+/// sweep whatever the number parked.
+const BLIND_SLICE: usize = 2;
 use crate::timing::Timing;
 /// Longest single block on the read, so shutdown and heartbeats stay timely.
 const MAX_BLOCK: Duration = Duration::from_secs(5);

@@ -9,12 +9,17 @@
 //! - A deadline wakes the loop only while its entry waits for a decision:
 //!   [`ParkedIndex::decided`] drops it and keeps the entry (its send is under
 //!   way or deferred), [`ParkedIndex::untrack`] drops both.
-//! - A sweep round visits every id parked when it began, a slice at a time,
-//!   skipping those untracked since: what a sweep costs does not grow with
-//!   the number parked. The round is a cursor (the last id visited, in id
-//!   order), not a copy of the ids: a copy would hold about 70 bytes per
-//!   parked entry for the whole round, hours long at 100,000 parked. An id
-//!   parked during a round joins it when it sorts after the cursor.
+//! - The sweep reads again only what may have changed unseen: entries
+//!   *watched* (a card not yet known shown, or a wake-up that announced a
+//!   change without saying what: [`RECHECK`]), a slice at a time, and a
+//!   small blind slice of every parked entry (a forged write wakes no one).
+//!   An entry stops being watched when a read finds it shown, or when every
+//!   surface whose card it waited for said so. So an idle outbox whose cards
+//!   are all shown reads two records per sweep, whatever the number parked.
+//! - Each round is a cursor (the last id visited, in id order), not a copy
+//!   of the ids: a copy would hold about 70 bytes per parked entry for the
+//!   whole round, hours long at 100,000 parked. An id parked during a round
+//!   joins it when it sorts after the cursor.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::Bound;
@@ -28,6 +33,30 @@ pub(super) struct Parked {
     pub entry_id: EntryId,
     /// Unix seconds; 0 for none.
     pub expires_at: u64,
+    /// Why the sweep reads its record again: a bit per surface whose card
+    /// is not known shown (its place in the bridge's list of surfaces), and
+    /// [`RECHECK`]. 0: nothing to look for.
+    watch: u16,
+}
+
+/// A watch bit: something changed that only a read of the record tells
+/// (a card a read found unshown, a surface past the first fourteen).
+pub(super) const RECHECK: u16 = 1 << 15;
+
+/// A watch bit: a decider or an editor announced a change it was about to
+/// make. The change may land just after a read, so the announcement holds
+/// for two reads, a sweep apart.
+pub(super) const ANNOUNCED: u16 = 1 << 14;
+
+/// The surfaces' bits.
+const SURFACES: u16 = !(RECHECK | ANNOUNCED);
+
+/// The watch bit of the surface at `place` in the bridge's list of surfaces.
+pub(super) fn surface_bit(place: usize) -> u16 {
+    match place {
+        0..14 => 1 << place,
+        _ => RECHECK,
+    }
 }
 
 /// A stream entry id, kept as its two numbers when it has the `ms-seq` form
@@ -108,15 +137,31 @@ pub(super) struct ParkedIndex {
     reminders: Timers,
     /// The next escalation step due of each (`approval.escalate`).
     escalations: Timers,
-    /// The last id the sweep re-read this round (None: a round begins).
+    /// The last id the blind slice re-read this round (None: a round begins).
     swept_to: Option<String>,
+    /// How many entries are watched (their `watch` not 0).
+    watching: usize,
+    /// The last watched id the sweep re-read this round.
+    watched_to: Option<String>,
 }
 
 impl ParkedIndex {
-    pub fn track(&mut self, id: String, source: SourceId, entry_id: String, expires_at: u64) {
-        // Tracked again (a moved deadline): its reminder stays.
+    /// Tracks parked `id`, watched for `watch` (see [`Parked`]).
+    pub fn track(
+        &mut self,
+        id: String,
+        source: SourceId,
+        entry_id: String,
+        expires_at: u64,
+        watch: u16,
+    ) {
+        // Tracked again (a moved deadline, a retry): its reminder stays, and
+        // so does an announcement not yet read twice.
+        let mut watch = watch;
         if let Some(p) = self.parked.remove(&id) {
             self.deadlines.remove(&(p.expires_at, id.clone()));
+            self.watching -= (p.watch != 0) as usize;
+            watch |= p.watch & (RECHECK | ANNOUNCED);
         }
         if expires_at != 0 {
             self.deadlines.insert((expires_at, id.clone()));
@@ -125,13 +170,16 @@ impl ParkedIndex {
             source,
             entry_id: EntryId::new(entry_id),
             expires_at,
+            watch,
         };
+        self.watching += (watch != 0) as usize;
         self.parked.insert(id, parked);
     }
 
     pub fn untrack(&mut self, id: &str) {
         if let Some(p) = self.parked.remove(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
+            self.watching -= (p.watch != 0) as usize;
         }
         self.reminders.forget(id);
         self.escalations.forget(id);
@@ -165,11 +213,59 @@ impl ParkedIndex {
         self.escalations.due(now, most)
     }
 
-    /// Decided: its deadline no longer wakes the loop; the entry stays.
+    /// Changes what parked `id` is watched for (nothing if not parked).
+    fn rewatch(&mut self, id: &str, change: impl FnOnce(u16) -> u16) {
+        if let Some(p) = self.parked.get_mut(id) {
+            let before = p.watch != 0;
+            p.watch = change(p.watch);
+            match (before, p.watch != 0) {
+                (false, true) => self.watching += 1,
+                (true, false) => self.watching -= 1,
+                _ => {}
+            }
+        }
+    }
+
+    /// Watches `id` for the cards of `bits` (new cards written).
+    pub fn watch(&mut self, id: &str, bits: u16) {
+        self.rewatch(id, |w| w | bits);
+    }
+
+    /// A change to `id` was announced: read at the next two sweeps.
+    pub fn announce(&mut self, id: &str) {
+        self.rewatch(id, |w| w | ANNOUNCED | RECHECK);
+    }
+
+    /// The surfaces of `bits` said they showed `id`'s card (a read that
+    /// is due stays due).
+    pub fn shown(&mut self, id: &str, bits: u16) {
+        self.rewatch(id, |w| w & !(bits & SURFACES));
+    }
+
+    /// A read of `id`'s record found it pending and every card shown
+    /// (`shown`), or not: then it is read again at the next sweeps. An
+    /// announcement's first read is always followed by a second.
+    pub fn read_back(&mut self, id: &str, shown: bool) {
+        self.rewatch(id, |w| match (w & ANNOUNCED != 0, shown) {
+            (true, _) => (w & !ANNOUNCED) | RECHECK,
+            (false, true) => 0,
+            (false, false) => w | RECHECK,
+        });
+    }
+
+    /// How many parked entries are watched.
+    #[cfg(test)]
+    pub fn watching(&self) -> usize {
+        self.watching
+    }
+
+    /// Decided: its deadline no longer wakes the loop, nor does a card
+    /// still unshown matter; the entry stays.
     pub fn decided(&mut self, id: &str) {
         if let Some(p) = self.parked.get(id) {
             self.deadlines.remove(&(p.expires_at, id.to_string()));
         }
+        self.rewatch(id, |_| 0);
         self.reminders.forget(id);
         self.escalations.forget(id);
     }
@@ -211,9 +307,43 @@ impl ParkedIndex {
             .collect()
     }
 
-    /// The sweep's next slice of at most `n` ids still parked; a new round
-    /// begins when the last one ended.
-    pub fn sweep_slice(&mut self, n: usize) -> Vec<String> {
+    /// The sweep's next slice of at most `n` watched ids, round robin (the
+    /// round wraps around within the slice); none when none is watched.
+    pub fn watched_slice(&mut self, n: usize) -> Vec<String> {
+        if self.watching == 0 {
+            self.watched_to = None;
+            return Vec::new();
+        }
+        let after = self.watched_to.take();
+        let from = match &after {
+            Some(id) => Bound::Excluded(id.clone()),
+            None => Bound::Unbounded,
+        };
+        let watched = |(id, p): (&String, &Parked)| (p.watch != 0).then(|| id.clone());
+        let mut slice: Vec<String> = self
+            .parked
+            .range::<String, _>((from, Bound::Unbounded))
+            .filter_map(watched)
+            .take(n)
+            .collect();
+        if let Some(after) = after.filter(|_| slice.len() < n) {
+            let head = self
+                .parked
+                .range::<String, _>((Bound::Unbounded, Bound::Included(after)))
+                .filter_map(watched)
+                .take(n - slice.len());
+            slice.extend(head);
+        }
+        self.watched_to = match slice.len() < n {
+            true => None,
+            false => slice.last().cloned(),
+        };
+        slice
+    }
+
+    /// The blind slice: the next `n` ids still parked, watched or not; a new
+    /// round begins when the last one ended.
+    pub fn blind_slice(&mut self, n: usize) -> Vec<String> {
         let from = |after: &Option<String>| match after {
             Some(id) => Bound::Excluded(id.clone()),
             None => Bound::Unbounded,
@@ -238,10 +368,26 @@ impl ParkedIndex {
         slice
     }
 
-    /// The entry ids parked from `source`.
-    pub fn entry_ids_of(&self, source: SourceId) -> Vec<String> {
-        let mine = self.parked.values().filter(|p| p.source == source);
-        mine.map(|p| p.entry_id.to_string()).collect()
+    /// Whether anything is parked from `source`.
+    pub fn any_from(&self, source: SourceId) -> bool {
+        self.parked.values().any(|p| p.source == source)
+    }
+
+    /// The entry ids parked from `source` that sort before `oldest`, the
+    /// oldest entry its stream still holds (all of them when it holds
+    /// none): trimmed away. Compared in place, so a sweep allocates only
+    /// for what it finds gone.
+    pub fn entries_before(&self, source: SourceId, oldest: Option<(u64, u64)>) -> Vec<String> {
+        let gone = |p: &&Parked| {
+            p.source == source
+                && match (&p.entry_id, oldest) {
+                    (_, None) => true,
+                    (EntryId::Numbers(ms, seq), Some(oldest)) => (*ms, *seq) < oldest,
+                    (EntryId::Other(_), Some(_)) => false,
+                }
+        };
+        let gone = self.parked.values().filter(gone);
+        gone.map(|p| p.entry_id.to_string()).collect()
     }
 }
 
@@ -263,9 +409,9 @@ mod tests {
     #[test]
     fn deadlines_come_due_and_decided_ones_stop_waking() {
         let (mut p, src) = (ParkedIndex::default(), source());
-        p.track("b".into(), src, "1-2".into(), 200);
-        p.track("a".into(), src, "1-1".into(), 100);
-        p.track("never".into(), src, "1-3".into(), 0);
+        p.track("b".into(), src, "1-2".into(), 200, 0);
+        p.track("a".into(), src, "1-1".into(), 100, 0);
+        p.track("never".into(), src, "1-3".into(), 0, 0);
         assert_eq!(p.next_deadline(), Some(100));
         assert!(p.due(99.9).is_empty());
         assert_eq!(p.due(200.0), ["a", "b"]);
@@ -273,7 +419,7 @@ mod tests {
         assert_eq!((p.next_deadline(), p.contains("a")), (Some(200), true));
         p.untrack("b");
         assert_eq!((p.next_deadline(), p.len()), (None, 2));
-        p.track("never".into(), src, "1-3".into(), 300);
+        p.track("never".into(), src, "1-3".into(), 300, 0);
         assert_eq!(
             p.due(1e9),
             ["never"],
@@ -286,19 +432,19 @@ mod tests {
     #[test]
     fn reminders_come_due_once() {
         let (mut p, src) = (ParkedIndex::default(), source());
-        p.track("a".into(), src, "1-1".into(), 100);
-        p.track("b".into(), src, "1-2".into(), 100);
+        p.track("a".into(), src, "1-1".into(), 100, 0);
+        p.track("b".into(), src, "1-2".into(), 100, 0);
         p.remind("a", 40);
         p.remind("b", 50);
         p.remind("nobody", 10);
         assert_eq!(p.next_deadline(), Some(40));
-        p.track("a".into(), src, "1-1".into(), 200);
+        p.track("a".into(), src, "1-1".into(), 200, 0);
         assert_eq!(p.due_reminders(45.0, 10), ["a"]);
         assert!(p.due_reminders(45.0, 10).is_empty(), "once");
         p.decided("b");
         assert!(p.due_reminders(1e9, 10).is_empty());
         p.remind("a", 60);
-        p.track("c".into(), src, "1-3".into(), 0);
+        p.track("c".into(), src, "1-3".into(), 0, 0);
         p.remind("c", 70);
         assert_eq!(p.due_reminders(1e9, 1), ["a"], "a turn's worth at a time");
         p.untrack("c");
@@ -332,17 +478,17 @@ mod tests {
     fn a_sweep_round_visits_each_id_once_in_slices() {
         let (mut p, src) = (ParkedIndex::default(), source());
         for n in 0..10 {
-            p.track(format!("id{n}"), src, format!("1-{n}"), 0);
+            p.track(format!("id{n}"), src, format!("1-{n}"), 0, 0);
         }
-        let mut seen = p.sweep_slice(4);
+        let mut seen = p.blind_slice(4);
         assert_eq!(seen.len(), 4);
         let later = (0..10)
             .map(|n| format!("id{n}"))
             .find(|id| !seen.contains(id))
             .unwrap();
         p.untrack(&later);
-        seen.extend(p.sweep_slice(4));
-        seen.extend(p.sweep_slice(4));
+        seen.extend(p.blind_slice(4));
+        seen.extend(p.blind_slice(4));
         let mut unique = seen.clone();
         unique.sort();
         unique.dedup();
@@ -352,19 +498,95 @@ mod tests {
             "an id untracked before its turn is skipped"
         );
         assert_eq!(
-            p.sweep_slice(100).len(),
+            p.blind_slice(100).len(),
             9,
             "a new round: every id still parked"
         );
-        assert_eq!(p.entry_ids_of(src).len(), 9);
+        assert_eq!(p.entries_before(src, None).len(), 9);
         // A round whose last ids went before their turn starts again at once.
-        let first = p.sweep_slice(4);
+        let first = p.blind_slice(4);
         for n in 0..10 {
             let id = format!("id{n}");
             if !first.contains(&id) && id != later {
                 p.untrack(&id);
             }
         }
-        assert_eq!(p.sweep_slice(4), first, "never an empty slice");
+        assert_eq!(p.blind_slice(4), first, "never an empty slice");
+    }
+
+    /// Only watched entries are read again, a slice at a time and round
+    /// robin; a card shown or a read that finds every card shown ends the
+    /// watch, a read that does not keeps it.
+    #[test]
+    fn watched_entries_are_read_until_known_shown() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        let (desk, hall) = (surface_bit(0), surface_bit(1));
+        for n in 0..6 {
+            let watch = if n % 2 == 0 { desk | hall } else { 0 };
+            p.track(format!("id{n}"), src, format!("1-{n}"), 0, watch);
+        }
+        assert_eq!(p.watching(), 3);
+        assert_eq!(p.watched_slice(2), ["id0", "id2"]);
+        assert_eq!(p.watched_slice(2), ["id4", "id0"], "round robin, wrapping");
+        p.shown("id0", desk);
+        assert_eq!(p.watching(), 3, "hall's card is not known shown yet");
+        p.shown("id0", hall);
+        p.read_back("id2", true);
+        p.read_back("id4", false);
+        p.shown("id4", desk | hall);
+        assert_eq!(p.watching(), 1, "a read that found it unshown keeps it");
+        assert_eq!(p.watched_slice(64), ["id4"]);
+        p.untrack("id4");
+        p.watch("id1", RECHECK);
+        p.watch("gone", RECHECK);
+        assert_eq!(
+            (p.watching(), p.watched_slice(64)),
+            (1, vec!["id1".to_string()])
+        );
+        p.track("id1".into(), src, "1-1".into(), 0, 0);
+        assert_eq!(p.watching(), 1, "tracked again, a read still due");
+        p.read_back("id1", true);
+        assert!(p.watched_slice(64).is_empty());
+        assert_eq!(surface_bit(20), RECHECK);
+        p.shown("id3", RECHECK);
+        p.decided("id0");
+        assert_eq!(p.watching(), 0, "a shown card never ends a read due");
+    }
+
+    /// An announced change is read twice, a sweep apart, whatever the first
+    /// read found (the change may land just after it), even across a card
+    /// shown or the entry tracked again; a decision ends every watch.
+    #[test]
+    fn an_announcement_holds_for_two_reads() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        p.track("a".into(), src, "1-1".into(), 0, 0);
+        p.announce("a");
+        p.shown("a", surface_bit(0) | RECHECK | ANNOUNCED);
+        p.track("a".into(), src, "1-1".into(), 0, 0);
+        p.read_back("a", true);
+        assert_eq!(p.watched_slice(64), ["a"], "read again");
+        p.read_back("a", true);
+        assert!(p.watched_slice(64).is_empty());
+        p.announce("a");
+        p.decided("a");
+        assert!(p.watched_slice(64).is_empty());
+    }
+
+    /// An entry sorts before the stream's oldest by its numbers; with the
+    /// stream empty every one is gone.
+    #[test]
+    fn entries_trimmed_away_are_found_in_place() {
+        let (mut p, src) = (ParkedIndex::default(), source());
+        for (id, entry) in [("a", "5-1"), ("b", "7-0"), ("c", "x")] {
+            p.track(id.into(), src, entry.into(), 0, 0);
+        }
+        assert_eq!(p.entries_before(src, Some((7, 0))), ["5-1"]);
+        assert_eq!(
+            p.entries_before(src, Some((9, 9))).len(),
+            2,
+            "x is kept as written"
+        );
+        assert_eq!(p.entries_before(src, None).len(), 3);
+        assert!(p.any_from(src));
     }
 }

@@ -178,9 +178,10 @@ impl<S: Sender> OutboxService<S> {
                 return self.finish(src, &entry.id, &record, Some("failed")).await;
             }
         }
+        let watch = self.watch_bits(&record);
         self.mem
             .parked
-            .track(id.clone(), src, entry.id.clone(), record.expires_at);
+            .track(id.clone(), src, entry.id.clone(), record.expires_at, watch);
         self.arm_reminder(&record);
         self.arm_escalation(&record);
         if record.state(self.clock.now_secs_f64()) != State::Pending {
@@ -268,9 +269,10 @@ impl<S: Sender> OutboxService<S> {
             .await?;
         for (p, record, _) in fresh {
             tracing::info!(approval = %p.id, stream = %self.sources[p.source].key, entry = %p.entry.id, "entry parked for approval");
+            let watch = self.watch_bits(&record);
             self.mem
                 .parked
-                .track(p.id, p.source, p.entry.id, record.expires_at);
+                .track(p.id, p.source, p.entry.id, record.expires_at, watch);
             self.arm_reminder(&record);
             self.arm_escalation(&record);
         }
@@ -650,22 +652,27 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// Re-reads the next slice of the parked records ([`SWEEP_SLICE`], round
-    /// robin, one pipelined round trip), settles the decided ones (the fallback
-    /// for a decision whose wake-up was lost) and writes again a notification
-    /// trimmed unshown. A full round takes `parked / SWEEP_SLICE` sweeps. Then
-    /// settles as failed every parked entry that vanished from its stream: one
-    /// `XRANGE - + COUNT 1` per stream finds its oldest entry, and an agent can
-    /// only drop entries from the head (`XADD MAXLEN`).
+    /// Re-reads the watched parked records (a slice of [`SWEEP_SLICE`], round
+    /// robin) and a blind slice of any ([`BLIND_SLICE`]), in one pipelined
+    /// round trip; settles the decided ones (the fallback for a decision
+    /// whose wake-up was lost) and writes again a notification trimmed
+    /// unshown (see [`parked`] for what is watched). Then settles as failed
+    /// every parked entry that vanished from its stream: one `XRANGE - +
+    /// COUNT 1` per stream finds its oldest entry, and an agent can only
+    /// drop entries from the head (`XADD MAXLEN`).
     pub(super) async fn sweep(&mut self) -> Result<()> {
         if self.mem.parked.is_empty() {
             return Ok(());
         }
-        // A slice per sweep, round robin: what an idle outbox costs Redis must
-        // not grow with the number parked. A wake-up is lost only when a decider
-        // dies between deciding and waking (answering again wakes it too), so a
-        // slow round suffices.
-        let ids = self.mem.parked.sweep_slice(SWEEP_SLICE);
+        // What an idle outbox costs Redis must not grow with the number
+        // parked: what may have changed is read (announced by a wake-up, or
+        // a card not known shown), and a blind slice of the rest.
+        let mut ids = self.mem.parked.watched_slice(SWEEP_SLICE);
+        for id in self.mem.parked.blind_slice(BLIND_SLICE) {
+            if !ids.contains(&id) {
+                ids.push(id);
+            }
+        }
         let surfaces: Vec<&str> = self
             .config
             .surfaces_of(&self.name)
@@ -680,7 +687,10 @@ impl<S: Sender> OutboxService<S> {
         for (id, state) in ids.into_iter().zip(states) {
             if state.status != Some(Status::Pending) {
                 self.settle(id).await?;
-            } else if !state.shown {
+                continue;
+            }
+            self.mem.parked.read_back(&id, state.shown);
+            if !state.shown {
                 // Unshown: its notification may have been trimmed (before
                 // the notify side took it, or while a worker that crashed
                 // held it), or an edit may have stopped before writing the
@@ -693,8 +703,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let mut vanished = Vec::new();
         for src in self.sources.ids() {
-            let mine = self.mem.parked.entry_ids_of(src);
-            if mine.is_empty() {
+            if !self.mem.parked.any_from(src) {
                 continue;
             }
             let first = self
@@ -702,20 +711,61 @@ impl<S: Sender> OutboxService<S> {
                 .range(&self.sources[src].key, "-", "+", 1)
                 .await?;
             let oldest = first.first().and_then(|e| stream_id(&e.id));
-            for entry_id in mine {
-                let gone = match (stream_id(&entry_id), oldest) {
-                    (Some(mine), Some(oldest)) => mine < oldest,
-                    (_, None) => true,
-                    (None, _) => false,
-                };
-                if gone {
-                    vanished.push((src, entry_id));
-                }
-            }
+            let gone = self.mem.parked.entries_before(src, oldest);
+            vanished.extend(gone.into_iter().map(|entry_id| (src, entry_id)));
         }
         for (src, entry_id) in vanished {
             self.vanished(src, &entry_id).await?;
         }
+        Ok(())
+    }
+
+    /// What parked `record` is watched for: the surfaces whose card it asks
+    /// for and no read has found shown (see [`parked`]).
+    pub(super) fn watch_bits(&self, record: &Record) -> u16 {
+        approval::cards_asked(&self.config, record)
+            .iter()
+            .filter(|c| c.external_id.is_none() && !c.unshown)
+            .fold(0, |bits, c| bits | self.surface_bit(&c.bridge))
+    }
+
+    /// The watch bit of surface `bridge` ([`RECHECK`] for one this bridge
+    /// does not ask on: only a read tells).
+    pub(super) fn surface_bit(&self, bridge: &str) -> u16 {
+        let surfaces = self.config.surfaces_of(&self.name);
+        match surfaces.iter().position(|(b, _)| *b == bridge) {
+            Some(place) => parked::surface_bit(place),
+            None => RECHECK,
+        }
+    }
+
+    /// A wake-up on this worker's decisions stream ([`approval::Wake`]): a
+    /// decision settles its entry at once; a card shown ends its surface's
+    /// watch, unread; an announced change is read at the next sweep. The
+    /// two without a read are acked with the next batch of acks. A forged
+    /// `shown` can only spare a card a repair, never decide anything: the
+    /// blind slice still reaches it.
+    pub(super) async fn woken(&mut self, src: SourceId, entry: &Entry) -> Result<()> {
+        use crate::fields::decisions::{APPROVAL_ID, SHOWN, STATUS};
+        let key = self.sources[src].key.clone();
+        let id = entry
+            .text(APPROVAL_ID)
+            .filter(|id| self.mem.parked.contains(id));
+        let decided = entry.fields.iter().any(|(k, _)| k == STATUS);
+        match (id, entry.text(SHOWN)) {
+            (Some(id), _) if decided => self.settle(id.to_string()).await?,
+            (Some(id), Some(surface)) => {
+                let bit = self.surface_bit(surface);
+                self.mem.parked.shown(id, bit);
+            }
+            (Some(id), None) => self.mem.parked.announce(id),
+            (None, _) => {}
+        }
+        if decided {
+            return self.ack(&key, &entry.id).await;
+        }
+        self.mem.acks.push((key, entry.id.clone(), String::new()));
+        self.mem.acks_since.get_or_insert_with(Instant::now);
         Ok(())
     }
 

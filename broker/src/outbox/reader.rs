@@ -380,14 +380,7 @@ impl<S: Sender> OutboxService<S> {
             return self.poison(src, &entry, deliveries, None).await;
         }
         match class {
-            Class::Decision => {
-                if let Some(id) = entry.text(crate::fields::decisions::APPROVAL_ID) {
-                    if self.mem.parked.contains(id) {
-                        self.settle(id.to_string()).await?;
-                    }
-                }
-                return self.ack(&source.key, &entry.id).await;
-            }
+            Class::Decision => return self.woken(src, &entry).await,
             Class::Outcome => return self.handle_outcome(src, &entry, true).await,
             Class::Digest => return self.handle_digest(src, &entry, retry).await,
             Class::Notification => return self.handle_notification(src, &entry, deliveries).await,

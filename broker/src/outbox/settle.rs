@@ -61,7 +61,9 @@ impl<S: Sender> OutboxService<S> {
             // Only a later one this bridge sealed: a record writer without
             // the key cannot keep an entry parked past the deadline tracked.
             if tracked != 0 && moved > tracked && self.deadline_sealed(&record) {
-                self.mem.parked.track(id, src, entry_id.clone(), moved);
+                self.mem
+                    .parked
+                    .track(id, src, entry_id.clone(), moved, parked::RECHECK);
                 // A reminder the old deadline came before may fit now.
                 self.arm_reminder(&record);
                 self.arm_escalation(&record);

@@ -44,6 +44,8 @@ pub(super) struct Shown {
     digest: String,
     /// The requesting bridge, whose audit trail records the card.
     requester: String,
+    /// Its worker, woken to say the card is shown (so it need not read).
+    worker: String,
     /// The send's gate: its in-flight mark (and one taken over) goes once the
     /// card is recorded and its entry acked.
     gate: Gate,
@@ -141,7 +143,7 @@ impl<S: Sender> OutboxService<S> {
             })
             .collect();
         let retention = self.config.audit.retention_days;
-        Approvals::on(&mut self.store)
+        let kept = Approvals::on(&mut self.store)
             .record_shown(&self.name, &cards, |pipe| {
                 for (stream, ids) in &by_stream {
                     pipe.xack(*stream, group, ids).ignore();
@@ -152,6 +154,22 @@ impl<S: Sender> OutboxService<S> {
                 }
             })
             .await?;
+        // Once noted (on a cluster the notes and a wake-up may go to different
+        // nodes, so not in the same pipeline), and only for the cards noted:
+        // the requester stops watching for these without reading them. A
+        // lost hint costs the requester a read at its next sweep, nothing more.
+        let mut wakes = redis::pipe();
+        for (s, _) in shown.iter().zip(&kept).filter(|(_, k)| **k) {
+            let what = approval::Wake::Shown(&self.name);
+            let wake = approval::wake_cmd(&s.requester, &s.worker, &s.approval_id, what);
+            wakes.add_command(wake).ignore();
+        }
+        if kept.iter().any(|k| *k) {
+            let woken: redis::RedisResult<()> = wakes.query_async(&mut self.store.conn).await;
+            if let Err(e) = woken {
+                tracing::warn!(error = %e, "the requesters were not told their cards are shown; their sweeps read them");
+            }
+        }
         // Recorded and acked: a restart no longer shows them again.
         let marks: Vec<&str> = shown.iter().map(|s| s.key.as_str()).collect();
         self.clear_in_flight(&marks).await?;
@@ -262,6 +280,7 @@ impl<S: Sender> OutboxService<S> {
                     external_id,
                     digest: record.message_sha256.clone(),
                     requester: record.source().to_string(),
+                    worker: record.worker.clone(),
                     gate,
                     key: key.clone(),
                 });

@@ -240,10 +240,12 @@ async fn killed_worker_taken_over(d: Deployment) {
     })
     .await;
     let woke: Vec<_> = stream(&mut store, &keys::decisions_for("mail", "b")).await;
+    // Each decision is announced before it is made, then told.
+    let decided = woke.iter().filter(|w| w.contains_key("status")).count();
     assert_eq!(
-        woke.len(),
-        6,
-        "every decision went to worker b's wake-up stream"
+        (decided, woke.len()),
+        (6, 12),
+        "every decision (and its announcement) went to worker b's wake-up stream"
     );
 
     // Let any duplicate surface before counting.
