@@ -911,6 +911,32 @@ pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
     }
 }
 
+/// Approves approval `id` of bridge `bridge` as the DECIDE script would
+/// (`cli:op`, sealed with the bridge's key), without waking its requester:
+/// what a decider that died between deciding and waking leaves behind.
+pub async fn approve_unannounced(store: &mut Store, bridge: &str, id: &str) {
+    let key = broker::keys::approval(id);
+    let digest = hash(store, &key).await["message_sha256"].clone();
+    let seal = broker::approval::IdKey::existing(store, bridge)
+        .await
+        .expect("the id key")
+        .expect("the bridge has an id key")
+        .seal_decision(id, &digest);
+    let _: () = redis::cmd("HSET")
+        .arg(&key)
+        .arg("decision_seal")
+        .arg(&seal)
+        .arg("status")
+        .arg("approved")
+        .arg("approver")
+        .arg("cli:op")
+        .arg("decided_at")
+        .arg(broker::now_secs())
+        .query_async(&mut store.conn)
+        .await
+        .expect("HSET the decision");
+}
+
 /// All fields of a hash.
 pub async fn hash(store: &mut Store, key: &str) -> std::collections::HashMap<String, String> {
     store.conn.hgetall(key).await.expect("HGETALL")

@@ -420,12 +420,13 @@ impl<S: Sender> OutboxService<S> {
             .await?;
             return Ok(Err(reason));
         }
-        let text = |name: &str| entry.text(name).map(str::to_string);
+        let asked = entry.text(crate::fields::outbox::APPROVAL_CONTENT);
+        let card = approval::frame::card_text(&record, entry.text("content"), asked);
         let message = Message {
             channel_id: channel,
-            content: text("content").unwrap_or_default(),
+            content: card.unwrap_or_default(),
             approval_id: Some(id.to_string()),
-            approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
+            approval_content: asked.map(str::to_string),
             ..Message::default()
         };
         Ok(Ok((record, message)))

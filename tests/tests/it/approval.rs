@@ -26,6 +26,38 @@ pub(crate) async fn agent_sends(d: &Deployment, content: &str, request_id: &str)
         .unwrap()
 }
 
+/// A notification holds what approvers are asked about once, and no frame:
+/// the notify side draws the frame from the record when it shows the card,
+/// every content line marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_holds_the_message_once_and_is_framed_when_shown() {
+    let d = Deployment::new(&approval_config(3600));
+    let _services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "line one\nline two", "r").await;
+    let card = wait_until("the card", SOON, || async {
+        d.delivered("desk.out").into_iter().next()
+    })
+    .await;
+    let mut store = d.store().await;
+    let written = stream(&mut store, "desk:outbox").await;
+    let mut names: Vec<&str> = written[0].keys().map(String::as_str).collect();
+    names.sort();
+    assert_eq!(names, ["approval_content", "approval_id", "channel_id"]);
+    assert_eq!(written[0]["approval_content"], "line one\nline two");
+    let id = card.approval_id.clone().unwrap();
+    assert!(
+        card.content
+            .starts_with(&format!("Approval requested [{id}]\n")),
+        "{}",
+        card.content
+    );
+    assert!(
+        card.content.contains("\n| line one\n| line two\n"),
+        "{}",
+        card.content
+    );
+}
+
 /// Waits for the n-th notification on desk's output and returns (approval id, external id).
 pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
     let (id, external) = notification_written(d, n).await;
@@ -838,26 +870,8 @@ async fn announced_decision(read_between: bool) {
         time.advance(timing.sweep_every + Duration::from_secs(1))
             .await;
     }
-    // Decided as the DECIDE script would (sealed with mail's key), and no
-    // wake-up after it.
-    let seal = approval::IdKey::existing(&mut store, "mail")
-        .await
-        .unwrap()
-        .unwrap()
-        .seal_decision(&id, &record["message_sha256"]);
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("decision_seal")
-        .arg(&seal)
-        .arg("status")
-        .arg("approved")
-        .arg("approver")
-        .arg("cli:op")
-        .arg("decided_at")
-        .arg(broker::now_secs())
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    // No wake-up after it.
+    harness::approve_unannounced(&mut store, "mail", &id).await;
     if !read_between {
         time.advance(timing.sweep_every / 2).await;
         assert!(

@@ -91,6 +91,13 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     let random = uuid::Uuid::new_v4().to_string();
     let mut plus_one = genuine.fields.clone();
     plus_one.push(("subject".into(), b"x".to_vec()));
+    // A frame of its own beside the genuine fields, as an earlier version's
+    // notification carried one (shown as written where it is bound).
+    let mut framed = genuine.fields.clone();
+    framed.push((
+        "content".into(),
+        b"Approval requested: Lunch at noon?".to_vec(),
+    ));
     let forgeries = [
         fields(&[
             ("approval_id", random.clone()),
@@ -105,6 +112,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         ]),
         genuine.fields.clone(),
         plus_one,
+        framed,
     ];
     for f in &forgeries {
         xadd(&mut store, "desk:outbox", f).await;
@@ -115,6 +123,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert!(reasons[1].contains("digest differs"), "{reasons:?}");
     assert!(reasons[2].contains("already notified"), "{reasons:?}");
     assert!(reasons[3].contains("digest differs"), "{reasons:?}");
+    assert!(reasons[4].contains("digest differs"), "{reasons:?}");
     assert_eq!(d.delivered("desk.out").len(), 1, "only the genuine card");
     assert_eq!(
         hash(&mut store, &keys::approval_map("desk")).await,

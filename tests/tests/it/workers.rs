@@ -827,27 +827,7 @@ async fn answering_again_wakes_the_requester_of_a_decided_approval() {
     .await
     .approval_id
     .unwrap();
-    // Decided as the DECIDE script would (sealed with mail's key), and no
-    // wake-up written.
-    let digest = harness::hash(&mut store, &keys::approval(&id)).await["message_sha256"].clone();
-    let seal = broker::approval::IdKey::existing(&mut store, "mail")
-        .await
-        .unwrap()
-        .unwrap()
-        .seal_decision(&id, &digest);
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("decision_seal")
-        .arg(&seal)
-        .arg("status")
-        .arg("approved")
-        .arg("approver")
-        .arg("cli:op")
-        .arg("decided_at")
-        .arg(broker::now_secs())
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    harness::approve_unannounced(&mut store, "mail", &id).await;
     let out = d.cowboy(&["approvals", "approve", &id, "--as", "op"]);
     assert!(!out.status.success(), "a second answer is late: {out:?}");
     // Well before the 30 s sweep.
