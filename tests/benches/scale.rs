@@ -12,7 +12,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use broker::Store;
-use harness::{binary, commands_processed, entries_read, pending, Deployment};
+use std::collections::BTreeMap;
+
+use harness::{binary, command_counts, entries_read, pending, Deployment};
 
 const CONFIG: &str = r#"
 [bridges.mail]
@@ -177,12 +179,29 @@ async fn react(d: &Deployment, store: &mut Store, id: &str) -> Duration {
     start.elapsed()
 }
 
-/// Idle Redis commands per second over `secs` (the measuring command excluded).
-async fn idle_rate(store: &mut Store, secs: u64) -> f64 {
-    let c0 = commands_processed(store).await;
+/// Idle Redis commands per second over `secs` (the measuring command
+/// excluded), and how many of each command.
+async fn idle_rate(store: &mut Store, secs: u64) -> (f64, BTreeMap<String, u64>) {
+    let c0 = command_counts(store).await;
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let c1 = commands_processed(store).await;
-    (c1 - c0).saturating_sub(1) as f64 / secs as f64
+    let mut c1 = command_counts(store).await;
+    for (name, n) in &c0 {
+        if let Some(m) = c1.get_mut(name) {
+            *m -= n;
+        }
+    }
+    c1.retain(|_, n| *n > 0);
+    if let Some(info) = c1.get_mut("info") {
+        *info -= 1; // the measuring command
+    }
+    let total: u64 = c1.values().sum();
+    (total as f64 / secs as f64, c1)
+}
+
+/// `by_name` as `name n, …`.
+fn counts(by_name: &BTreeMap<String, u64>) -> String {
+    let each: Vec<String> = by_name.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    each.join(", ")
 }
 
 #[tokio::main]
@@ -231,7 +250,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         idle_at.push(idle_rate(&mut store, idle_secs).await);
     }
-    let [idle0, idle1k] = [idle_at[0], idle_at[1]];
+    let [(idle0, by_name0), (idle1k, _)] = [idle_at[0].clone(), idle_at[1].clone()];
 
     // K parked, on a Redis tuned as the NixOS module tunes its own.
     let d = Deployment::new(CONFIG);
@@ -357,12 +376,14 @@ async fn main() {
         percentile(&latencies, 0.99).as_secs_f64() * 1e3
     );
 
-    let idle_k = idle_rate(&mut store, idle_secs).await;
+    let (idle_k, by_name_k) = idle_rate(&mut store, idle_secs).await;
     println!(
-        "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle1k:.2} with 1,000: {:.2} x; {idle0:.2} with none: {:.1} x (target <= 1.1)",
+        "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle1k:.2} with 1,000: {:.2} x; {idle0:.2} with none: {:.2} x (target <= 1.1)",
         idle_k / idle1k.max(0.01),
         idle_k / idle0.max(0.01)
     );
+    println!("  with none: {}", counts(&by_name0));
+    println!("  with {k}: {}", counts(&by_name_k));
 
     // Restart: a new process, timed to READY=1 (recovered, blocked in its
     // read); a decision made at once on the newest parked entry (the last one

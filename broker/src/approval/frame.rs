@@ -186,45 +186,28 @@ pub fn render_notification(
 }
 
 /// The notification entry for a parked record, in the order it is written: the
-/// approval id, the destination from the record and the exact content approvers
-/// are asked about. Not the frame: every surface frames the content from the
-/// record when it shows the card (plain text: [`card_text`]; the others lay out
-/// their own), so the streams do not hold the message a third time.
-/// Deterministic, so a resumed park writes the same entry. `channel`: where the
-/// card goes on its surface (each card's own).
+/// approval id, the destination from the record, the plain-text frame (for
+/// platforms that show text as is) and the exact content (for those that lay out
+/// their own card). Deterministic, so a resumed park writes the same entry.
+/// `channel`: where the card goes on its surface (each card's own).
 pub fn notification_fields(
     record: &Record,
     channel: &str,
     content: &str,
 ) -> Vec<(&'static str, Vec<u8>)> {
+    let frame = render_notification(record, content, REACT_HINT, None);
     vec![
         (
             crate::fields::outbox::APPROVAL_ID,
             record.id.clone().into_bytes(),
         ),
         ("channel_id", channel.as_bytes().to_vec()),
+        ("content", frame.into_bytes()),
         (
             crate::fields::outbox::APPROVAL_CONTENT,
             content.as_bytes().to_vec(),
         ),
     ]
-}
-
-/// The plain-text card of a notification for `record`, from the entry's
-/// `content` and `approval_content`: the frame around the content approvers
-/// are asked about, drawn from the record when the card is shown. A
-/// notification written by an earlier version carries its frame as `content`,
-/// shown as written (its digest in the record binds it).
-pub fn card_text(
-    record: &Record,
-    content: Option<&str>,
-    approval_content: Option<&str>,
-) -> Option<String> {
-    match (content, approval_content) {
-        (Some(frame), _) => Some(frame.to_string()),
-        (None, Some(asked)) => Some(render_notification(record, asked, REACT_HINT, None)),
-        (None, None) => None,
-    }
 }
 
 pub fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {

@@ -804,12 +804,8 @@ pub async fn shown_card(
         let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
         let ours = entry
             .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str()));
-        let card = ours.and_then(|e| {
-            let asked = e.text(crate::fields::outbox::APPROVAL_CONTENT);
-            frame::card_text(record, e.text("content"), asked)
-        });
-        if card.is_some() {
-            return Ok(card);
+        if let Some(content) = ours.and_then(|e| e.text("content").map(str::to_string)) {
+            return Ok(Some(content));
         }
     }
     Ok(None)

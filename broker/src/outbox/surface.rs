@@ -420,13 +420,12 @@ impl<S: Sender> OutboxService<S> {
             .await?;
             return Ok(Err(reason));
         }
-        let asked = entry.text(crate::fields::outbox::APPROVAL_CONTENT);
-        let card = approval::frame::card_text(&record, entry.text("content"), asked);
+        let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,
-            content: card.unwrap_or_default(),
+            content: text("content").unwrap_or_default(),
             approval_id: Some(id.to_string()),
-            approval_content: asked.map(str::to_string),
+            approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
             ..Message::default()
         };
         Ok(Ok((record, message)))

@@ -26,38 +26,6 @@ pub(crate) async fn agent_sends(d: &Deployment, content: &str, request_id: &str)
         .unwrap()
 }
 
-/// A notification holds what approvers are asked about once, and no frame:
-/// the notify side draws the frame from the record when it shows the card,
-/// every content line marked.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_notification_holds_the_message_once_and_is_framed_when_shown() {
-    let d = Deployment::new(&approval_config(3600));
-    let _services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
-    agent_sends(&d, "line one\nline two", "r").await;
-    let card = wait_until("the card", SOON, || async {
-        d.delivered("desk.out").into_iter().next()
-    })
-    .await;
-    let mut store = d.store().await;
-    let written = stream(&mut store, "desk:outbox").await;
-    let mut names: Vec<&str> = written[0].keys().map(String::as_str).collect();
-    names.sort();
-    assert_eq!(names, ["approval_content", "approval_id", "channel_id"]);
-    assert_eq!(written[0]["approval_content"], "line one\nline two");
-    let id = card.approval_id.clone().unwrap();
-    assert!(
-        card.content
-            .starts_with(&format!("Approval requested [{id}]\n")),
-        "{}",
-        card.content
-    );
-    assert!(
-        card.content.contains("\n| line one\n| line two\n"),
-        "{}",
-        card.content
-    );
-}
-
 /// Waits for the n-th notification on desk's output and returns (approval id, external id).
 pub(crate) async fn notification(d: &Deployment, n: usize) -> (String, String) {
     let (id, external) = notification_written(d, n).await;

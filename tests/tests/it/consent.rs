@@ -91,8 +91,8 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     let random = uuid::Uuid::new_v4().to_string();
     let mut plus_one = genuine.fields.clone();
     plus_one.push(("subject".into(), b"x".to_vec()));
-    // A frame of its own beside the genuine fields, as an earlier version's
-    // notification carried one (shown as written where it is bound).
+    // A frame of its own after the genuine fields (a reader that took the
+    // last `content` would show it).
     let mut framed = genuine.fields.clone();
     framed.push((
         "content".into(),
