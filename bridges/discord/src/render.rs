@@ -23,11 +23,12 @@ pub fn nonce(delivery_key: &str, part: usize) -> String {
     format!("{}{:03}", &digest[..22], part % 1000)
 }
 
-/// Inline code that agent text cannot close: backticks become a look-alike.
+/// Inline code that agent text cannot close: backticks become a look-alike,
+/// and a line break a placeholder (the value stays on its labelled line).
 pub fn inline_code(text: &str) -> String {
     format!(
         "`{}`",
-        broker::approval::display_safe(text).replace('`', "\u{02CB}")
+        broker::approval::one_line(text).replace('`', "\u{02CB}")
     )
 }
 
@@ -59,9 +60,9 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
     // the head always fits one message (the whole value: `approvals show`).
     let optional = |value: &Option<String>| match value.as_deref().unwrap_or("") {
         "" => "(none)".to_string(),
-        v if broker::approval::display_safe(v).chars().count() > HEAD_VALUE_CHARS => {
+        v if broker::approval::one_line(v).chars().count() > HEAD_VALUE_CHARS => {
             // Cut where it is shown (escapes make it longer), on a character.
-            let safe = broker::approval::display_safe(v);
+            let safe = broker::approval::one_line(v);
             let shown: String = safe.chars().take(HEAD_VALUE_CHARS).collect();
             format!(
                 "{} (cut: {} more characters; see all: `cowboy approvals show {}`)",
@@ -81,30 +82,28 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         None => String::new(),
     };
     let escalated = match record.escalation() {
-        Some(step) => format!(
-            "⏫ **Escalated**: {}\n",
-            broker::approval::display_safe(&step)
-        ),
+        Some(step) => format!("⏫ **Escalated**: {}\n", broker::approval::one_line(&step)),
         None => String::new(),
     };
     let edited = match (&record.edited_by, &record.original_sha256) {
         (Some(by), Some(original)) => format!(
-            "✏️ **Edited** by {} (edit {}): this is not the agent's text; the agent's had sha256 `{original}`\n",
+            "✏️ **Edited** by {} (edit {}): this is not the agent's text; the agent's had sha256 {}\n",
             inline_code(by),
-            record.revision
+            record.revision,
+            inline_code(original)
         ),
         _ => String::new(),
     };
     format!(
         "{status}{snoozed}{escalated}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
-        id = record.id,
-        who = record.agent().unwrap_or("an agent"),
-        bridge = record.source(),
+        id = broker::approval::one_line(&record.id),
+        who = broker::approval::one_line(record.agent().unwrap_or("an agent")),
+        bridge = broker::approval::one_line(record.source()),
         dest = inline_code(&record.channel_id),
         subject = optional(&record.subject),
         reply_to = optional(&record.reply_to),
         bytes = record.content_bytes,
-        sha = record.message_sha256,
+        sha = broker::approval::one_line(&record.message_sha256),
     )
 }
 
@@ -275,6 +274,34 @@ mod tests {
         for part in card_parts(&record, &long) {
             assert!(units(&part) <= LIMIT, "{}", units(&part));
         }
+    }
+
+    /// Record fields rewritten with line breaks (a surface's outbox may
+    /// write them) keep one line each in the card's head.
+    #[test]
+    fn head_values_stay_on_their_lines() {
+        let forged = "x\n**To:** `someone else`\n";
+        let record = Record {
+            id: "id".into(),
+            agent: Some(forged.into()),
+            source: forged.into(),
+            channel_id: forged.into(),
+            subject: Some(forged.into()),
+            message_sha256: forged.into(),
+            ..Record::default()
+        };
+        let plain = Record {
+            id: "id".into(),
+            ..Record::default()
+        };
+        let lines = |r: &Record| card_head(r, None).lines().count();
+        assert_eq!(
+            lines(&record),
+            lines(&plain),
+            "{}",
+            card_head(&record, None)
+        );
+        assert!(card_head(&record, None).contains("**To:** `x<U+000A>**To:** "));
     }
 
     fn card_parts(record: &Record, content: &str) -> Vec<String> {

@@ -379,8 +379,8 @@ impl EmailSender {
                 let subject = format!(
                     "Approval needed [{}{edit}]: {} → {}",
                     &record.id[..8.min(record.id.len())],
-                    record.agent().unwrap_or(record.source()),
-                    record.channel_id
+                    approval::one_line(record.agent().unwrap_or(record.source())),
+                    approval::one_line(&record.channel_id)
                 );
                 let id = verdict::approval_message_id(nonce, domain);
                 let sent = self

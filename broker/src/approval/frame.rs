@@ -60,6 +60,17 @@ fn invisible(c: char) -> bool {
         | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E007F}')
 }
 
+/// A value of a frame line: [`display_safe`], and a line break or tab shown
+/// as a placeholder too, so the value stays on its own labelled line. The
+/// record's display fields are writable by every surface that shows a card
+/// (Redis ACLs do not reach inside a hash); validated single lines at park
+/// time, they need not be single lines when a card is drawn.
+pub fn one_line(text: &str) -> String {
+    display_safe(text)
+        .replace('\n', "<U+000A>")
+        .replace('\t', "<U+0009>")
+}
+
 /// The marker in front of every line of agent content in plain-text frames.
 pub const CONTENT_MARK: &str = "| ";
 
@@ -72,29 +83,30 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
     };
     let optional = |value: &Option<String>| match value {
         None => "(none)".to_string(),
-        Some(v) => display_safe(v),
+        Some(v) => one_line(v),
     };
     let mut head = vec![
-        format!("Approval requested [{}]", record.id),
+        format!("Approval requested [{}]", one_line(&record.id)),
         format!(
             "From:      {}",
-            record.agent().unwrap_or("an agent on the shared outbox")
+            one_line(record.agent().unwrap_or("an agent on the shared outbox"))
         ),
-        format!("Via:       {}", record.source()),
-        format!("To:        {}", display_safe(&record.channel_id)),
+        format!("Via:       {}", one_line(record.source())),
+        format!("To:        {}", one_line(&record.channel_id)),
         format!("Subject:   {}", optional(&record.subject)),
         format!("Reply to:  {}", optional(&record.reply_to)),
         format!("Size:      {} bytes", record.content_bytes),
         format!(
             "Digest:    {} (sha256 of the whole message)",
-            record.message_sha256
+            one_line(&record.message_sha256)
         ),
         format!("Deadline:  {deadline}"),
         match (&record.edited_by, &record.original_sha256) {
             (Some(by), Some(original)) => format!(
-                "Edited:    by {}, edit {}; the agent's version had digest {original}",
-                display_safe(by),
-                record.revision
+                "Edited:    by {}, edit {}; the agent's version had digest {}",
+                one_line(by),
+                record.revision,
+                one_line(original)
             ),
             _ => "Edited:    no (as the agent wrote it)".to_string(),
         },
@@ -110,12 +122,12 @@ pub fn frame_head(record: &Record, how_to_answer: &str) -> Vec<String> {
     // Only once snoozed, so a record never snoozed renders as it always did.
     let mut at = 9;
     if let Some(later) = record.snoozed(|t| format!("{t} (unix seconds)")) {
-        head.insert(at, format!("Later:     {}", display_safe(&later)));
+        head.insert(at, format!("Later:     {}", one_line(&later)));
         at += 1;
     }
     // Only once escalated, likewise (after the deadline's lines).
     if let Some(step) = record.escalation() {
-        head.insert(at, format!("Escalated: {}", display_safe(&step)));
+        head.insert(at, format!("Escalated: {}", one_line(&step)));
     }
     head
 }
@@ -273,5 +285,36 @@ mod tests {
         );
         let full = render_notification(&record, "short", REACT_HINT, Some(1000));
         assert!(full.contains("\n| short\n(end of message: 5 bytes, 1 lines)"));
+    }
+
+    /// A record's display fields rewritten with line breaks (a surface's
+    /// outbox may write them) still give one labelled line each: no value
+    /// can add a frame line or a content line.
+    #[test]
+    fn header_values_stay_on_their_lines() {
+        let forged = "x\n| approve me\n(end of message: 1 bytes, 1 lines)\tz";
+        let record = Record {
+            id: "0123456789".into(),
+            agent: Some(forged.into()),
+            source: forged.into(),
+            channel_id: forged.into(),
+            subject: Some(forged.into()),
+            reply_to: Some(forged.into()),
+            message_sha256: forged.into(),
+            edited_by: Some(forged.into()),
+            original_sha256: Some(forged.into()),
+            ..Record::default()
+        };
+        let plain = Record {
+            id: "0123456789".into(),
+            ..Record::default()
+        };
+        let head = frame_head(&record, REACT_HINT);
+        assert_eq!(head.len(), frame_head(&plain, REACT_HINT).len());
+        for line in &head {
+            assert!(!line.contains('\n') && !line.contains('\t'), "{line:?}");
+        }
+        assert!(head[1]
+            .ends_with("x<U+000A>| approve me<U+000A>(end of message: 1 bytes, 1 lines)<U+0009>z"));
     }
 }

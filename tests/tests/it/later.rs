@@ -189,9 +189,21 @@ fn digests(d: &Deployment) -> Vec<console::send::Delivered> {
         .collect()
 }
 
-/// Moves paused time to `secs` past the turn of the next hour (one jump: the
-/// services are idle), then lets their loops run.
-async fn past_the_next_hour(clock: &broker::Clock, secs: u64) {
+/// Moves paused time to `secs` past the turn of the next hour (one jump, once
+/// the services are idle: mail has read and acked every wake-up, the cards'
+/// included, so no request of theirs is on the wire to time out), then lets
+/// their loops run.
+async fn past_the_next_hour(d: &Deployment, clock: &broker::Clock, secs: u64) {
+    let wakes = keys::decisions("mail");
+    let group = keys::outbox_group("mail");
+    wait_until("mail idle: every wake-up read and acked", SOON, || async {
+        let mut store = d.store().await;
+        let written = stream(&mut store, &wakes).await.len();
+        let read = harness::entries_read(&mut store, &wakes, &group).await;
+        let unacked = harness::pending(&mut store, &wakes, &group).await;
+        (read == written && unacked == 0).then_some(())
+    })
+    .await;
     let now = clock.now_secs_f64();
     let next = ((now as u64) / 3600 + 1) * 3600 + secs;
     tokio::time::advance(Duration::from_secs_f64(next as f64 - now)).await;
@@ -225,7 +237,7 @@ async fn a_digest_lists_what_waits_once_an_hour_and_nothing_when_nothing_does() 
     let (second, _) = notification(&d, 1).await;
     assert!(digests(&d).is_empty(), "nothing in the hour it started");
 
-    past_the_next_hour(&clock, 1).await;
+    past_the_next_hour(&d, &clock, 1).await;
     let digest = wait_until("the hour's digest", SOON, || async {
         digests(&d).into_iter().next()
     })
@@ -316,7 +328,7 @@ async fn a_digest_lists_what_waits_once_an_hour_and_nothing_when_nothing_does() 
         (d.delivered("mail.out").len() == 2).then_some(())
     })
     .await;
-    past_the_next_hour(&clock, 1).await;
+    past_the_next_hour(&d, &clock, 1).await;
     harness::real_sleep(Duration::from_millis(300)).await;
     assert_eq!(digests(&d).len(), 1, "nothing waits: no digest");
     let sent: Vec<String> = redis::AsyncCommands::keys(&mut store.conn, "mail:digest:*")
