@@ -190,10 +190,10 @@ async fn idle_rate(store: &mut Store, secs: u64) -> (f64, BTreeMap<String, u64>)
             *m -= n;
         }
     }
-    c1.retain(|_, n| *n > 0);
     if let Some(info) = c1.get_mut("info") {
         *info -= 1; // the measuring command
     }
+    c1.retain(|_, n| *n > 0);
     let total: u64 = c1.values().sum();
     (total as f64 / secs as f64, c1)
 }

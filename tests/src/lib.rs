@@ -913,7 +913,8 @@ pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
 
 /// Approves approval `id` of bridge `bridge` as the DECIDE script would
 /// (`cli:op`, sealed with the bridge's key), without waking its requester:
-/// what a decider that died between deciding and waking leaves behind.
+/// with an announcement before it, what a decider that died between
+/// deciding and waking leaves behind.
 pub async fn approve_unannounced(store: &mut Store, bridge: &str, id: &str) {
     let key = broker::keys::approval(id);
     let digest = hash(store, &key).await["message_sha256"].clone();

@@ -95,15 +95,15 @@ pub fn card_head(record: &Record, status: Option<&str>) -> String {
         _ => String::new(),
     };
     format!(
-        "{status}{snoozed}{escalated}{edited}**Approval requested** `{id}`\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 `{sha}` · {deadline}\n",
-        id = broker::approval::one_line(&record.id),
+        "{status}{snoozed}{escalated}{edited}**Approval requested** {id}\n**{who}** wants to send via **{bridge}**\n**To:** {dest}\n**Subject:** {subject}\n**Reply to:** {reply_to}\n{bytes} bytes · sha256 {sha} · {deadline}\n",
+        id = inline_code(&record.id),
         who = broker::approval::one_line(record.agent().unwrap_or("an agent")),
         bridge = broker::approval::one_line(record.source()),
         dest = inline_code(&record.channel_id),
         subject = optional(&record.subject),
         reply_to = optional(&record.reply_to),
         bytes = record.content_bytes,
-        sha = broker::approval::one_line(&record.message_sha256),
+        sha = inline_code(&record.message_sha256),
     )
 }
 
@@ -141,10 +141,10 @@ pub fn reminder(record: &Record) -> String {
         t => format!(" It expires <t:{t}:R>."),
     };
     format!(
-        "⏰ **Still waiting for a decision:** approval `{}` from **{}** via **{}**, asked <t:{}:R>.{deadline} Answer on the card above.",
-        record.id,
-        record.agent().unwrap_or("an agent"),
-        record.source(),
+        "⏰ **Still waiting for a decision:** approval {} from **{}** via **{}**, asked <t:{}:R>.{deadline} Answer on the card above.",
+        inline_code(&record.id),
+        broker::approval::one_line(record.agent().unwrap_or("an agent")),
+        broker::approval::one_line(record.source()),
         record.created_at
     )
 }

@@ -13,7 +13,7 @@
 //! - Each button carries the digest of the version the card shows; a press
 //!   is answered for that version only.
 
-use broker::approval::{display_safe, frame_head, Record, Verdict};
+use broker::approval::{display_safe, frame_head, one_line, Record, Verdict};
 use serde_json::{json, Value};
 
 /// The most characters of agent content in one delivered message.
@@ -213,7 +213,7 @@ fn context_line(record: &Record) -> Value {
     let mut context = vec![format!(
         "{} bytes · sha256 `{}` · {}",
         record.content_bytes,
-        record.message_sha256,
+        escape(&one_line(&record.message_sha256)).replace('`', "\u{02CB}"),
         deadline(record)
     )];
     if let Some(p) = record.progress() {
@@ -268,9 +268,9 @@ pub fn reminder(record: &Record) -> String {
     };
     format!(
         "⏰ Still waiting for a decision: approval {} from {} via {}.{deadline} Answer on the card above.",
-        record.id,
-        record.agent().unwrap_or("an agent"),
-        record.source(),
+        one_line(&record.id),
+        one_line(record.agent().unwrap_or("an agent")),
+        one_line(record.source()),
     )
 }
 
@@ -278,8 +278,8 @@ pub fn reminder(record: &Record) -> String {
 pub fn card_fallback(record: &Record) -> String {
     format!(
         "Approval requested: {} wants to send via {}",
-        escape(record.agent().unwrap_or("an agent")),
-        escape(record.source())
+        escape(&one_line(record.agent().unwrap_or("an agent"))),
+        escape(&one_line(record.source()))
     )
 }
 

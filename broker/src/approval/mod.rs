@@ -723,10 +723,11 @@ async fn apply(
     }
     if let Some(status) = woken {
         // Wake the requesting worker (the one the record names, read in the same
-        // step as the decision). If this is lost (the decider died in between, or
-        // the cap trimmed it unread), answering again through the CLI wakes it
-        // again, a restart re-reads every record, and the sweep's round robin
-        // reaches it.
+        // step as the decision). If this is lost (the decider died in between),
+        // the announcement above has the requester's next sweep read the record;
+        // if the cap trimmed both unread, answering again through the CLI wakes
+        // it again, a restart re-reads every record, and the blind slice
+        // reaches it in the end.
         wake(store, record.source(), &d.worker, id, Wake::Decided(status)).await?;
     }
     // Told to the human only once a failover cannot lose it (after its audit
@@ -743,7 +744,7 @@ pub enum Wake<'a> {
     /// This surface showed its card: no longer watched for it.
     Shown(&'a str),
     /// About to change (a decision or an edit under way): the record is
-    /// read again at the next sweep, whatever the change turns out to be.
+    /// read again at the next two sweeps, whatever the change turns out to be.
     Changed,
 }
 

@@ -39,8 +39,9 @@ pub(super) struct Parked {
     watch: u16,
 }
 
-/// A watch bit: something changed that only a read of the record tells
-/// (a card a read found unshown, a surface past the first fourteen).
+/// A watch bit: something changed that only a read of the record tells (a
+/// card a read found unshown, a moved deadline, the second read an
+/// announcement asks for, a surface past the first fourteen).
 pub(super) const RECHECK: u16 = 1 << 15;
 
 /// A watch bit: a decider or an editor announced a change it was about to
@@ -257,6 +258,11 @@ impl ParkedIndex {
     #[cfg(test)]
     pub fn watching(&self) -> usize {
         self.watching
+    }
+
+    /// Nothing to watch for any more (the record was read decided).
+    pub fn unwatch(&mut self, id: &str) {
+        self.rewatch(id, |_| 0);
     }
 
     /// Decided: its deadline no longer wakes the loop, nor does a card
@@ -548,9 +554,11 @@ mod tests {
         p.read_back("id1", true);
         assert!(p.watched_slice(64).is_empty());
         assert_eq!(surface_bit(20), RECHECK);
-        p.shown("id3", RECHECK);
-        p.decided("id0");
-        assert_eq!(p.watching(), 0, "a shown card never ends a read due");
+        p.track("id3".into(), src, "1-3".into(), 0, desk | RECHECK);
+        p.shown("id3", desk | RECHECK);
+        assert_eq!(p.watching(), 1, "a shown card never ends a read due");
+        p.decided("id3");
+        assert_eq!(p.watching(), 0, "a decision ends every watch");
     }
 
     /// An announced change is read twice, a sweep apart, whatever the first

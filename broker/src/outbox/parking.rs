@@ -12,10 +12,11 @@
 //!   by an agent.
 //! - A parked entry that vanished from its stream (trimmed or deleted) is settled
 //!   as failed, at start-up and in the sweep: notice, record closed, card updated.
-//! - The sweep (every 30 s) re-reads a slice of the parked records, round robin
-//!   (one pipelined round trip), to catch a decision whose wake-up was lost, and
-//!   the head of each stream to find parked entries trimmed away; its cost does
-//!   not grow with the number parked.
+//! - The sweep (every 30 s) re-reads the parked records that may have changed
+//!   unseen (watched, see [`super::parked`]) and a blind slice of two, in one
+//!   pipelined round trip, to catch a decision whose wake-up was lost or a card
+//!   lost unshown, and the head of each stream to find parked entries trimmed
+//!   away; with every card shown its cost does not grow with the number parked.
 
 use super::*;
 use crate::approval::Card;
@@ -686,6 +687,8 @@ impl<S: Sender> OutboxService<S> {
         let mut unclaimed = Vec::new();
         for (id, state) in ids.into_iter().zip(states) {
             if state.status != Some(Status::Pending) {
+                // Decided: nothing to watch for (its send may wait a while).
+                self.mem.parked.unwatch(&id);
                 self.settle(id).await?;
                 continue;
             }
@@ -741,7 +744,7 @@ impl<S: Sender> OutboxService<S> {
 
     /// A wake-up on this worker's decisions stream ([`approval::Wake`]): a
     /// decision settles its entry at once; a card shown ends its surface's
-    /// watch, unread; an announced change is read at the next sweep. The
+    /// watch, unread; an announced change is read at the next two sweeps. The
     /// two without a read are acked with the next batch of acks. A forged
     /// `shown` can only spare a card a repair, never decide anything: the
     /// blind slice still reaches it.
