@@ -29,6 +29,7 @@ pub const NOTIFICATION_FIELDS: &[&str] = &[
     "channel_id",
     "content",
     crate::fields::outbox::APPROVAL_CONTENT,
+    crate::fields::outbox::APPROVAL_FRAME,
 ];
 
 /// Largest accepted `subject`, in bytes (one RFC 5322 header line).

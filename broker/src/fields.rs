@@ -12,6 +12,11 @@ pub mod outbox {
     pub const APPROVAL_ID: &str = "approval_id";
     /// On a card: the agent's message as approvers see it, framed.
     pub const APPROVAL_CONTENT: &str = "approval_content";
+    /// On a card: the record's values its frame shows, as the requesting
+    /// service wrote them (a JSON object of record fields, see
+    /// `approval::frame_values`). The frame is drawn from these, never from
+    /// the record, which every surface of the approval can write.
+    pub const APPROVAL_FRAME: &str = "approval_frame";
     /// On an outcome entry: how the approval ended (`approved`, `rejected`,
     /// `expired`, `failed`, `uncertain`, `superseded`, ...).
     pub const APPROVAL_OUTCOME: &str = "approval_outcome";

@@ -197,24 +197,85 @@ pub fn render_notification(
     out
 }
 
+/// The record fields [`frame_head`] shows (with the id, which the
+/// notification carries as `approval_id`).
+const FRAME_FIELDS: &[&str] = {
+    use super::record::field::*;
+    &[
+        AGENT,
+        SOURCE,
+        CHANNEL_ID,
+        SUBJECT,
+        REPLY_TO,
+        CONTENT_BYTES,
+        MESSAGE_SHA256,
+        EXPIRES_AT,
+        NOTIFY,
+        EDITED_BY,
+        ORIGINAL_SHA256,
+        REVISION,
+        QUORUM,
+        SNOOZES,
+        SNOOZED_BY,
+        SNOOZED_UNTIL,
+        ESCALATED,
+        ALSO,
+    ]
+};
+
+/// The values of `record` its frame shows, as a JSON object of record
+/// fields (absent ones left out, in [`FRAME_FIELDS`] order, so the same
+/// record always gives the same text and a resumed park the same digest).
+pub fn frame_values(record: &Record) -> String {
+    let pairs: std::collections::HashMap<String, String> = record.to_pairs().into_iter().collect();
+    let mut values = serde_json::Map::new();
+    for name in FRAME_FIELDS {
+        if let Some(v) = pairs.get(*name) {
+            values.insert(name.to_string(), serde_json::Value::String(v.clone()));
+        }
+    }
+    serde_json::Value::Object(values).to_string()
+}
+
+/// The plain-text card of a notification entry (`get` reads its fields):
+/// drawn from its own `approval_frame` and `approval_content`, which its
+/// digest binds; an entry written before notifications carried their values
+/// (its frame as text in `content`) is shown as written. `None` when the
+/// values do not parse.
+pub fn notification_text<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
+    use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
+    let Some(values) = get(APPROVAL_FRAME) else {
+        return get("content").map(str::to_string);
+    };
+    let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
+    let record = Record::from_map(get(APPROVAL_ID)?, values);
+    let content = get(APPROVAL_CONTENT)?;
+    Some(render_notification(&record, content, REACT_HINT, None))
+}
+
 /// The notification entry for a parked record, in the order it is written: the
-/// approval id, the destination from the record, the plain-text frame (for
-/// platforms that show text as is) and the exact content (for those that lay out
-/// their own card). Deterministic, so a resumed park writes the same entry.
-/// `channel`: where the card goes on its surface (each card's own).
+/// approval id, the card's destination, the record's values its frame shows
+/// (the plain-text frame, for platforms that show text as is, is drawn from
+/// them: [`notification_text`]) and the exact content (for those that lay
+/// out their own card). Deterministic, so a resumed park writes the same
+/// entry. `channel`: where the card goes on its surface (each card's own).
+/// The frame is not written as text: it would hold the content a second
+/// time and a dozen lines of labels, most of a notification's size.
 pub fn notification_fields(
     record: &Record,
     channel: &str,
     content: &str,
 ) -> Vec<(&'static str, Vec<u8>)> {
-    let frame = render_notification(record, content, REACT_HINT, None);
     vec![
         (
             crate::fields::outbox::APPROVAL_ID,
             record.id.clone().into_bytes(),
         ),
         ("channel_id", channel.as_bytes().to_vec()),
-        ("content", frame.into_bytes()),
+        (
+            crate::fields::outbox::APPROVAL_FRAME,
+            frame_values(record).into_bytes(),
+        ),
         (
             crate::fields::outbox::APPROVAL_CONTENT,
             content.as_bytes().to_vec(),
@@ -285,6 +346,80 @@ mod tests {
         );
         let full = render_notification(&record, "short", REACT_HINT, Some(1000));
         assert!(full.contains("\n| short\n(end of message: 5 bytes, 1 lines)"));
+    }
+
+    /// A notification holds the record's values, not its frame as text, and
+    /// draws the very frame the record had when it was written, whatever
+    /// the record says later; one written with its frame as text is shown as
+    /// written.
+    #[test]
+    fn a_notification_draws_the_frame_it_was_written_with() {
+        use super::super::record::Card;
+        let record = Record {
+            id: "0123456789".into(),
+            agent: Some("ann".into()),
+            source: "mail".into(),
+            channel_id: "bob@example.org".into(),
+            subject: Some("Lunch".into()),
+            reply_to: Some("<m1@example.org>".into()),
+            content_bytes: 5,
+            message_sha256: "ab".repeat(32),
+            expires_at: 1_900_000_000,
+            notify: "desk".into(),
+            edited_by: Some("cli:op".into()),
+            original_sha256: Some("cd".repeat(32)),
+            revision: 2,
+            quorum: 2,
+            snoozes: 1,
+            snoozed_by: Some("console:boss".into()),
+            snoozed_until: Some(1_900_000_000),
+            escalated: 1,
+            also: vec![Card {
+                bridge: "hall".into(),
+                ..Card::default()
+            }],
+            ..Record::default()
+        };
+        let fields = notification_fields(&record, "ops", "hello");
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| std::str::from_utf8(v).unwrap())
+        };
+        let drawn = notification_text(get).unwrap();
+        assert_eq!(
+            drawn,
+            render_notification(&record, "hello", REACT_HINT, None)
+        );
+        for line in [
+            "Later:",
+            "Escalated: escalated 1 step: asked on desk, hall",
+            "Edited:    by cli:op, edit 2",
+        ] {
+            assert!(drawn.contains(line), "{line}: {drawn}");
+        }
+        assert!(!fields.iter().any(|(k, _)| *k == "content"));
+        let total: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
+        assert!(
+            total < drawn.len(),
+            "{total} bytes hold a {}-byte card",
+            drawn.len()
+        );
+        let old = |name: &str| match name {
+            "approval_id" => Some("0123456789"),
+            "content" => Some("Approval requested [0123456789] as written"),
+            _ => None,
+        };
+        assert_eq!(
+            notification_text(old).as_deref(),
+            Some("Approval requested [0123456789] as written")
+        );
+        let broken = |name: &str| match name {
+            "approval_frame" => Some("{"),
+            _ => get(name),
+        };
+        assert_eq!(notification_text(broken), None);
     }
 
     /// A record's display fields rewritten with line breaks (a surface's

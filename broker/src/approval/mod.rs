@@ -805,7 +805,7 @@ pub async fn shown_card(
         let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
         let ours = entry
             .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str()));
-        if let Some(content) = ours.and_then(|e| e.text("content").map(str::to_string)) {
+        if let Some(content) = ours.and_then(|e| notification_text(|name| e.text(name))) {
             return Ok(Some(content));
         }
     }

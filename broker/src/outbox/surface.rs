@@ -405,10 +405,21 @@ impl<S: Sender> OutboxService<S> {
         // Genuine from here on: a refusal now is one no human saw, so the
         // approval is rejected at once and the agent told.
         let channel = configured.to_string();
-        if !self.bridge.allows_destination(&channel) {
-            let reason = format!(
+        // Drawn from the entry's own values, which its digest binds (a
+        // genuine one always parses).
+        let framed = approval::notification_text(|name| entry.text(name));
+        let refused = if !self.bridge.allows_destination(&channel) {
+            Some(format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
-            );
+            ))
+        } else if framed.is_none() {
+            Some(format!(
+                "the notification of approval `{id}` holds no frame that can be drawn"
+            ))
+        } else {
+            None
+        };
+        if let Some(reason) = refused {
             approval::reject_unshown(
                 &mut self.store,
                 &self.config,
@@ -423,7 +434,7 @@ impl<S: Sender> OutboxService<S> {
         let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,
-            content: text("content").unwrap_or_default(),
+            content: framed.unwrap_or_default(),
             approval_id: Some(id.to_string()),
             approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
             ..Message::default()

@@ -411,6 +411,69 @@ async fn subject_and_reply_to_are_shown_and_bound() {
     }
 }
 
+/// A card's frame is what the requesting service wrote at park time: the
+/// notification carries the record's values it shows (its digest binds them),
+/// not the frame's text, and the card is drawn from those, never from the
+/// record, whose display fields any surface's outbox may rewrite. Here they
+/// are rewritten between parking and showing; the card shows the originals,
+/// and approving it sends the original message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_card_shows_the_values_it_was_parked_with_whatever_the_record_says() {
+    let d = Deployment::new(&approval_config(3600));
+    let mail = d.spawn("outbox", "mail");
+    agent_sends(&d, "Lunch at noon?", "r1").await;
+    let mut store = d.store().await;
+    let written = wait_until("the notification written", SOON, || async {
+        let mut store = d.store().await;
+        stream(&mut store, "desk:outbox").await.into_iter().next()
+    })
+    .await;
+    assert!(!written.contains_key("content"), "{written:?}");
+    let values: HashMap<String, String> = serde_json::from_str(&written["approval_frame"]).unwrap();
+    assert_eq!(values["channel_id"], "bob@example.org");
+    let id = written["approval_id"].clone();
+    let forged = "eve@example.org\nFrom:      the CEO";
+    for (field, value) in [
+        ("agent", "the-ceo"),
+        ("channel_id", forged),
+        ("subject", "Approved already"),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(keys::approval(&id))
+            .arg(field)
+            .arg(value)
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+    }
+    let desk = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let (shown, external) = notification(&d, 0).await;
+    assert_eq!(shown, id);
+    let card = d.delivered("desk.out")[0].content.clone();
+    for line in [
+        "\nFrom:      ann\n",
+        "\nTo:        bob@example.org\n",
+        "\nSubject:   (none)\n",
+        "\n| Lunch at noon?\n",
+    ] {
+        assert!(card.contains(line), "{line:?} in {card}");
+    }
+    for forged in ["eve@", "the-ceo", "Approved already"] {
+        assert!(!card.contains(forged), "{forged:?} in {card}");
+    }
+    react(&d, &external, "✅", "boss", "");
+    let sent = wait_until("the approved message", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    assert_eq!(sent.channel_id, "bob@example.org");
+    assert_eq!(sent.content, "Lunch at noon?");
+    mail.stop().await.unwrap();
+    for s in desk {
+        s.stop().await.unwrap();
+    }
+}
+
 /// An agent that writes the frame's own lines (a second header, a fake end,
 /// a fake truncation note, a carriage return) shows up as marked content: every
 /// line between the frame's head and its end line starts with "| ".
