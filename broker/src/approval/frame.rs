@@ -226,15 +226,59 @@ const FRAME_FIELDS: &[&str] = {
 /// The values of `record` its frame shows, as a JSON object of record
 /// fields (absent ones left out, in [`FRAME_FIELDS`] order, so the same
 /// record always gives the same text and a resumed park the same digest).
+/// Written by hand rather than through a JSON map, whose key order depends on
+/// a crate feature any dependency may turn on: the digest must not move.
 pub fn frame_values(record: &Record) -> String {
     let pairs: std::collections::HashMap<String, String> = record.to_pairs().into_iter().collect();
-    let mut values = serde_json::Map::new();
-    for name in FRAME_FIELDS {
-        if let Some(v) = pairs.get(*name) {
-            values.insert(name.to_string(), serde_json::Value::String(v.clone()));
-        }
+    let values: Vec<String> = FRAME_FIELDS
+        .iter()
+        .filter_map(|name| {
+            let value = pairs.get(*name)?;
+            let value = serde_json::Value::String(value.clone());
+            Some(format!("\"{name}\":{value}"))
+        })
+        .collect();
+    format!("{{{}}}", values.join(","))
+}
+
+/// `record` with the values its frame shows replaced by a notification's
+/// own (`values`, its `approval_frame`: what the requesting service wrote,
+/// bound by the notification's digest), for surfaces that lay out their own
+/// card from a record (Discord, Slack, the approval email): their header then
+/// says what the console's frame says, whatever the record holds now. The
+/// surfaces asked (`notify`, `also`) stay the record's: they say which cards
+/// exist. `None` when `values` do not parse.
+pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
+    use super::record::field::{ALSO, NOTIFY};
+    let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
+    let mut map: std::collections::HashMap<String, String> =
+        record.to_pairs().into_iter().collect();
+    for name in FRAME_FIELDS.iter().filter(|n| ![NOTIFY, ALSO].contains(*n)) {
+        match values.get(*name) {
+            Some(v) => map.insert(name.to_string(), v.clone()),
+            None => map.remove(*name),
+        };
     }
-    serde_json::Value::Object(values).to_string()
+    Some(Record::from_map(&record.id, map))
+}
+
+/// The field names of a notification, in order: as written now, and as an
+/// earlier version wrote them (its frame as text in `content`).
+const LAYOUTS: [[&str; 4]; 2] = {
+    use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
+    [
+        [APPROVAL_ID, "channel_id", APPROVAL_FRAME, APPROVAL_CONTENT],
+        [APPROVAL_ID, "channel_id", "content", APPROVAL_CONTENT],
+    ]
+};
+
+/// Whether an entry has exactly a notification's fields, in order. Checked
+/// before its digest is: the digest frames each value by its length but
+/// not each name, so with names of the entry's own choosing (a name may hold
+/// `=` and a line break) another list of fields could give the same bytes.
+pub fn is_notification_layout<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
+    let names: Vec<&str> = names.into_iter().collect();
+    LAYOUTS.iter().any(|layout| names == layout.as_slice())
 }
 
 /// The plain-text card of a notification entry (`get` reads its fields):
@@ -400,11 +444,61 @@ mod tests {
             assert!(drawn.contains(line), "{line}: {drawn}");
         }
         assert!(!fields.iter().any(|(k, _)| *k == "content"));
+        // In a fixed order, whatever a JSON crate feature says.
+        assert!(get("approval_frame").unwrap().starts_with(
+            r#"{"agent":"ann","source":"mail","channel_id":"bob@example.org","subject":"Lunch","#
+        ));
+        assert!(is_notification_layout(fields.iter().map(|(k, _)| *k)));
+        for names in [
+            &["approval_id", "channel_id", "content", "approval_content"][..],
+            &[
+                "approval_id",
+                "channel_id=3:ops\napproval_frame",
+                "approval_content",
+            ][..],
+            &[
+                "approval_id",
+                "channel_id",
+                "approval_content",
+                "approval_frame",
+            ][..],
+            &[
+                "approval_id",
+                "channel_id",
+                "approval_frame",
+                "approval_content",
+                "content",
+            ][..],
+        ] {
+            let legacy = names[2] == "content";
+            assert_eq!(
+                is_notification_layout(names.iter().copied()),
+                legacy,
+                "{names:?}"
+            );
+        }
         let total: usize = fields.iter().map(|(k, v)| k.len() + v.len()).sum();
         assert!(
             total < drawn.len(),
             "{total} bytes hold a {}-byte card",
             drawn.len()
+        );
+        // A surface that lays out its own card reads them over the record
+        // as it is now.
+        let rewritten = Record {
+            agent: Some("the-ceo".into()),
+            channel_id: "eve@example.org".into(),
+            subject: None,
+            nonce: "n1".into(),
+            ..record.clone()
+        };
+        let shown = with_frame_values(&rewritten, get("approval_frame").unwrap()).unwrap();
+        assert_eq!(
+            Record {
+                nonce: "n1".into(),
+                ..record.clone()
+            },
+            shown
         );
         let old = |name: &str| match name {
             "approval_id" => Some("0123456789"),

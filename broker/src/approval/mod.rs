@@ -792,7 +792,7 @@ pub async fn wake(
 /// Surfaces show this for a declared action, never the agent's raw fields,
 /// whose order and text the agent chose. The first card (of those its
 /// bridge asks on, see [`cards_asked`]) whose notification is still kept
-/// and names this approval.
+/// and is the one its card's digest binds, with a notification's fields.
 pub async fn shown_card(
     store: &mut Store,
     config: &Config,
@@ -803,8 +803,17 @@ pub async fn shown_card(
             continue;
         };
         let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
-        let ours = entry
-            .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str()));
+        let ours = entry.filter(|e| {
+            let names = e.fields.iter().map(|(k, _)| k.as_str());
+            let digest = fields_sha256(
+                e.fields
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+            );
+            e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str())
+                && is_notification_layout(names)
+                && digest == card.sha256
+        });
         if let Some(content) = ours.and_then(|e| notification_text(|name| e.text(name))) {
             return Ok(Some(content));
         }

@@ -112,7 +112,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(()); // settled as failed when it is approved
         };
         let shown = message.for_approvers();
-        let mut next = record.clone();
+        let mut next = self.framed(&record, parked.source, &message);
         next.escalated += 1;
         let mut card = Card {
             bridge: step.notify.clone(),

@@ -48,7 +48,9 @@ pub(super) struct Memory {
     /// Claims of the batch's notifications, made together before it is
     /// handled: entry id → the claim.
     pub claims: HashMap<String, Claim>,
-    /// Records of a recovery page, read together (and put in the pending index).
+    /// Records of a recovery page, read together (and put in the pending
+    /// index), each with only the fields recovery reads
+    /// (`OutboxService::recovery_fields`): never written back or shown.
     pub prefetched: HashMap<String, Option<Record>>,
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).

@@ -79,6 +79,10 @@ impl<S: Sender> OutboxService<S> {
                 if !approval::asked_through(&self.config, &self.name, id) {
                     continue;
                 }
+                // Refused when handled, never claimed (see `check_notification`).
+                if !approval::is_notification_layout(fields.iter().map(|(k, _)| k.as_str())) {
+                    continue;
+                }
                 let digest = approval::fields_sha256(
                     fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
                 );
@@ -342,6 +346,12 @@ impl<S: Sender> OutboxService<S> {
                 self.name
             )));
         }
+        // Before the digest: only these names make its bytes unambiguous.
+        if !approval::is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str())) {
+            return Ok(Err(format!(
+                "not a notification's fields (`approval_id`, `channel_id`, `approval_frame`, `approval_content`, in that order) for approval `{id}`; not shown"
+            )));
+        }
         let digest = approval::fields_sha256(
             entry
                 .fields
@@ -431,6 +441,12 @@ impl<S: Sender> OutboxService<S> {
             .await?;
             return Ok(Err(reason));
         }
+        // Platforms that lay out their own card draw its header from the
+        // values the notification carries, like the frame.
+        let record = match entry.text(crate::fields::outbox::APPROVAL_FRAME) {
+            Some(values) => approval::with_frame_values(&record, values).unwrap_or(record),
+            None => record,
+        };
         let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,

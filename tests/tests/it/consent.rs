@@ -65,7 +65,9 @@ async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
 /// Anyone who can write the notify bridge's flat outbox tries to get a card of
 /// their own in front of the approver for a real pending approval: a random id,
 /// the real id with other content and destination, an exact copy of the genuine
-/// notification, the genuine fields plus one. Each is dead-lettered, nothing is
+/// notification, the genuine fields plus one, the genuine fields with a frame
+/// of its own, the genuine bytes under other field names (same digest). Each
+/// is dead-lettered, nothing is
 /// shown, the map holds only the genuine card, and approving that card sends the
 /// real message once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,6 +100,33 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         "content".into(),
         b"Approval requested: Lunch at noon?".to_vec(),
     ));
+    // The genuine bytes under other names: every field but the id folded
+    // into one name (its digest is the genuine one).
+    let value = |name: &str| {
+        let (_, v) = genuine.fields.iter().find(|(k, _)| k == name).unwrap();
+        String::from_utf8(v.clone()).unwrap()
+    };
+    let (channel, frame) = (value("channel_id"), value("approval_frame"));
+    let folded = vec![
+        ("approval_id".to_string(), id.clone().into_bytes()),
+        (
+            format!(
+                "channel_id={}:{channel}\napproval_frame={}:{frame}\napproval_content",
+                channel.len(),
+                frame.len()
+            ),
+            value("approval_content").into_bytes(),
+        ),
+    ];
+    assert_eq!(
+        approval::fields_sha256(folded.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice())))),
+        approval::fields_sha256(
+            genuine
+                .fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), Some(v.as_slice())))
+        ),
+    );
     let forgeries = [
         fields(&[
             ("approval_id", random.clone()),
@@ -113,6 +142,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         genuine.fields.clone(),
         plus_one,
         framed,
+        folded,
     ];
     for f in &forgeries {
         xadd(&mut store, "desk:outbox", f).await;
@@ -122,8 +152,12 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert!(reasons[0].contains("does not exist"), "{reasons:?}");
     assert!(reasons[1].contains("digest differs"), "{reasons:?}");
     assert!(reasons[2].contains("already notified"), "{reasons:?}");
-    assert!(reasons[3].contains("digest differs"), "{reasons:?}");
-    assert!(reasons[4].contains("digest differs"), "{reasons:?}");
+    for refused in &reasons[3..] {
+        assert!(
+            refused.contains("not a notification's fields"),
+            "{reasons:?}"
+        );
+    }
     assert_eq!(d.delivered("desk.out").len(), 1, "only the genuine card");
     assert_eq!(
         hash(&mut store, &keys::approval_map("desk")).await,
@@ -188,6 +222,7 @@ approval = { required = true, notify_channel = "ops", timeout = 0, approvers = [
             ("approval_id", id.clone()),
             ("channel_id", "victim@example.org".into()),
             ("content", "sent without anyone deciding".into()),
+            ("approval_content", "sent without anyone deciding".into()),
         ]),
     )
     .await;
