@@ -241,19 +241,38 @@ pub fn frame_values(record: &Record) -> String {
     format!("{{{}}}", values.join(","))
 }
 
-/// `record` with the values its frame shows replaced by a notification's
-/// own (`values`, its `approval_frame`: what the requesting service wrote,
-/// bound by the notification's digest), for surfaces that lay out their own
-/// card from a record (Discord, Slack, the approval email): their header then
-/// says what the console's frame says, whatever the record holds now. The
-/// surfaces asked (`notify`, `also`) stay the record's: they say which cards
-/// exist. `None` when `values` do not parse.
+/// The frame values that say what the message is and whose (as opposed to
+/// its deadline, quorum, snoozes and escalation steps, which the record holds
+/// under the requesting bridge's seal and which change while a card waits).
+const IDENTITY_FIELDS: &[&str] = {
+    use super::record::field::*;
+    &[
+        AGENT,
+        SOURCE,
+        CHANNEL_ID,
+        SUBJECT,
+        REPLY_TO,
+        CONTENT_BYTES,
+        MESSAGE_SHA256,
+        EDITED_BY,
+        ORIGINAL_SHA256,
+        REVISION,
+    ]
+};
+
+/// `record` with the values that say what the message is and whose replaced
+/// by a notification's own (`values`, its `approval_frame`: what the
+/// requesting service wrote, bound by the notification's digest), for
+/// surfaces that lay out their own card from a record (Discord, Slack, the
+/// approval email): their header then names what the console's frame names,
+/// whatever the record holds now. The deadline, quorum, snoozes, escalation
+/// steps and the surfaces asked stay the record's: sealed, and newer than a
+/// card that waited. `None` when `values` do not parse.
 pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
-    use super::record::field::{ALSO, NOTIFY};
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
     let mut map: std::collections::HashMap<String, String> =
         record.to_pairs().into_iter().collect();
-    for name in FRAME_FIELDS.iter().filter(|n| ![NOTIFY, ALSO].contains(*n)) {
+    for name in IDENTITY_FIELDS {
         match values.get(*name) {
             Some(v) => map.insert(name.to_string(), v.clone()),
             None => map.remove(*name),
@@ -485,17 +504,22 @@ mod tests {
         );
         // A surface that lays out its own card reads them over the record
         // as it is now.
+        // Its sealed values (here a later snooze) are the record's own.
         let rewritten = Record {
             agent: Some("the-ceo".into()),
             channel_id: "eve@example.org".into(),
             subject: None,
             nonce: "n1".into(),
+            expires_at: 1_900_003_600,
+            snoozes: 2,
             ..record.clone()
         };
         let shown = with_frame_values(&rewritten, get("approval_frame").unwrap()).unwrap();
         assert_eq!(
             Record {
                 nonce: "n1".into(),
+                expires_at: 1_900_003_600,
+                snoozes: 2,
                 ..record.clone()
             },
             shown

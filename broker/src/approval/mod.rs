@@ -803,22 +803,29 @@ pub async fn shown_card(
             continue;
         };
         let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
-        let ours = entry.filter(|e| {
-            let names = e.fields.iter().map(|(k, _)| k.as_str());
-            let digest = fields_sha256(
-                e.fields
-                    .iter()
-                    .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-            );
-            e.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str())
-                && is_notification_layout(names)
-                && digest == card.sha256
-        });
+        let ours = entry.filter(|e| is_card_of(e, &record.id, &card));
         if let Some(content) = ours.and_then(|e| notification_text(|name| e.text(name))) {
             return Ok(Some(content));
         }
     }
     Ok(None)
+}
+
+/// Whether `entry` is the notification of approval `id` that `card` binds:
+/// its id, a notification's fields, and the card's digest.
+pub fn is_card_of(entry: &crate::store::Entry, id: &str, card: &Card) -> bool {
+    let names = entry.fields.iter().map(|(k, _)| k.as_str());
+    let digest = || {
+        fields_sha256(
+            entry
+                .fields
+                .iter()
+                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
+        )
+    };
+    entry.text(crate::fields::outbox::APPROVAL_ID) == Some(id)
+        && is_notification_layout(names)
+        && digest() == card.sha256
 }
 
 /// Ids of every approval record, by `SCAN` on every master (tests and

@@ -650,7 +650,10 @@ impl<'a> Approvals<'a> {
     }
 
     /// Reads only `fields` of many records (the rest left at their defaults), a
-    /// thousand per round trip; `None` for each gone.
+    /// thousand per round trip; `None` for each gone. Values are read as bytes
+    /// and decoded lossily, as [`whole_record`] does: one value that is not
+    /// UTF-8 (any surface can write a record) must not fail the other 999, nor
+    /// a recovery.
     pub async fn load_fields_many(
         &mut self,
         ids: &[String],
@@ -662,7 +665,7 @@ impl<'a> Approvals<'a> {
             for id in chunk {
                 pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
             }
-            let all: Vec<Vec<Option<String>>> = pipe
+            let all: Vec<Vec<Option<Vec<u8>>>> = pipe
                 .query_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis("HMGET approvals", e))?;
@@ -670,7 +673,9 @@ impl<'a> Approvals<'a> {
                 let map: HashMap<String, String> = fields
                     .iter()
                     .zip(values)
-                    .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                    .filter_map(|(k, v)| {
+                        Some((k.to_string(), String::from_utf8_lossy(&v?).into_owned()))
+                    })
                     .collect();
                 record_or_none(id, map)
             }));

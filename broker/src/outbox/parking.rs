@@ -391,9 +391,6 @@ impl<S: Sender> OutboxService<S> {
         Ok(kept)
     }
 
-    /// Reads the records of a page of pending entries in one round trip and puts
-    /// the unsettled ones in the pending index in another, so recovering many
-    /// parked entries costs two round trips a page, not two an entry.
     /// Tracks a parked entry (its deadline, what its cards need watched)
     /// and arms its reminder and escalation.
     fn track_parked(&mut self, src: SourceId, entry_id: &str, record: &Record) {
@@ -459,6 +456,9 @@ impl<S: Sender> OutboxService<S> {
         fields
     }
 
+    /// Reads what recovery needs of the records of a page of pending entries in one round trip and puts
+    /// the unsettled ones in the pending index in another, so recovering many
+    /// parked entries costs two round trips a page, not two an entry.
     pub(super) async fn prefetch_records(
         &mut self,
         src: SourceId,
@@ -626,7 +626,13 @@ impl<S: Sender> OutboxService<S> {
     /// record's copies, which every surface of the approval can write (Redis
     /// ACLs do not reach inside a hash), so a card written again, or an
     /// escalation step's, says what the first one said.
+    /// A message that is not the one the record binds (it cannot be sent
+    /// anyway: the send refuses it) leaves the record as it is, so nothing
+    /// is bound or sealed over another digest.
     pub(super) fn framed(&self, record: &Record, src: SourceId, message: &Message) -> Record {
+        if message.sha256() != record.message_sha256 {
+            return record.clone();
+        }
         Record {
             source: self.name.clone(),
             agent: self.sources[src].agent.clone(),
@@ -731,7 +737,11 @@ impl<S: Sender> OutboxService<S> {
                             .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
                     )
                 };
+                let layout = || {
+                    approval::is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str()))
+                };
                 if entry.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str())
+                    && layout()
                     && theirs() == digest
                 {
                     return Ok(Some(entry.id.clone()));

@@ -592,18 +592,23 @@ impl<S: Sender> OutboxService<S> {
                 Some(shown) if ours => self.store.entry(&keys::outbox(&self.name), shown).await?,
                 _ => None,
             };
-            let content = shown
-                .filter(|e| e.text(crate::fields::outbox::APPROVAL_ID) == Some(id.as_str()))
-                .and_then(|e| {
-                    e.text(crate::fields::outbox::APPROVAL_CONTENT)
-                        .map(str::to_string)
-                });
+            let shown = shown.filter(|e| approval::is_card_of(e, &id, &card));
+            let content = shown.as_ref().and_then(|e| {
+                e.text(crate::fields::outbox::APPROVAL_CONTENT)
+                    .map(str::to_string)
+            });
+            // Redrawn naming what the card named (see `check_notification`).
+            let drawn = shown
+                .as_ref()
+                .and_then(|e| e.text(crate::fields::outbox::APPROVAL_FRAME))
+                .and_then(|values| approval::with_frame_values(&record, values))
+                .unwrap_or_else(|| record.clone());
             if let (Some(external), Some(content)) = (&card.external_id, content) {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();
                 }
                 self.mem.redrawn.insert(id.clone(), changes);
-                self.update_beside(&record, claimed, external, Some(content));
+                self.update_beside(&drawn, claimed, external, Some(content));
             }
             return self.ack(&self.sources[src].key.clone(), &entry.id).await;
         }

@@ -525,6 +525,40 @@ async fn restart_while_parked_resumes_without_a_second_notification() {
     assert_eq!(d.delivered("mail.out").len(), 1);
 }
 
+/// A record value that is not UTF-8 (any surface can write a record) stops
+/// neither recovery nor the rest of its page: the restarted service tracks
+/// the entry, and approving it sends it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_value_that_is_not_utf8_does_not_stop_a_recovery() {
+    let d = Deployment::new(&approval_config(0));
+    let desk = [d.spawn("outbox", "desk"), d.spawn("ingest", "desk")];
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "survive me", "r").await;
+    let (id, external) = notification(&d, 0).await;
+    outbox.stop().await.unwrap();
+    let mut store = d.store().await;
+    for field in ["reminded", "agent"] {
+        let _: () = redis::cmd("HSET")
+            .arg(keys::approval(&id))
+            .arg(field)
+            .arg(b"\xff\xfe".as_slice())
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+    }
+    let outbox = d.spawn("outbox", "mail");
+    react(&d, &external, "✅", "boss", "");
+    wait_until("delivery after restart", SOON, || async {
+        d.delivered("mail.out").first().cloned()
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    for s in desk {
+        s.stop().await.unwrap();
+    }
+    assert_eq!(d.delivered("mail.out").len(), 1);
+}
+
 /// A decision wakes the requesting service at once, not at its next timer tick
 /// (the longest block is 5 s; the delivery must come well before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
