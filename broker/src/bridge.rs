@@ -63,7 +63,10 @@ pub struct Outgoing<'a> {
     pub delivery_key: &'a str,
     /// A previous attempt may have delivered it already (crash or lost reply).
     pub retry: bool,
-    /// On an approval notification: the record it asks about.
+    /// On an approval notification: the record it asks about, with the values
+    /// that say what the message is and whose laid over from the
+    /// notification (`approval::with_frame_values`): draw the card from this,
+    /// never from a fresh read of the record.
     pub approval: Option<&'a Record>,
 }
 
@@ -136,8 +139,10 @@ pub struct CardUpdate<'a> {
     pub external_id: &'a str,
     /// Where the notification was sent.
     pub channel_id: &'a str,
-    /// The settled record, as the requesting service left it (verified: only
-    /// the broker writes records).
+    /// The record, checked against the outcome (settled with it, or snoozed,
+    /// escalated, reminded as the outcome says); for a live card's redraw,
+    /// with the values that say what the message is and whose laid over from
+    /// its notification.
     pub record: &'a Record,
     /// For `snoozed`: the content the card shows (the notification's, as the
     /// requesting service wrote it), to draw the live card again.

@@ -1,6 +1,12 @@
-//! The plain-text frame every surface shows around a parked message.
+//! The plain-text frame every surface shows around a parked message, and the
+//! notification that carries its values.
 //!
 //! Invariants:
+//! - A notification holds the record's values its frame shows
+//!   ([`frame_values`], byte-stable: a fixed order, written by hand), not the
+//!   frame as text; the frame is drawn from them ([`notification_text`]).
+//! - A notification is believed only with exactly a notification's field
+//!   names ([`is_notification_layout`]), checked before its digest.
 //! - Every line of agent content is behind [`CONTENT_MARK`], so no line the
 //!   agent wrote can read as a frame line, and text that would act on the
 //!   display (control, bidirectional, invisible characters) is shown as a
@@ -265,9 +271,10 @@ const IDENTITY_FIELDS: &[&str] = {
 /// requesting service wrote, bound by the notification's digest), for
 /// surfaces that lay out their own card from a record (Discord, Slack, the
 /// approval email): their header then names what the console's frame names,
-/// whatever the record holds now. The deadline, quorum, snoozes, escalation
-/// steps and the surfaces asked stay the record's: sealed, and newer than a
-/// card that waited. `None` when `values` do not parse.
+/// whatever the record holds now. The rest stays the record's: the deadline,
+/// quorum, snooze count and escalation steps (sealed by the requesting
+/// bridge, and newer than a card that waited), who snoozed and the surfaces
+/// asked (not sealed). `None` when `values` do not parse.
 pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
     let mut map: std::collections::HashMap<String, String> =
@@ -463,6 +470,8 @@ mod tests {
             assert!(drawn.contains(line), "{line}: {drawn}");
         }
         assert!(!fields.iter().any(|(k, _)| *k == "content"));
+        // What a platform takes from the notification is in it.
+        assert!(IDENTITY_FIELDS.iter().all(|f| FRAME_FIELDS.contains(f)));
         // In a fixed order, whatever a JSON crate feature says.
         assert!(get("approval_frame").unwrap().starts_with(
             r#"{"agent":"ann","source":"mail","channel_id":"bob@example.org","subject":"Lunch","#

@@ -243,6 +243,11 @@ pub fn fields_sha256<'a>(fields: impl IntoIterator<Item = (&'a str, Option<&'a [
     hex::encode(h.finalize())
 }
 
+/// [`fields_sha256`] of a stream entry's fields, as they stand.
+pub fn entry_sha256(fields: &[(String, Vec<u8>)]) -> String {
+    fields_sha256(fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))))
+}
+
 /// sha256 of the exact bytes that will be sent, hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

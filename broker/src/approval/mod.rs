@@ -814,18 +814,14 @@ pub async fn shown_card(
 /// Whether `entry` is the notification of approval `id` that `card` binds:
 /// its id, a notification's fields, and the card's digest.
 pub fn is_card_of(entry: &crate::store::Entry, id: &str, card: &Card) -> bool {
-    let names = entry.fields.iter().map(|(k, _)| k.as_str());
-    let digest = || {
-        fields_sha256(
-            entry
-                .fields
-                .iter()
-                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-        )
-    };
+    is_notification_of(entry, id, &card.sha256)
+}
+
+/// Whether `entry` is a notification of approval `id` with digest `digest`.
+pub fn is_notification_of(entry: &crate::store::Entry, id: &str, digest: &str) -> bool {
     entry.text(crate::fields::outbox::APPROVAL_ID) == Some(id)
-        && is_notification_layout(names)
-        && digest() == card.sha256
+        && is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str()))
+        && entry_sha256(&entry.fields) == digest
 }
 
 /// Ids of every approval record, by `SCAN` on every master (tests and

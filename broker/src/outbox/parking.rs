@@ -5,8 +5,16 @@
 //! - Parking is three idempotent steps, each safe to repeat after a crash: create
 //!   the record if absent (it holds the digest of the one notification it will
 //!   write); write that notification unless the record says it was written (after
-//!   a crash in between, the notify outbox is searched for it by digest first, and
-//!   it is written again if it vanished unshown); remember its id in the record.
+//!   a crash in between, the notify outbox is searched for it by id, fields and
+//!   digest first, and it is written again if it vanished unshown); remember its
+//!   id in the record.
+//! - A notification's shown values (destination, subject, reply_to, size,
+//!   digest, agent) come from the message this service read itself
+//!   ([`OutboxService::framed`]), never from the record, which every surface
+//!   of the approval can write.
+//! - At recovery a record is read in part ([`OutboxService::recovery_fields`]);
+//!   one that needs nothing but tracking is tracked from that part, any other
+//!   is read whole. A part is never written back, drawn or sealed.
 //!   No step spans two keys, so the protocol works unchanged on Redis Cluster.
 //! - Approval ids are keyed ([`IdKey`]): stable across restarts, not computable
 //!   by an agent.
@@ -422,7 +430,7 @@ impl<S: Sender> OutboxService<S> {
     /// The record fields recovery reads: what [`Self::quiet`], the pending
     /// index and [`Self::track_parked`] use, for the card of every surface
     /// this bridge asks on. A fifth of a record's bytes: recovery reads a
-    /// hundred thousand of them, and parsing whole records was most of its time.
+    /// hundred thousand of them, and parsing whole records was half its CPU.
     fn recovery_fields(&self) -> Vec<String> {
         use approval::field::*;
         let mut fields: Vec<String> = [
@@ -729,21 +737,7 @@ impl<S: Sender> OutboxService<S> {
         loop {
             let page = self.store.range(stream, &start, "+", 500).await?;
             for entry in &page {
-                let theirs = || {
-                    approval::fields_sha256(
-                        entry
-                            .fields
-                            .iter()
-                            .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-                    )
-                };
-                let layout = || {
-                    approval::is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str()))
-                };
-                if entry.text(crate::fields::outbox::APPROVAL_ID) == Some(record.id.as_str())
-                    && layout()
-                    && theirs() == digest
-                {
+                if approval::is_notification_of(entry, &record.id, digest) {
                     return Ok(Some(entry.id.clone()));
                 }
             }

@@ -2,12 +2,16 @@
 //!
 //! Invariants:
 //! - Only the requesting service can ask. An entry carrying `approval_id` is
-//!   shown only when its digest is this surface's card's `notify_sha256` on
+//!   shown only when it has exactly a notification's fields (checked first:
+//!   the digest frames values, not names) and its digest is this surface's
+//!   card's `notify_sha256` on
 //!   the record and it is the first such entry (the card's `notify_entry`
 //!   claim, one Lua step); its destination is the channel the config gives
 //!   this surface for the asking bridge (never the record's, which every
 //!   surface of the approval can write), which must also pass this bridge's
-//!   `destinations`. Anything else is dead-lettered.
+//!   `destinations`. Anything else is dead-lettered. Its frame, and the lines
+//!   of a platform's own card that say what the message is and whose, are
+//!   drawn from the notification's `approval_frame`, never from the record.
 //! - A card's map entry (only this surface writes its map) holds the digest
 //!   of the version the card shows: answers to it bind to that version.
 //! - A reminder (`reminder`, acted on only while the record says it was
@@ -83,9 +87,7 @@ impl<S: Sender> OutboxService<S> {
                 if !approval::is_notification_layout(fields.iter().map(|(k, _)| k.as_str())) {
                     continue;
                 }
-                let digest = approval::fields_sha256(
-                    fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-                );
+                let digest = approval::entry_sha256(fields);
                 asked.push((id, entry_id.as_str(), digest));
             }
         }
@@ -349,15 +351,10 @@ impl<S: Sender> OutboxService<S> {
         // Before the digest: only these names make its bytes unambiguous.
         if !approval::is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str())) {
             return Ok(Err(format!(
-                "not a notification's fields (`approval_id`, `channel_id`, `approval_frame`, `approval_content`, in that order) for approval `{id}`; not shown"
+                "not a notification's fields (`approval_id`, `channel_id`, `approval_frame`, `approval_content`, in that order, or an earlier version's with `content`) for approval `{id}`; not shown"
             )));
         }
-        let digest = approval::fields_sha256(
-            entry
-                .fields
-                .iter()
-                .map(|(k, v)| (k.as_str(), Some(v.as_slice()))),
-        );
+        let digest = approval::entry_sha256(&entry.fields);
         let claim = match self.mem.claims.remove(&entry.id) {
             Some(claimed) => claimed,
             None => {

@@ -66,7 +66,8 @@ async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
 /// their own in front of the approver for a real pending approval: a random id,
 /// the real id with other content and destination, an exact copy of the genuine
 /// notification, the genuine fields plus one, the genuine fields with a frame
-/// of its own, the genuine bytes under other field names (same digest). Each
+/// of its own, the genuine bytes under other field names (same digest), the
+/// genuine fields with other values in `approval_frame`. Each
 /// is dead-lettered, nothing is
 /// shown, the map holds only the genuine card, and approving that card sends the
 /// real message once.
@@ -127,6 +128,16 @@ async fn forged_notifications_are_refused_and_show_nothing() {
                 .map(|(k, v)| (k.as_str(), Some(v.as_slice())))
         ),
     );
+    // The genuine fields with values of its own in the frame.
+    let mut revalued = genuine.fields.clone();
+    for (k, v) in &mut revalued {
+        if k == "approval_frame" {
+            let theirs =
+                frame.replacen(r#""channel_id":""#, r#""channel_id":"eve@example.org, "#, 1);
+            assert_ne!(theirs, frame);
+            *v = theirs.into_bytes();
+        }
+    }
     let forgeries = [
         fields(&[
             ("approval_id", random.clone()),
@@ -143,6 +154,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         plus_one,
         framed,
         folded,
+        revalued,
     ];
     for f in &forgeries {
         xadd(&mut store, "desk:outbox", f).await;
@@ -152,7 +164,8 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert!(reasons[0].contains("does not exist"), "{reasons:?}");
     assert!(reasons[1].contains("digest differs"), "{reasons:?}");
     assert!(reasons[2].contains("already notified"), "{reasons:?}");
-    for refused in &reasons[3..] {
+    assert!(reasons[6].contains("digest differs"), "{reasons:?}");
+    for refused in &reasons[3..6] {
         assert!(
             refused.contains("not a notification's fields"),
             "{reasons:?}"
@@ -221,7 +234,10 @@ approval = { required = true, notify_channel = "ops", timeout = 0, approvers = [
         &fields(&[
             ("approval_id", id.clone()),
             ("channel_id", "victim@example.org".into()),
-            ("content", "sent without anyone deciding".into()),
+            (
+                "approval_frame",
+                r#"{"channel_id":"victim@example.org","source":"solo"}"#.into(),
+            ),
             ("approval_content", "sent without anyone deciding".into()),
         ]),
     )
