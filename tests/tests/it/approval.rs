@@ -512,7 +512,19 @@ async fn restart_while_parked_resumes_without_a_second_notification() {
         1,
         "one notification only"
     );
-    react(&d, &external, "✅", "boss", "");
+    approved_once_after_restart(&d, &external, outbox, desk).await;
+    assert_eq!(d.delivered("desk.out").len(), 1);
+}
+
+/// Approves desk's card `external` after mail's outbox restarted, and checks
+/// the message is delivered once; stops the services.
+async fn approved_once_after_restart<const N: usize>(
+    d: &Deployment,
+    external: &str,
+    outbox: harness::Running,
+    desk: [harness::Running; N],
+) {
+    react(d, external, "✅", "boss", "");
     wait_until("delivery after restart", SOON, || async {
         d.delivered("mail.out").first().cloned()
     })
@@ -521,7 +533,6 @@ async fn restart_while_parked_resumes_without_a_second_notification() {
     for s in desk {
         s.stop().await.unwrap();
     }
-    assert_eq!(d.delivered("desk.out").len(), 1);
     assert_eq!(d.delivered("mail.out").len(), 1);
 }
 
@@ -547,16 +558,7 @@ async fn a_record_value_that_is_not_utf8_does_not_stop_a_recovery() {
             .unwrap();
     }
     let outbox = d.spawn("outbox", "mail");
-    react(&d, &external, "✅", "boss", "");
-    wait_until("delivery after restart", SOON, || async {
-        d.delivered("mail.out").first().cloned()
-    })
-    .await;
-    outbox.stop().await.unwrap();
-    for s in desk {
-        s.stop().await.unwrap();
-    }
-    assert_eq!(d.delivered("mail.out").len(), 1);
+    approved_once_after_restart(&d, &external, outbox, desk).await;
 }
 
 /// A decision wakes the requesting service at once, not at its next timer tick
