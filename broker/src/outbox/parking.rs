@@ -7,7 +7,8 @@
 //!   write); write that notification unless the record says it was written (after
 //!   a crash in between, the notify outbox is searched for it by id, fields and
 //!   digest first, and it is written again if it vanished unshown); remember its
-//!   id in the record.
+//!   id in the record. No step spans two keys, so the protocol works unchanged
+//!   on Redis Cluster.
 //! - A notification's shown values (destination, subject, reply_to, size,
 //!   digest, agent) come from the message this service read itself
 //!   ([`OutboxService::framed`]), never from the record, which every surface
@@ -15,7 +16,6 @@
 //! - At recovery a record is read in part ([`OutboxService::recovery_fields`]);
 //!   one that needs nothing but tracking is tracked from that part, any other
 //!   is read whole. A part is never written back, drawn or sealed.
-//!   No step spans two keys, so the protocol works unchanged on Redis Cluster.
 //! - Approval ids are keyed ([`IdKey`]): stable across restarts, not computable
 //!   by an agent.
 //! - A parked entry that vanished from its stream (trimmed or deleted) is settled
@@ -464,9 +464,10 @@ impl<S: Sender> OutboxService<S> {
         fields
     }
 
-    /// Reads what recovery needs of the records of a page of pending entries in one round trip and puts
-    /// the unsettled ones in the pending index in another, so recovering many
-    /// parked entries costs two round trips a page, not two an entry.
+    /// Reads what recovery needs of the records of a page of pending entries
+    /// ([`Self::recovery_fields`]) in one round trip and puts the unsettled
+    /// ones in the pending index in another, so recovering many parked
+    /// entries costs two round trips a page, not two an entry.
     pub(super) async fn prefetch_records(
         &mut self,
         src: SourceId,

@@ -4,9 +4,8 @@
 //! - Only the requesting service can ask. An entry carrying `approval_id` is
 //!   shown only when it has exactly a notification's fields (checked first:
 //!   the digest frames values, not names) and its digest is this surface's
-//!   card's `notify_sha256` on
-//!   the record and it is the first such entry (the card's `notify_entry`
-//!   claim, one Lua step); its destination is the channel the config gives
+//!   card's `notify_sha256` on the record and it is the first such entry (the
+//!   card's `notify_entry` claim, one Lua step); its destination is the channel the config gives
 //!   this surface for the asking bridge (never the record's, which every
 //!   surface of the approval can write), which must also pass this bridge's
 //!   `destinations`. Anything else is dead-lettered. Its frame, and the lines
