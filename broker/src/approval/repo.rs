@@ -578,6 +578,12 @@ fn index_all<'a>(pipe: &mut redis::Pipeline, records: impl IntoIterator<Item = &
     }
 }
 
+/// Bytes as text, kept as they are when they are UTF-8 (nearly always: only a
+/// forger writes anything else), with replacement characters otherwise.
+fn lossy(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
 fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
@@ -593,15 +599,7 @@ type RawField = Option<Vec<u8>>;
 /// it. Bytes that are not UTF-8 (which only a forger writes) are read with
 /// replacement characters: every check on them then fails, and nothing stops.
 fn whole_record(id: &str, raw: RawHash) -> Option<Record> {
-    let map: HashMap<String, String> = raw
-        .into_iter()
-        .map(|(k, v)| {
-            (
-                String::from_utf8_lossy(&k).into_owned(),
-                String::from_utf8_lossy(&v).into_owned(),
-            )
-        })
-        .collect();
+    let map: HashMap<String, String> = raw.into_iter().map(|(k, v)| (lossy(k), lossy(v))).collect();
     let record = record_or_none(id, map)?;
     if super::is_id_of(id, record.source()) {
         Some(record)
@@ -673,9 +671,7 @@ impl<'a> Approvals<'a> {
                 let map: HashMap<String, String> = fields
                     .iter()
                     .zip(values)
-                    .filter_map(|(k, v)| {
-                        Some((k.to_string(), String::from_utf8_lossy(&v?).into_owned()))
-                    })
+                    .filter_map(|(k, v)| Some((k.to_string(), lossy(v?))))
                     .collect();
                 record_or_none(id, map)
             }));

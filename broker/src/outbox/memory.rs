@@ -52,6 +52,10 @@ pub(super) struct Memory {
     /// index), each with only the fields recovery reads
     /// (`OutboxService::recovery_fields`): never written back or shown.
     pub prefetched: HashMap<String, Option<Record>>,
+    /// While recovering: approvals a wake-up named before their entry was
+    /// reached, whose records a page read ahead may hold stale
+    /// (`super::recovery`). `None` outside recovery.
+    pub woken_early: Option<std::collections::HashSet<String>>,
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).
     pub outcomes_waiting: HashMap<String, (SourceId, Entry)>,

@@ -10,6 +10,7 @@
 //! # Layout (each module states its invariants)
 //!
 //! - [`reader`]: the loop, recovery, and the dispatch of each entry.
+//! - [`recovery`]: recovery's pages, read one ahead of their handling.
 //! - [`memory`]: everything a worker remembers between steps, forgotten as one.
 //! - [`parked`]: the parked entries known, their deadlines and the sweep's round robin.
 //! - [`parking`]: records, notifications, expiry and the sweep.
@@ -35,6 +36,7 @@ mod memory;
 mod parked;
 mod parking;
 mod reader;
+mod recovery;
 mod remind;
 mod retention;
 mod schedule;

@@ -112,10 +112,17 @@ impl<S: Sender> OutboxService<S> {
         let source = self.sources[src].clone();
         let retry = deliveries > 1;
         // Recovery reads what a page's records need to be tracked again and
-        // indexes them (see `prefetch_records`): a quiet one is tracked at
-        // once; any other is read whole, as is every record outside recovery.
+        // indexes them (see `recovery`): a quiet one is tracked at once; any
+        // other is read whole, as is every record outside recovery, and one
+        // a wake-up named while its page was read ahead (what was read may
+        // be older than the change).
+        let early = self
+            .mem
+            .woken_early
+            .as_ref()
+            .is_some_and(|woken| woken.contains(&id));
         let (loaded, indexed) = match self.mem.prefetched.remove(&id) {
-            Some(Some(few)) if self.quiet(&few) => {
+            Some(Some(few)) if !early && self.quiet(&few) => {
                 self.track_parked(src, &entry.id, &few);
                 return Ok(());
             }
@@ -197,6 +204,10 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         self.track_parked(src, &entry.id, &record);
+        if early {
+            // An announced change may land after the read above.
+            self.mem.parked.announce(&id);
+        }
         if record.state(self.clock.now_secs_f64()) != State::Pending {
             self.settle(id).await?;
         }
@@ -431,7 +442,7 @@ impl<S: Sender> OutboxService<S> {
     /// index and [`Self::track_parked`] use, for the card of every surface
     /// this bridge asks on. A fifth of a record's bytes: recovery reads a
     /// hundred thousand of them, and parsing whole records was half its CPU.
-    fn recovery_fields(&self) -> Vec<String> {
+    pub(super) fn recovery_fields(&self) -> Vec<String> {
         use approval::field::*;
         let mut fields: Vec<String> = [
             STATUS,
@@ -462,47 +473,6 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         fields
-    }
-
-    /// Reads what recovery needs of the records of a page of pending entries
-    /// ([`Self::recovery_fields`]) in one round trip and puts the unsettled
-    /// ones in the pending index in another, so recovering many parked
-    /// entries costs two round trips a page, not two an entry.
-    pub(super) async fn prefetch_records(
-        &mut self,
-        src: SourceId,
-        entries: &[crate::store::RawEntry],
-    ) -> Result<()> {
-        let source = &self.sources[src];
-        if !self.bridge.approval.required || source.kind == Kind::Decisions {
-            return Ok(());
-        }
-        let mut ids = Vec::new();
-        for (entry_id, fields) in entries {
-            let Some(fields) = fields else { continue };
-            if Class::of_fields(source.kind, fields) == Class::Agent {
-                ids.push(self.approval_id(&source.key, entry_id)?);
-            }
-        }
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let fields = self.recovery_fields();
-        let fields: Vec<&str> = fields.iter().map(String::as_str).collect();
-        let mut approvals = Approvals::on(&mut self.store);
-        let records: Vec<Option<Record>> = approvals
-            .load_fields_many(&ids, &fields)
-            .await?
-            .into_iter()
-            .zip(&ids)
-            // As a whole read does: a record naming another bridge is none.
-            .map(|(r, id)| r.filter(|r| approval::is_id_of(id, r.source())))
-            .collect();
-        approvals
-            .index(&records.iter().flatten().collect::<Vec<_>>())
-            .await?;
-        self.mem.prefetched.extend(ids.into_iter().zip(records));
-        Ok(())
     }
 
     pub(super) fn new_record(
@@ -855,9 +825,13 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn woken(&mut self, src: SourceId, entry: &Entry) -> Result<()> {
         use crate::fields::decisions::{APPROVAL_ID, SHOWN, STATUS};
         let key = self.sources[src].key.clone();
-        let id = entry
-            .text(APPROVAL_ID)
-            .filter(|id| self.mem.parked.contains(id));
+        let named = entry.text(APPROVAL_ID);
+        let id = named.filter(|id| self.mem.parked.contains(id));
+        if let (Some(named), None, Some(early)) = (named, id, self.mem.woken_early.as_mut()) {
+            // Recovering, and its entry not reached yet: its record may have
+            // been read ahead already (see `recovery`).
+            early.insert(named.to_string());
+        }
         let decided = entry.fields.iter().any(|(k, _)| k == STATUS);
         match (id, entry.text(SHOWN)) {
             (Some(id), _) if decided => self.settle(id.to_string()).await?,

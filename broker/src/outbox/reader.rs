@@ -20,10 +20,6 @@
 
 use super::*;
 
-/// Pending entries read per page at recovery: far more than a live batch, since
-/// each page costs a few round trips whatever its size.
-const RECOVERY_PAGE: usize = 1000;
-
 /// Batches from the reader task, or the error that ended it.
 pub(super) type Reads = tokio::sync::mpsc::Receiver<Result<StreamBatch>>;
 
@@ -265,41 +261,23 @@ impl<S: Sender> OutboxService<S> {
         // Nothing read or begun before this recovery is trusted: what it left
         // half-done is pending and is read again here.
         self.mem.forget_batch();
-        for src in self.sources.ids() {
-            let key = self.sources[src].key.clone();
-            let mut after = "0".to_string();
-            loop {
-                let batch = blocking
-                    .read_group(
-                        &self.group,
-                        &self.consumer,
-                        std::slice::from_ref(&key),
-                        &[after.as_str()],
-                        RECOVERY_PAGE,
-                        None,
-                    )
-                    .await?;
-                let entries: Vec<_> = batch.into_iter().flat_map(|(_, e)| e).collect();
-                let Some((last, _)) = entries.last() else {
-                    break;
-                };
-                after = last.clone();
+        self.mem.woken_early = Some(Default::default());
+        // Read a page ahead, beside this task (see `recovery`).
+        let mut pages = self.page_reader().await?.spawn();
+        while let Some(page) = pages.next().await? {
+            self.mem.prefetched.extend(page.records);
+            for (id, fields) in page.entries {
                 // This re-read counted as one more delivery of each.
-                let counts = self
-                    .delivery_counts(&key, &entries[0].0, entries.len())
-                    .await?;
-                self.prefetch_records(src, &entries).await?;
-                for (id, fields) in entries {
-                    let deliveries = counts.get(&id).copied().unwrap_or(2);
-                    self.handle(src, id, fields, deliveries).await?;
-                }
-                self.mem.prefetched.clear();
-                self.drain().await?;
-                // A long recovery does not hold up decisions on what it has
-                // recovered already.
-                self.serve_decisions(blocking).await?;
+                let deliveries = page.counts.get(&id).copied().unwrap_or(2);
+                self.handle(page.source, id, fields, deliveries).await?;
             }
+            self.mem.prefetched.clear();
+            self.drain().await?;
+            // A long recovery does not hold up decisions on what it has
+            // recovered already.
+            self.serve_decisions(blocking).await?;
         }
+        self.mem.woken_early = None;
         // The pages' record table (a thousand records wide) is not kept for
         // the small live batches, and the freed heap goes back: at start-up
         // and after a reconnect alike.
@@ -331,19 +309,29 @@ impl<S: Sender> OutboxService<S> {
         self.drain().await
     }
 
-    /// Delivery counts of this consumer's pending entries from `start` on.
-    async fn delivery_counts(
-        &mut self,
-        stream: &str,
-        start: &str,
-        count: usize,
-    ) -> Result<HashMap<String, u64>> {
-        let consumer = self.consumer.clone();
-        let page = self
-            .store
-            .pending(stream, &self.group, start, count, Some(&consumer), 0)
-            .await?;
-        Ok(page.into_iter().map(|p| (p.id, p.deliveries)).collect())
+    /// The reader of recovery's pages: every source in order, the decisions
+    /// stream last, on a connection of its own.
+    async fn page_reader(&self) -> Result<recovery::PageReader> {
+        let records = match (&self.id_key, self.bridge.approval.required) {
+            (Some(key), true) => Some((key.clone(), self.recovery_fields())),
+            _ => None,
+        };
+        Ok(recovery::PageReader {
+            store: self.store.clone(),
+            blocking: self.store.blocking().await?,
+            group: self.group.clone(),
+            consumer: self.consumer.clone(),
+            sources: self
+                .sources
+                .ids()
+                .map(|src| recovery::SourcePages {
+                    source: src,
+                    key: self.sources[src].key.clone(),
+                    kind: self.sources[src].kind,
+                })
+                .collect(),
+            records,
+        })
     }
 
     /// Handles one entry. `deliveries` is how many times it was handed out (the

@@ -942,3 +942,135 @@ async fn decisions_are_served_while_recovery_goes_on() {
     );
     assert_eq!(d.delivered("mail.out").len(), 1, "only the approved entry");
 }
+
+/// A decision made while a restarted worker recovers, on an entry whose page
+/// was read ahead (records and all) while the page before it is handled, is
+/// acted on at once: the record read ahead predates it, and its wake-up comes
+/// before the worker tracks the entry. Each approved entry is delivered, once,
+/// with no sweep to find a missed one (the sweep reads two unwatched records
+/// in 30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_on_entries_read_ahead_are_each_acted_on() {
+    // Recovery reads pages of 1,000 (`outbox/recovery.rs`): three pages.
+    const PAGE: usize = 1_000;
+    const PARKED: usize = 3 * PAGE;
+    const DECIDED_AHEAD: usize = 50;
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let stream = keys::agent_outbox("ann", "mail");
+    let mut pipe = redis::pipe();
+    for i in 0..PARKED {
+        pipe.cmd("XADD")
+            .arg(&stream)
+            .arg("*")
+            .arg("channel_id")
+            .arg("bob")
+            .arg("content")
+            .arg(format!("m{i}"))
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+    // Cards shown: the recovered records are then quiet, tracked from the
+    // fields read ahead.
+    let desk = d.spawn("outbox", "desk");
+    let outbox = d.process("cowboy-console-outbox", "mail");
+    wait_until(
+        "every entry parked and its card shown",
+        Duration::from_secs(120),
+        || {
+            let mut store = store.clone();
+            async move {
+                let parked: usize = redis::cmd("ZCARD")
+                    .arg(keys::pending("mail"))
+                    .query_async(&mut store.conn)
+                    .await
+                    .unwrap();
+                let read = harness::entries_read(&mut store, "desk:outbox", "desk-outbox").await;
+                let waiting = harness::pending(&mut store, "desk:outbox", "desk-outbox").await;
+                (parked == PARKED && read >= PARKED && waiting == 0).then_some(())
+            }
+        },
+    )
+    .await;
+    outbox.kill();
+    let key = broker::approval::IdKey::load(&mut store, "mail")
+        .await
+        .unwrap();
+    let entries: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(&stream)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), PARKED);
+    let config = d.config.clone();
+    let decider = store.clone();
+    let approve = |entry_id: &str| {
+        let (mut store, config) = (decider.clone(), config.clone());
+        let id = key.id_for(&stream, entry_id);
+        async move {
+            let answer = broker::approval::Answer::new(
+                &broker::Clock::system(),
+                broker::approval::Verdict::Approved,
+                "cli:op",
+                "",
+            );
+            let outcome = broker::approval::decide(&mut store, &config, &id, answer)
+                .await
+                .unwrap();
+            assert_eq!(outcome, broker::approval::Outcome::Decided);
+        }
+    };
+    // The first page approved while the worker is down: handling it at
+    // recovery (a thousand sends) takes a while.
+    for (entry_id, _) in &entries[..PAGE] {
+        approve(entry_id).await;
+    }
+    // Their records hold the decisions; without their wake-ups, the ones
+    // made below are the first the worker serves (a batch at a time).
+    let _: () = redis::cmd("XTRIM")
+        .arg(keys::decisions("mail"))
+        .arg("MAXLEN")
+        .arg(0)
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let _outbox = d.process("cowboy-console-outbox", "mail");
+    // The third page is read once the second is read and the worker took
+    // the first: the second's records are read, and the first is being
+    // handled. A decision on the second's entries now comes before the
+    // worker tracks them.
+    let third = &entries[2 * PAGE].0;
+    wait_until("the third page read", SOON, || {
+        let mut store = store.clone();
+        async move {
+            let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(keys::agent_outbox("ann", "mail"))
+                .arg("mail-outbox")
+                .arg(third)
+                .arg(third)
+                .arg(1)
+                .query_async(&mut store.conn)
+                .await
+                .unwrap();
+            (pending[0].3 >= 2).then_some(())
+        }
+    })
+    .await;
+    for (entry_id, _) in &entries[2 * PAGE - DECIDED_AHEAD..2 * PAGE] {
+        approve(entry_id).await;
+    }
+    let want = PAGE + DECIDED_AHEAD;
+    wait_until("every approved entry delivered", SOON, || async {
+        let n = d.delivered("mail.out").len();
+        (n >= want).then_some(n)
+    })
+    .await;
+    let sent = d.delivered("mail.out");
+    let distinct: std::collections::HashSet<&str> =
+        sent.iter().map(|s| s.content.as_str()).collect();
+    assert_eq!(sent.len(), want, "each approved entry once");
+    assert_eq!(distinct.len(), want, "each approved entry once");
+    desk.stop().await.unwrap();
+}
