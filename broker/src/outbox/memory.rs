@@ -52,10 +52,9 @@ pub(super) struct Memory {
     /// index), each with only the fields recovery reads
     /// (`OutboxService::recovery_fields`): never written back or shown.
     pub prefetched: HashMap<String, Option<Record>>,
-    /// While recovering: approvals a wake-up named before their entry was
-    /// reached, whose records a page read ahead may hold stale
-    /// (`super::recovery`). `None` outside recovery.
-    pub woken_early: Option<std::collections::HashSet<String>>,
+    /// What a recovery under way knows ([`Recovering`]), kept after one that
+    /// failed for the next; `None` once one completed.
+    pub recovering: Option<Recovering>,
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).
     pub outcomes_waiting: HashMap<String, (SourceId, Entry)>,
@@ -83,6 +82,20 @@ pub(super) struct Memory {
     pub run_len: usize,
     /// The digest period this worker last looked at (see `digest.rs`).
     pub digest_period: Option<u64>,
+}
+
+/// What a recovery under way knows beside its pages (`super::recovery`).
+#[derive(Default)]
+pub(super) struct Recovering {
+    /// Approvals tracked when it began (a reconnect keeps what the worker
+    /// knew): their entries are skipped, and their records not read ahead,
+    /// since a decision served between pages may settle and ack one before
+    /// its page is handled.
+    pub known: std::sync::Arc<std::collections::HashSet<String>>,
+    /// Approvals a wake-up named before their entry was reached (their
+    /// records read ahead may be older than it), and whether it announced a
+    /// change still to come.
+    pub woken: HashMap<String, bool>,
 }
 
 impl Memory {

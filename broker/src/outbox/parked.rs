@@ -280,6 +280,11 @@ impl ParkedIndex {
         self.parked.get(id)
     }
 
+    /// Every id tracked, in id order.
+    pub fn ids(&self) -> impl Iterator<Item = String> + '_ {
+        self.parked.keys().cloned()
+    }
+
     pub fn contains(&self, id: &str) -> bool {
         self.parked.contains_key(id)
     }

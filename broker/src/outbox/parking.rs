@@ -15,7 +15,9 @@
 //!   of the approval can write.
 //! - At recovery a record is read in part ([`OutboxService::recovery_fields`]);
 //!   one that needs nothing but tracking is tracked from that part, any other
-//!   is read whole. A part is never written back, drawn or sealed.
+//!   is read whole, and so is one a wake-up named while recovery had not
+//!   reached it (its part may have been read before the change; see
+//!   `recovery`). A part is never written back, drawn or sealed.
 //! - Approval ids are keyed ([`IdKey`]): stable across restarts, not computable
 //!   by an agent.
 //! - A parked entry that vanished from its stream (trimmed or deleted) is settled
@@ -118,11 +120,11 @@ impl<S: Sender> OutboxService<S> {
         // be older than the change).
         let early = self
             .mem
-            .woken_early
+            .recovering
             .as_ref()
-            .is_some_and(|woken| woken.contains(&id));
+            .and_then(|r| r.woken.get(&id).copied());
         let (loaded, indexed) = match self.mem.prefetched.remove(&id) {
-            Some(Some(few)) if !early && self.quiet(&few) => {
+            Some(Some(few)) if early.is_none() && self.quiet(&few) => {
                 self.track_parked(src, &entry.id, &few);
                 return Ok(());
             }
@@ -204,8 +206,8 @@ impl<S: Sender> OutboxService<S> {
             }
         }
         self.track_parked(src, &entry.id, &record);
-        if early {
-            // An announced change may land after the read above.
+        if early == Some(true) {
+            // The announced change may land after the read above.
             self.mem.parked.announce(&id);
         }
         if record.state(self.clock.now_secs_f64()) != State::Pending {
@@ -827,12 +829,15 @@ impl<S: Sender> OutboxService<S> {
         let key = self.sources[src].key.clone();
         let named = entry.text(APPROVAL_ID);
         let id = named.filter(|id| self.mem.parked.contains(id));
-        if let (Some(named), None, Some(early)) = (named, id, self.mem.woken_early.as_mut()) {
-            // Recovering, and its entry not reached yet: its record may have
-            // been read ahead already (see `recovery`).
-            early.insert(named.to_string());
-        }
         let decided = entry.fields.iter().any(|(k, _)| k == STATUS);
+        if let (Some(named), None, Some(recovering)) = (named, id, self.mem.recovering.as_mut()) {
+            // Recovering, and its entry not reached yet: its record may have
+            // been read ahead already (see `recovery`). A decision or a
+            // card shown is in the record before its wake-up; an
+            // announcement comes before its change.
+            let announced = !decided && entry.text(SHOWN).is_none();
+            *recovering.woken.entry(named.to_string()).or_default() |= announced;
+        }
         match (id, entry.text(SHOWN)) {
             (Some(id), _) if decided => self.settle(id.to_string()).await?,
             (Some(id), Some(surface)) => {

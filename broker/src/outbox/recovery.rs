@@ -9,20 +9,34 @@
 //! this one, so they overlap.
 //!
 //! Invariants:
-//! - Pages come in stream order, source after source, each entry once. The
-//!   reader is at most one page ahead (a channel of one): memory holds two
-//!   pages and the one being read, whatever the number pending.
+//! - Pages come in stream order, source after source. The reader reads a
+//!   page only once the page before it was taken: it is one page ahead of
+//!   the one being handled, never more, so memory holds two pages whatever
+//!   the number pending. Each read counts one more delivery of its entries
+//!   (poison is counted that way across crashes): when a worker keeps dying
+//!   on one entry, the entries after it up to the end of the next page reach
+//!   `max_deliveries` with it and are dead-lettered with it, a thousand more
+//!   than without reading ahead.
 //! - A record read ahead may predate a decision, or a change announced,
 //!   whose wake-up the service serves between two pages. The service notes
 //!   every wake-up for an approval it does not track yet while it recovers
-//!   (`Memory::woken_early`), reads such a record whole when it reaches its
-//!   entry, and has the sweep read it again (an announced change may land
-//!   after that read).
-//! - The reader only reads, and repairs the pending index from the records
-//!   it read (a cache of the records, written as recovery always did). It
-//!   ends with the recovery that started it: dropping [`Pages`] aborts it.
+//!   (`memory::Recovering::woken`), reads such a record whole when it
+//!   reaches its entry, and has the sweep read it twice more after an
+//!   announcement (the change may land after that read).
+//! - After a reconnect the service still tracks what it knew, and a decision
+//!   served between pages may settle, ack and close one of those before its
+//!   page is handled. The records of those approvals
+//!   (`memory::Recovering::known`) are neither read nor indexed by the
+//!   reader, and their entries are skipped.
+//! - The reader only reads, and puts the unsettled records it read in the
+//!   pending index (a cache of the records, repaired from them). It ends
+//!   with the recovery that started it: dropping [`Pages`] aborts it.
+//! - A wake-up on the decisions stream may be read both by a page and by
+//!   the service's read of new ones between pages; handling one twice does
+//!   nothing more (settling reads the record).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -66,6 +80,10 @@ pub(super) struct PageReader {
     /// Whether agent entries have records to read, with the key their ids
     /// are derived with and the fields recovery reads.
     pub records: Option<(IdKey, Vec<String>)>,
+    /// Approvals the service tracked when the recovery began: not read (the
+    /// service skips their entries; one may be settled and its record
+    /// closed before its page is handled, and must not be indexed again).
+    pub known: Arc<HashSet<String>>,
 }
 
 /// The pages as the reader delivers them; dropping this stops the reader.
@@ -113,6 +131,12 @@ impl PageReader {
         for source in &sources {
             let mut after = "0".to_string();
             loop {
+                // A slot first, then the read: the reader is one page ahead
+                // of the one being handled, never two (each read counts one
+                // more delivery of its entries; see the module doc).
+                let Ok(slot) = tx.reserve().await else {
+                    return;
+                };
                 let page = self.read(source, &after).await;
                 let last = match &page {
                     Ok(p) => match p.entries.last() {
@@ -121,9 +145,7 @@ impl PageReader {
                     },
                     Err(_) => None,
                 };
-                if tx.send(page).await.is_err() {
-                    return;
-                }
+                slot.send(page);
                 match last {
                     Some(id) => after = id,
                     // An error ends the recovery that reads it.
@@ -195,6 +217,7 @@ impl PageReader {
                 (Class::of_fields(source.kind, fields) == Class::Agent)
                     .then(|| key.id_for(&source.key, entry_id))
             })
+            .filter(|id| !self.known.contains(id))
             .collect();
         if ids.is_empty() {
             return Ok(Vec::new());
