@@ -203,29 +203,43 @@ pub fn render_notification(
     out
 }
 
+/// Whose copy of a frame value a surface that lays out its own card shows.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// The notification's: what the message is and whose, as the requesting
+    /// service read it.
+    AsNotified,
+    /// The record's: its deadline, quorum, snoozes and escalation steps,
+    /// which the record holds under the requesting bridge's seal and which
+    /// change while a card waits.
+    AsRecorded,
+}
+
 /// The record fields [`frame_head`] shows (with the id, which the
-/// notification carries as `approval_id`).
-const FRAME_FIELDS: &[&str] = {
+/// notification carries as `approval_id`), in the order a notification holds
+/// them, each with whose copy a platform's own card shows.
+const FRAME_FIELDS: &[(&str, Shown)] = {
     use super::record::field::*;
+    use Shown::*;
     &[
-        AGENT,
-        SOURCE,
-        CHANNEL_ID,
-        SUBJECT,
-        REPLY_TO,
-        CONTENT_BYTES,
-        MESSAGE_SHA256,
-        EXPIRES_AT,
-        NOTIFY,
-        EDITED_BY,
-        ORIGINAL_SHA256,
-        REVISION,
-        QUORUM,
-        SNOOZES,
-        SNOOZED_BY,
-        SNOOZED_UNTIL,
-        ESCALATED,
-        ALSO,
+        (AGENT, AsNotified),
+        (SOURCE, AsNotified),
+        (CHANNEL_ID, AsNotified),
+        (SUBJECT, AsNotified),
+        (REPLY_TO, AsNotified),
+        (CONTENT_BYTES, AsNotified),
+        (MESSAGE_SHA256, AsNotified),
+        (EXPIRES_AT, AsRecorded),
+        (NOTIFY, AsRecorded),
+        (EDITED_BY, AsNotified),
+        (ORIGINAL_SHA256, AsNotified),
+        (REVISION, AsNotified),
+        (QUORUM, AsRecorded),
+        (SNOOZES, AsRecorded),
+        (SNOOZED_BY, AsRecorded),
+        (SNOOZED_UNTIL, AsRecorded),
+        (ESCALATED, AsRecorded),
+        (ALSO, AsRecorded),
     ]
 };
 
@@ -238,7 +252,7 @@ pub fn frame_values(record: &Record) -> String {
     let pairs: std::collections::HashMap<String, String> = record.to_pairs().into_iter().collect();
     let values: Vec<String> = FRAME_FIELDS
         .iter()
-        .filter_map(|name| {
+        .filter_map(|(name, _)| {
             let value = pairs.get(*name)?;
             let value = serde_json::Value::String(value.clone());
             Some(format!("\"{name}\":{value}"))
@@ -246,25 +260,6 @@ pub fn frame_values(record: &Record) -> String {
         .collect();
     format!("{{{}}}", values.join(","))
 }
-
-/// The frame values that say what the message is and whose (as opposed to
-/// its deadline, quorum, snoozes and escalation steps, which the record holds
-/// under the requesting bridge's seal and which change while a card waits).
-const IDENTITY_FIELDS: &[&str] = {
-    use super::record::field::*;
-    &[
-        AGENT,
-        SOURCE,
-        CHANNEL_ID,
-        SUBJECT,
-        REPLY_TO,
-        CONTENT_BYTES,
-        MESSAGE_SHA256,
-        EDITED_BY,
-        ORIGINAL_SHA256,
-        REVISION,
-    ]
-};
 
 /// `record` with the values that say what the message is and whose replaced
 /// by a notification's own (`values`, its `approval_frame`: what the
@@ -279,7 +274,8 @@ pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
     let mut map: std::collections::HashMap<String, String> =
         record.to_pairs().into_iter().collect();
-    for name in IDENTITY_FIELDS {
+    let notified = FRAME_FIELDS.iter().filter(|(_, s)| *s == Shown::AsNotified);
+    for (name, _) in notified {
         match values.get(*name) {
             Some(v) => map.insert(name.to_string(), v.clone()),
             None => map.remove(*name),
@@ -470,8 +466,6 @@ mod tests {
             assert!(drawn.contains(line), "{line}: {drawn}");
         }
         assert!(!fields.iter().any(|(k, _)| *k == "content"));
-        // What a platform takes from the notification is in it.
-        assert!(IDENTITY_FIELDS.iter().all(|f| FRAME_FIELDS.contains(f)));
         // In a fixed order, whatever a JSON crate feature says.
         assert!(get("approval_frame").unwrap().starts_with(
             r#"{"agent":"ann","source":"mail","channel_id":"bob@example.org","subject":"Lunch","#

@@ -88,24 +88,57 @@ impl std::fmt::Display for EntryId {
     }
 }
 
+/// An approval id as the index keeps it: every id the outbox derives is a
+/// UUID in its canonical text, kept as its 16 bytes beside the entry (a
+/// string would cost about 50 bytes more of each of 100,000). Any other
+/// text is kept as it is. The order is the ids' text order, UUIDs first.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    Uuid([u8; 16]),
+    Other(Box<str>),
+}
+
+impl Key {
+    fn new(id: &str) -> Key {
+        let Ok(uuid) = uuid::Uuid::try_parse(id) else {
+            return Key::Other(id.into());
+        };
+        // Only when it reads back the same (upper case would not).
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        match uuid.hyphenated().encode_lower(&mut text) == id {
+            true => Key::Uuid(uuid.into_bytes()),
+            false => Key::Other(id.into()),
+        }
+    }
+
+    fn id(&self) -> String {
+        match self {
+            Key::Uuid(bytes) => uuid::Uuid::from_bytes(*bytes).to_string(),
+            Key::Other(id) => id.to_string(),
+        }
+    }
+}
+
 /// One time per id (unix seconds), in time order, each taken out once due.
 #[derive(Debug, Default)]
 struct Timers {
-    by_time: BTreeSet<(u64, String)>,
+    by_time: BTreeSet<(u64, Key)>,
     /// Each id's, to drop it without a scan.
-    of: HashMap<String, u64>,
+    of: HashMap<Key, u64>,
 }
 
 impl Timers {
     fn set(&mut self, id: &str, at: u64) {
         self.forget(id);
-        self.by_time.insert((at, id.to_string()));
-        self.of.insert(id.to_string(), at);
+        let key = Key::new(id);
+        self.by_time.insert((at, key.clone()));
+        self.of.insert(key, at);
     }
 
     fn forget(&mut self, id: &str) {
-        if let Some(at) = self.of.remove(id) {
-            self.by_time.remove(&(at, id.to_string()));
+        let key = Key::new(id);
+        if let Some(at) = self.of.remove(&key) {
+            self.by_time.remove(&(at, key));
         }
     }
 
@@ -114,36 +147,36 @@ impl Timers {
     }
 
     fn due(&mut self, now: f64, most: usize) -> Vec<String> {
-        let due: Vec<(u64, String)> = self
+        let due: Vec<(u64, Key)> = self
             .by_time
             .iter()
             .take_while(|(t, _)| (*t as f64) <= now)
             .take(most)
             .cloned()
             .collect();
-        for (at, id) in &due {
-            self.by_time.remove(&(*at, id.clone()));
-            self.of.remove(id);
+        for (at, key) in &due {
+            self.by_time.remove(&(*at, key.clone()));
+            self.of.remove(key);
         }
-        due.into_iter().map(|(_, id)| id).collect()
+        due.into_iter().map(|(_, key)| key.id()).collect()
     }
 }
 
 #[derive(Debug, Default)]
 pub(super) struct ParkedIndex {
     /// In id order, for the sweep's cursor.
-    parked: BTreeMap<String, Parked>,
-    deadlines: BTreeSet<(u64, String)>,
+    parked: BTreeMap<Key, Parked>,
+    deadlines: BTreeSet<(u64, Key)>,
     /// Reminders due, each once (`approval.remind_after`).
     reminders: Timers,
     /// The next escalation step due of each (`approval.escalate`).
     escalations: Timers,
     /// The last id the blind slice re-read this round (None: a round begins).
-    swept_to: Option<String>,
+    swept_to: Option<Key>,
     /// How many entries are watched (their `watch` not 0).
     watching: usize,
     /// The last watched id the sweep re-read this round.
-    watched_to: Option<String>,
+    watched_to: Option<Key>,
 }
 
 impl ParkedIndex {
@@ -159,6 +192,7 @@ impl ParkedIndex {
         // Tracked again (a moved deadline, a retry): its reminder stays, and
         // so does an announcement not yet read twice.
         let mut watch = watch;
+        let id = Key::new(&id);
         if let Some(p) = self.parked.remove(&id) {
             self.deadlines.remove(&(p.expires_at, id.clone()));
             self.watching -= (p.watch != 0) as usize;
@@ -178,8 +212,9 @@ impl ParkedIndex {
     }
 
     pub fn untrack(&mut self, id: &str) {
-        if let Some(p) = self.parked.remove(id) {
-            self.deadlines.remove(&(p.expires_at, id.to_string()));
+        let key = Key::new(id);
+        if let Some(p) = self.parked.remove(&key) {
+            self.deadlines.remove(&(p.expires_at, key));
             self.watching -= (p.watch != 0) as usize;
         }
         self.reminders.forget(id);
@@ -189,7 +224,7 @@ impl ParkedIndex {
     /// Reminds the approvers of parked `id` at `at` (once; a later call
     /// replaces it).
     pub fn remind(&mut self, id: &str, at: u64) {
-        if self.parked.contains_key(id) {
+        if self.contains(id) {
             self.reminders.set(id, at);
         }
     }
@@ -203,7 +238,7 @@ impl ParkedIndex {
     /// Takes parked `id`'s next escalation step at `at` (a later call
     /// replaces it).
     pub fn escalate(&mut self, id: &str, at: u64) {
-        if self.parked.contains_key(id) {
+        if self.contains(id) {
             self.escalations.set(id, at);
         }
     }
@@ -216,7 +251,7 @@ impl ParkedIndex {
 
     /// Changes what parked `id` is watched for (nothing if not parked).
     fn rewatch(&mut self, id: &str, change: impl FnOnce(u16) -> u16) {
-        if let Some(p) = self.parked.get_mut(id) {
+        if let Some(p) = self.parked.get_mut(&Key::new(id)) {
             let before = p.watch != 0;
             p.watch = change(p.watch);
             match (before, p.watch != 0) {
@@ -268,8 +303,9 @@ impl ParkedIndex {
     /// Decided: its deadline no longer wakes the loop, nor does a card
     /// still unshown matter; the entry stays.
     pub fn decided(&mut self, id: &str) {
-        if let Some(p) = self.parked.get(id) {
-            self.deadlines.remove(&(p.expires_at, id.to_string()));
+        let key = Key::new(id);
+        if let Some(p) = self.parked.get(&key) {
+            self.deadlines.remove(&(p.expires_at, key));
         }
         self.rewatch(id, |_| 0);
         self.reminders.forget(id);
@@ -277,16 +313,16 @@ impl ParkedIndex {
     }
 
     pub fn get(&self, id: &str) -> Option<&Parked> {
-        self.parked.get(id)
+        self.parked.get(&Key::new(id))
     }
 
     /// Every id tracked, in id order.
     pub fn ids(&self) -> impl Iterator<Item = String> + '_ {
-        self.parked.keys().cloned()
+        self.parked.keys().map(Key::id)
     }
 
     pub fn contains(&self, id: &str) -> bool {
-        self.parked.contains_key(id)
+        self.parked.contains_key(&Key::new(id))
     }
 
     pub fn len(&self) -> usize {
@@ -314,7 +350,7 @@ impl ParkedIndex {
         self.deadlines
             .iter()
             .take_while(|(t, _)| (*t as f64) <= now)
-            .map(|(_, id)| id.clone())
+            .map(|(_, key)| key.id())
             .collect()
     }
 
@@ -330,17 +366,17 @@ impl ParkedIndex {
             Some(id) => Bound::Excluded(id.clone()),
             None => Bound::Unbounded,
         };
-        let watched = |(id, p): (&String, &Parked)| (p.watch != 0).then(|| id.clone());
-        let mut slice: Vec<String> = self
+        let watched = |(key, p): (&Key, &Parked)| (p.watch != 0).then(|| key.clone());
+        let mut slice: Vec<Key> = self
             .parked
-            .range::<String, _>((from, Bound::Unbounded))
+            .range::<Key, _>((from, Bound::Unbounded))
             .filter_map(watched)
             .take(n)
             .collect();
         if let Some(after) = after.filter(|_| slice.len() < n) {
             let head = self
                 .parked
-                .range::<String, _>((Bound::Unbounded, Bound::Included(after)))
+                .range::<Key, _>((Bound::Unbounded, Bound::Included(after)))
                 .filter_map(watched)
                 .take(n - slice.len());
             slice.extend(head);
@@ -349,21 +385,21 @@ impl ParkedIndex {
             true => None,
             false => slice.last().cloned(),
         };
-        slice
+        slice.iter().map(Key::id).collect()
     }
 
     /// The blind slice: the next `n` ids still parked, watched or not; a new
     /// round begins when the last one ended.
     pub fn blind_slice(&mut self, n: usize) -> Vec<String> {
-        let from = |after: &Option<String>| match after {
-            Some(id) => Bound::Excluded(id.clone()),
+        let from = |after: &Option<Key>| match after {
+            Some(key) => Bound::Excluded(key.clone()),
             None => Bound::Unbounded,
         };
-        let read = |from: Bound<String>| -> Vec<String> {
+        let read = |from: Bound<Key>| -> Vec<Key> {
             self.parked
-                .range::<String, _>((from, Bound::Unbounded))
+                .range::<Key, _>((from, Bound::Unbounded))
                 .take(n)
-                .map(|(id, _)| id.clone())
+                .map(|(key, _)| key.clone())
                 .collect()
         };
         let mut slice = read(from(&self.swept_to));
@@ -376,7 +412,7 @@ impl ParkedIndex {
             true => None,
             false => slice.last().cloned(),
         };
-        slice
+        slice.iter().map(Key::id).collect()
     }
 
     /// Whether anything is parked from `source`.
@@ -413,6 +449,30 @@ mod tests {
         )
         .unwrap();
         Sources::new(&config, "b").ids().next().unwrap()
+    }
+
+    /// An approval id is kept as 16 bytes only when it reads back the same,
+    /// and keys sort as their ids' text does.
+    #[test]
+    fn keys_keep_ids_exactly_and_in_their_order() {
+        let low = "0bc2f242-1677-8dcb-8053-51c2f136d2ec";
+        let high = "a686e8e9-f17a-8695-8c85-6612f136d2ec";
+        assert!(matches!(Key::new(low), Key::Uuid(_)));
+        for other in [
+            "0BC2F242-1677-8DCB-8053-51C2F136D2EC",
+            "0bc2f24216778dcb805351c2f136d2ec",
+            "b",
+        ] {
+            assert!(matches!(Key::new(other), Key::Other(_)), "{other}");
+            assert_eq!(Key::new(other).id(), other);
+        }
+        assert_eq!(Key::new(low).id(), low);
+        assert!(Key::new(low) < Key::new(high));
+        let mut p = ParkedIndex::default();
+        p.track(high.into(), source(), "1-0".into(), 0, 0);
+        p.track(low.into(), source(), "2-0".into(), 0, 0);
+        assert!(p.contains(low) && !p.contains(&low.to_uppercase()));
+        assert_eq!(p.blind_slice(2), [low, high]);
     }
 
     /// Deadlines come due in order as the clock passes them; a decided entry

@@ -486,18 +486,11 @@ impl<S: Sender> OutboxService<S> {
     ) -> (Record, Vec<(Card, Notification)>) {
         let now = self.clock.now_secs();
         let timeout = self.bridge.approval.timeout;
-        let mut record = Record {
+        let parked = Record {
             id: id.to_string(),
             status: Status::Pending,
-            source: self.name.clone(),
-            agent: source.agent.clone(),
-            channel_id: message.channel_id.clone(),
-            subject: message.subject.clone(),
-            reply_to: message.reply_to.clone(),
             content_preview: approval::preview(&message.content),
             content_sha256: approval::sha256_hex(message.content.as_bytes()),
-            message_sha256: message.sha256(),
-            content_bytes: message.content.len() as u64,
             request_id: message.request_id.clone(),
             created_at: now,
             expires_at: if timeout == 0 { 0 } else { now + timeout },
@@ -528,6 +521,7 @@ impl<S: Sender> OutboxService<S> {
             nonce: uuid::Uuid::new_v4().simple().to_string(),
             ..Record::default()
         };
+        let mut record = self.with_shown_values(parked, source.agent.clone(), message);
         // Written with the record, before the notification exists: each notify
         // side shows only the entry with exactly its card's digest.
         // Each notification is rendered once: its digest goes in the record,
@@ -614,15 +608,27 @@ impl<S: Sender> OutboxService<S> {
         if message.sha256() != record.message_sha256 {
             return record.clone();
         }
+        self.with_shown_values(record.clone(), self.sources[src].agent.clone(), message)
+    }
+
+    /// `record` with what its cards show of the message and whose it is,
+    /// from the message as this service read it: the one place a record's
+    /// identity values are set, at parking and when a card is drawn again.
+    fn with_shown_values(
+        &self,
+        record: Record,
+        agent: Option<String>,
+        message: &Message,
+    ) -> Record {
         Record {
             source: self.name.clone(),
-            agent: self.sources[src].agent.clone(),
+            agent,
             channel_id: message.channel_id.clone(),
             subject: message.subject.clone(),
             reply_to: message.reply_to.clone(),
             content_bytes: message.content.len() as u64,
             message_sha256: message.sha256(),
-            ..record.clone()
+            ..record
         }
     }
 
