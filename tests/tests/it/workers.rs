@@ -891,18 +891,7 @@ async fn decisions_are_served_while_recovery_goes_on() {
     const PARKED: usize = 5_000;
     let d = Deployment::new(&config());
     let mut store = d.store().await;
-    let mut pipe = redis::pipe();
-    for i in 0..PARKED {
-        pipe.cmd("XADD")
-            .arg(keys::agent_outbox("ann", "mail"))
-            .arg("*")
-            .arg("channel_id")
-            .arg("bob")
-            .arg("content")
-            .arg(format!("m{i}"))
-            .ignore();
-    }
-    let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+    ann_sends_many(&mut store, PARKED).await;
     let outbox = d.process("cowboy-console-outbox", "mail");
     let first = wait_until("every entry parked", Duration::from_secs(120), || async {
         let ids: Vec<String> = redis::cmd("ZRANGE")
@@ -920,17 +909,7 @@ async fn decisions_are_served_while_recovery_goes_on() {
     // The restarted service's log follows its predecessor's in the same file.
     let before = std::fs::read_to_string(&log).unwrap_or_default().len();
     let _outbox = d.process("cowboy-console-outbox", "mail");
-    let config = d.config.clone();
-    let answer = broker::approval::Answer::new(
-        &broker::Clock::system(),
-        broker::approval::Verdict::Approved,
-        "cli:op",
-        "",
-    );
-    let outcome = broker::approval::decide(&mut store, &config, &first, answer)
-        .await
-        .unwrap();
-    assert_eq!(outcome, broker::approval::Outcome::Decided);
+    approve_as_op(&store, &d, &first).await;
     wait_until("the approved delivery", SOON, || async {
         (!d.delivered("mail.out").is_empty()).then_some(())
     })
@@ -958,18 +937,7 @@ async fn decisions_on_entries_read_ahead_are_each_acted_on() {
     let d = Deployment::new(&config());
     let mut store = d.store().await;
     let stream = keys::agent_outbox("ann", "mail");
-    let mut pipe = redis::pipe();
-    for i in 0..PARKED {
-        pipe.cmd("XADD")
-            .arg(&stream)
-            .arg("*")
-            .arg("channel_id")
-            .arg("bob")
-            .arg("content")
-            .arg(format!("m{i}"))
-            .ignore();
-    }
-    let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+    ann_sends_many(&mut store, PARKED).await;
     // Cards shown: the recovered records are then quiet, tracked from the
     // fields read ahead.
     let desk = d.spawn("outbox", "desk");
@@ -1004,23 +972,11 @@ async fn decisions_on_entries_read_ahead_are_each_acted_on() {
         .await
         .unwrap();
     assert_eq!(entries.len(), PARKED);
-    let config = d.config.clone();
     let decider = store.clone();
     let approve = |entry_id: &str| {
-        let (mut store, config) = (decider.clone(), config.clone());
         let id = key.id_for(&stream, entry_id);
-        async move {
-            let answer = broker::approval::Answer::new(
-                &broker::Clock::system(),
-                broker::approval::Verdict::Approved,
-                "cli:op",
-                "",
-            );
-            let outcome = broker::approval::decide(&mut store, &config, &id, answer)
-                .await
-                .unwrap();
-            assert_eq!(outcome, broker::approval::Outcome::Decided);
-        }
+        let (decider, d) = (&decider, &d);
+        async move { approve_as_op(decider, d, &id).await }
     };
     // The first page approved while the worker is down: handling it at
     // recovery (a thousand sends) takes a while.
@@ -1078,4 +1034,34 @@ async fn decisions_on_entries_read_ahead_are_each_acted_on() {
     assert_eq!(sent.len(), want, "each approved entry once");
     assert_eq!(distinct.len(), want, "each approved entry once");
     desk.stop().await.unwrap();
+}
+
+/// Writes `n` entries to ann's outbox of mail in one round trip.
+async fn ann_sends_many(store: &mut Store, n: usize) {
+    let mut pipe = redis::pipe();
+    for i in 0..n {
+        pipe.cmd("XADD")
+            .arg(keys::agent_outbox("ann", "mail"))
+            .arg("*")
+            .arg("channel_id")
+            .arg("bob")
+            .arg("content")
+            .arg(format!("m{i}"))
+            .ignore();
+    }
+    let _: () = pipe.query_async(&mut store.conn).await.unwrap();
+}
+
+/// Approves `id` as `cli:op`, as the CLI would, and checks it was decided.
+async fn approve_as_op(store: &Store, d: &Deployment, id: &str) {
+    let answer = broker::approval::Answer::new(
+        &broker::Clock::system(),
+        broker::approval::Verdict::Approved,
+        "cli:op",
+        "",
+    );
+    let outcome = broker::approval::decide(&mut store.clone(), &d.config, id, answer)
+        .await
+        .unwrap();
+    assert_eq!(outcome, broker::approval::Outcome::Decided);
 }
