@@ -205,41 +205,42 @@ pub fn render_notification(
 
 /// Whose copy of a frame value a surface that lays out its own card shows.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Shown {
+enum TakenFrom {
     /// The notification's: what the message is and whose, as the requesting
     /// service read it.
-    AsNotified,
-    /// The record's: its deadline, quorum, snoozes and escalation steps,
-    /// which the record holds under the requesting bridge's seal and which
-    /// change while a card waits.
-    AsRecorded,
+    Notification,
+    /// The record's: its deadline, quorum, snoozes and escalation steps
+    /// (the deadline, quorum, snooze count and steps under the requesting
+    /// bridge's seal), who snoozed and the surfaces asked: they change while
+    /// a card waits.
+    Record,
 }
 
 /// The record fields [`frame_head`] shows (with the id, which the
 /// notification carries as `approval_id`), in the order a notification holds
 /// them, each with whose copy a platform's own card shows.
-const FRAME_FIELDS: &[(&str, Shown)] = {
+const FRAME_FIELDS: &[(&str, TakenFrom)] = {
     use super::record::field::*;
-    use Shown::*;
+    use TakenFrom::*;
     &[
-        (AGENT, AsNotified),
-        (SOURCE, AsNotified),
-        (CHANNEL_ID, AsNotified),
-        (SUBJECT, AsNotified),
-        (REPLY_TO, AsNotified),
-        (CONTENT_BYTES, AsNotified),
-        (MESSAGE_SHA256, AsNotified),
-        (EXPIRES_AT, AsRecorded),
-        (NOTIFY, AsRecorded),
-        (EDITED_BY, AsNotified),
-        (ORIGINAL_SHA256, AsNotified),
-        (REVISION, AsNotified),
-        (QUORUM, AsRecorded),
-        (SNOOZES, AsRecorded),
-        (SNOOZED_BY, AsRecorded),
-        (SNOOZED_UNTIL, AsRecorded),
-        (ESCALATED, AsRecorded),
-        (ALSO, AsRecorded),
+        (AGENT, Notification),
+        (SOURCE, Notification),
+        (CHANNEL_ID, Notification),
+        (SUBJECT, Notification),
+        (REPLY_TO, Notification),
+        (CONTENT_BYTES, Notification),
+        (MESSAGE_SHA256, Notification),
+        (EXPIRES_AT, Record),
+        (NOTIFY, Record),
+        (EDITED_BY, Notification),
+        (ORIGINAL_SHA256, Notification),
+        (REVISION, Notification),
+        (QUORUM, Record),
+        (SNOOZES, Record),
+        (SNOOZED_BY, Record),
+        (SNOOZED_UNTIL, Record),
+        (ESCALATED, Record),
+        (ALSO, Record),
     ]
 };
 
@@ -274,7 +275,9 @@ pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
     let mut map: std::collections::HashMap<String, String> =
         record.to_pairs().into_iter().collect();
-    let notified = FRAME_FIELDS.iter().filter(|(_, s)| *s == Shown::AsNotified);
+    let notified = FRAME_FIELDS
+        .iter()
+        .filter(|(_, s)| *s == TakenFrom::Notification);
     for (name, _) in notified {
         match values.get(*name) {
             Some(v) => map.insert(name.to_string(), v.clone()),

@@ -7,7 +7,9 @@
 //!   One exception, informational only: `told`, the `delivered` notices of
 //!   the acks to come; forgotten with them, the agent may not hear of those
 //!   deliveries (they were made; `status` then stays `awaiting` or `queued`
-//!   until the trail is asked).
+//!   until the trail is asked). And `recovering.woken`, the wake-ups a
+//!   recovery acked for entries it had not reached: kept through a forget
+//!   for the recovery that follows, since Redis no longer holds them.
 //! - Forgetting is all or nothing ([`Memory::forget`]): the scheduler and the
 //!   parked index in particular never go apart (a parked entry whose send was
 //!   abandoned must be tracked afresh, or only the slow sweep repairs it).
@@ -52,8 +54,9 @@ pub(super) struct Memory {
     /// index), each with only the fields recovery reads
     /// (`OutboxService::recovery_fields`): never written back or shown.
     pub prefetched: HashMap<String, Option<Record>>,
-    /// What a recovery under way knows ([`Recovering`]), kept after one that
-    /// failed for the next; `None` once one completed.
+    /// What a recovery under way knows ([`Recovering`]); after one that
+    /// failed, its notes for the next (through a forget too); `None` once
+    /// one completed.
     pub recovering: Option<Recovering>,
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).
@@ -104,7 +107,12 @@ impl Memory {
     pub async fn forget(&mut self) {
         self.flights.abort_all();
         while self.flights.join_next().await.is_some() {}
+        let woken = self.recovering.take().map(|r| r.woken);
         *self = Memory::default();
+        self.recovering = woken.map(|woken| Recovering {
+            woken,
+            ..Default::default()
+        });
     }
 
     /// Forgets the batch being read (a recovery starts afresh from Redis).

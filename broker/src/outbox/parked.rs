@@ -91,7 +91,8 @@ impl std::fmt::Display for EntryId {
 /// An approval id as the index keeps it: every id the outbox derives is a
 /// UUID in its canonical text, kept as its 16 bytes beside the entry (a
 /// string would cost about 50 bytes more of each of 100,000). Any other
-/// text is kept as it is. The order is the ids' text order, UUIDs first.
+/// text is kept as it is. Keys sort as their ids' text within each kind,
+/// UUIDs before any other; only the sweep's cursors rely on the order.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
     Uuid([u8; 16]),
@@ -455,8 +456,9 @@ mod tests {
     /// and keys sort as their ids' text does.
     #[test]
     fn keys_keep_ids_exactly_and_in_their_order() {
-        let low = "0bc2f242-1677-8dcb-8053-51c2f136d2ec";
-        let high = "a686e8e9-f17a-8695-8c85-6612f136d2ec";
+        // A digit against a letter: `9` < `a`, as 9 < 10.
+        let low = "09c2f242-1677-8dcb-8053-51c2f136d2ec";
+        let high = "0a86e8e9-f17a-8695-8c85-6612f136d2ec";
         assert!(matches!(Key::new(low), Key::Uuid(_)));
         for other in [
             "0BC2F242-1677-8DCB-8053-51C2F136D2EC",

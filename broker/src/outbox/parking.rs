@@ -612,8 +612,9 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// `record` with what its cards show of the message and whose it is,
-    /// from the message as this service read it: the one place a record's
-    /// identity values are set, at parking and when a card is drawn again.
+    /// from the message as this service read it: the one place this service
+    /// sets them, at parking and when a card is written again (an approver's
+    /// edit sets its own, `approval::edit`).
     fn with_shown_values(
         &self,
         record: Record,

@@ -106,8 +106,10 @@ impl<S: Sender> OutboxService<S> {
     /// A fresh blocking connection, and whatever a lost reply left pending.
     pub(super) async fn reconnect(&mut self) -> Result<crate::store::Blocking> {
         // Cut off past its lease, this worker may have been taken over: it
-        // forgets what it knew before recovering, as a step would have.
-        if matches!(self.standing(), claim::Standing::Lost) {
+        // forgets what it knew before recovering, as a step would have. No
+        // lease at all: a fence here failed to take a new one (Redis was
+        // away), and is done again before anything else.
+        if self.lease.is_none() || matches!(self.standing(), claim::Standing::Lost) {
             self.fence().await?;
         }
         let mut conn = self.store.blocking().await?;

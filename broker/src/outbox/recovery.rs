@@ -28,9 +28,10 @@
 //!   page is handled. The records of those approvals
 //!   (`memory::Recovering::known`) are neither read nor indexed by the
 //!   reader, and their entries are skipped.
-//! - The reader only reads, and puts the unsettled records it read in the
-//!   pending index (a cache of the records, repaired from them). It ends
-//!   with the recovery that started it: dropping [`Pages`] aborts it.
+//! - The reader writes nothing but the pending index (the unsettled records
+//!   it read put in it: a cache of the records, repaired from them) and the
+//!   delivery counts every read adds. It ends with the recovery that started
+//!   it: dropping [`Pages`] aborts it.
 //! - A wake-up on the decisions stream may be read both by a page and by
 //!   the service's read of new ones between pages; handling one twice does
 //!   nothing more (settling reads the record).
