@@ -121,10 +121,12 @@ pub struct Recorded {
     /// Per channel: create-message calls answered 429.
     pub rate_limited_on: HashMap<u64, usize>,
     /// Discord's per-route buckets for create-message, when enforced: at most
-    /// this many posts per channel in each window ([`FakeDiscord::enforce_buckets`]).
-    pub bucket: Option<(usize, std::time::Duration)>,
-    /// Per channel: the current window's start and the posts made in it.
-    windows: HashMap<u64, (tokio::time::Instant, usize)>,
+    /// this many posts per channel in each window, windows laid end to end
+    /// from the instant given ([`FakeDiscord::enforce_buckets`]).
+    pub bucket: Option<(usize, std::time::Duration, tokio::time::Instant)>,
+    /// Per channel: the number of the window its last post fell in, and the
+    /// posts made in that window.
+    windows: HashMap<u64, (u128, usize)>,
     /// Per channel: posts refused because its bucket was empty (429 with the
     /// real headers, `Retry-After` included).
     pub bucket_429s: HashMap<u64, usize>,
@@ -341,8 +343,19 @@ impl FakeDiscord {
     /// Enforces Discord's create-message buckets: `limit` posts per channel in
     /// each `window`, answered with the real `X-RateLimit-*` headers; a post
     /// to an empty bucket gets 429 with `Retry-After`, as from discord.com.
+    ///
+    /// Every channel's windows start now and follow each other on a fixed
+    /// grid: the headers promise when a bucket refills, not where its window
+    /// began, and a grid lets a test on paused time step to just past a
+    /// refill ([`FakeDiscord::next_refill`]) however late the sender heard of it.
     pub fn enforce_buckets(&self, limit: usize, window: std::time::Duration) {
-        self.with(|r| r.bucket = Some((limit, window)));
+        self.with(|r| r.bucket = Some((limit, window, tokio::time::Instant::now())));
+    }
+
+    /// When every bucket next refills (enforced buckets only).
+    pub fn next_refill(&self) -> tokio::time::Instant {
+        let (_, window, from) = self.with(|r| r.bucket).expect("buckets enforced");
+        window_at(from, window, tokio::time::Instant::now()).1
     }
 
     /// Sends a dispatch to every identified gateway session.
@@ -457,6 +470,18 @@ impl Drop for FakeDiscord {
 }
 
 /// A 429 as discord.com answers it: `retry_after` in the body and in the
+/// The number of the bucket window `now` falls in, windows of `window` laid
+/// end to end from `from`, and when it ends.
+fn window_at(
+    from: tokio::time::Instant,
+    window: std::time::Duration,
+    now: tokio::time::Instant,
+) -> (u128, tokio::time::Instant) {
+    let number = now.duration_since(from).as_nanos() / window.as_nanos();
+    let ends = window.as_nanos() * (number + 1);
+    (number, from + std::time::Duration::from_nanos(ends as u64))
+}
+
 /// `Retry-After` header, the global flag in both, and the bucket's headers.
 fn limited(retry_after: f64, global: bool, bucket: &[(&'static str, String)]) -> Response {
     let mut response = (
@@ -615,15 +640,14 @@ async fn create_message(
     }
     // The bucket's headers, on every answer while buckets are enforced.
     let mut bucket_headers = Vec::new();
-    if let Some((limit, window)) = rec.bucket {
+    if let Some((limit, window, from)) = rec.bucket {
         let now = tokio::time::Instant::now();
-        let (start, used) = rec.windows.entry(channel).or_insert((now, 0));
-        if now.duration_since(*start) >= window {
-            (*start, *used) = (now, 0);
+        let (number, refill) = window_at(from, window, now);
+        let (at, used) = rec.windows.entry(channel).or_insert((number, 0));
+        if *at != number {
+            (*at, *used) = (number, 0);
         }
-        let reset_after = window
-            .saturating_sub(now.duration_since(*start))
-            .as_secs_f64();
+        let reset_after = (refill - now).as_secs_f64();
         let unix_reset = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
