@@ -228,7 +228,11 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let idle_secs = 65; // more than two sweep periods
+    // Two sweep periods, and a whole number of every other timer's (beats
+    // every 10 s, lease renewals and takeover checks every 20 s): each window
+    // holds as many of each whatever their phase. Only retention (every 5
+    // minutes) may fall in one window and not another.
+    let idle_secs = 60;
 
     // Parking linearity: 10,000 and 20,000 entries, each in a fresh deployment.
     let mut park_times = Vec::new();
