@@ -44,14 +44,25 @@ pub const REACT_HINT: &str = "react ✅ to approve or ❌ to reject";
 /// (other than tab and newline) and bidirectional overrides become visible placeholders, so
 /// a carriage return cannot overwrite a line and U+202E cannot reverse one.
 pub fn display_safe(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '\t' | '\n' => c.to_string(),
-            c if c.is_control() => format!("<U+{:04X}>", c as u32),
-            c if invisible(c) => format!("<U+{:04X}>", c as u32),
-            c => c.to_string(),
-        })
-        .collect()
+    drawn(text, true)
+}
+
+/// `text` with what may not be shown as is replaced by placeholders; tab
+/// and newline kept when `breaks`. One string written in place: every card
+/// draws each of its values and lines of content through here.
+fn drawn(text: &str, breaks: bool) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\t' | '\n' if breaks => out.push(c),
+            c if c.is_control() || invisible(c) => {
+                let _ = write!(out, "<U+{:04X}>", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Characters that change how text around them is shown while showing nothing
@@ -72,9 +83,7 @@ fn invisible(c: char) -> bool {
 /// (Redis ACLs do not reach inside a hash); validated single lines at park
 /// time, they need not be single lines when a card is drawn.
 pub fn one_line(text: &str) -> String {
-    display_safe(text)
-        .replace('\n', "<U+000A>")
-        .replace('\t', "<U+0009>")
+    drawn(text, false)
 }
 
 /// The marker in front of every line of agent content in plain-text frames.
@@ -154,8 +163,10 @@ pub fn render_notification(
     let total = content.len();
     let lines: Vec<&str> = content.split('\n').collect();
     let marked = |l: &str| format!("{CONTENT_MARK}{}\n", display_safe(l));
+    // Each line drawn once, whether it all fits or not.
+    let drawn: Vec<String> = lines.iter().map(|l| marked(l)).collect();
     let end_all = format!("(end of message: {total} bytes, {} lines)", lines.len());
-    let full = out.len() + lines.iter().map(|l| marked(l).len()).sum::<usize>() + end_all.len();
+    let full = out.len() + drawn.iter().map(String::len).sum::<usize>() + end_all.len();
     match limit {
         Some(limit) if full > limit => {
             let note = |hidden: usize| {
@@ -166,12 +177,11 @@ pub fn render_notification(
             };
             let room = limit.saturating_sub(out.len() + note(total).len());
             let (mut used, mut shown) = (0usize, 0usize);
-            for line in &lines {
-                let m = marked(line);
+            for (line, m) in lines.iter().zip(&drawn) {
                 if used + m.len() <= room {
                     used += m.len();
                     shown += line.len() + 1;
-                    out.push_str(&m);
+                    out.push_str(m);
                     continue;
                 }
                 // The first line that does not fit is shown as far as it fits.
@@ -194,8 +204,8 @@ pub fn render_notification(
             out.push_str(&note(total.saturating_sub(shown)));
         }
         _ => {
-            for line in &lines {
-                out.push_str(&marked(line));
+            for m in &drawn {
+                out.push_str(m);
             }
             out.push_str(&end_all);
         }
@@ -359,6 +369,22 @@ pub fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Tab and newline stay in content and become placeholders in a value;
+    /// every other control or invisible character is a placeholder in both.
+    #[test]
+    fn what_may_not_show_is_a_placeholder() {
+        let text = "a\tb\nc\rd\u{202E}e\u{200B}f 👍\u{1F3FD}é";
+        assert_eq!(
+            display_safe(text),
+            "a\tb\nc<U+000D>d<U+202E>e<U+200B>f 👍\u{1F3FD}é"
+        );
+        assert_eq!(
+            one_line(text),
+            "a<U+0009>b<U+000A>c<U+000D>d<U+202E>e<U+200B>f 👍\u{1F3FD}é"
+        );
+        assert_eq!(display_safe(""), "");
+    }
 
     /// Whatever the agent writes, every content line is marked, so a fake frame
     /// line, separator or end note shows up as content.

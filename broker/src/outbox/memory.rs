@@ -61,7 +61,7 @@ pub(super) struct Memory {
     /// Outcome entries waiting for their card's send to end: notification
     /// delivery key → (source, outcome entry).
     pub outcomes_waiting: HashMap<String, (SourceId, Entry)>,
-    /// Notifications shown, recorded together after the batch.
+    /// Notifications shown, recorded together (`flush_shown_due`).
     pub shown: Vec<surface::Shown>,
     /// When the oldest of `shown` was shown.
     pub shown_since: Option<Instant>,

@@ -213,7 +213,7 @@ impl<S: Sender> OutboxService<S> {
         self.escalate_due().await?;
         self.digest_due().await?;
         self.retry_due().await?;
-        self.flush_shown().await?;
+        self.flush_shown_due().await?;
         if st.last_sweep.elapsed() >= self.timing.sweep_every {
             self.sweep().await?;
             st.last_sweep = Instant::now();
@@ -250,7 +250,10 @@ impl<S: Sender> OutboxService<S> {
         if let Some(due) = self.mem.sched.next_due() {
             block = block.min(due.saturating_duration_since(tokio::time::Instant::now()));
         }
-        if let Some(t) = self.mem.acks_since {
+        for t in [self.mem.acks_since, self.mem.shown_since]
+            .into_iter()
+            .flatten()
+        {
             block = block.min(ACK_DELAY.saturating_sub(t.elapsed()));
         }
         let timers = self.mem.parked.next_deadline().into_iter();

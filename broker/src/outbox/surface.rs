@@ -113,6 +113,24 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
+    /// Records the shown notifications once nothing is in flight, a batch's
+    /// worth is waiting, or the oldest has waited [`ACK_DELAY`], as acks
+    /// are: one round trip for many cards (a destination's cards go one at
+    /// a time, so recording each as it lands cost three round trips a card),
+    /// while a card stays unanswerable only briefly.
+    pub(super) async fn flush_shown_due(&mut self) -> Result<()> {
+        let due = self.mem.flights.is_empty()
+            || self.mem.shown.len() >= self.bridge.batch
+            || self
+                .mem
+                .shown_since
+                .is_some_and(|t| t.elapsed() >= ACK_DELAY);
+        if due {
+            self.flush_shown().await?;
+        }
+        Ok(())
+    }
+
     /// Records the shown notifications in one round trip: each card's map entry,
     /// the record's note of it, the ack. A record settled and gone meanwhile keeps
     /// no answerable card: answers to it could only be late.
@@ -154,9 +172,7 @@ impl<S: Sender> OutboxService<S> {
                     pipe.xack(*stream, group, ids).ignore();
                 }
                 audit::prepare(pipe);
-                for e in &events {
-                    e.add_to(pipe, retention);
-                }
+                audit::add_all_to(pipe, &events, retention);
             })
             .await?;
         // Once noted (on a cluster the notes and a wake-up may go to different
