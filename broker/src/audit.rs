@@ -175,10 +175,16 @@ impl Event {
     /// Queues the append (with its trim) on `pipe`, after `pipe` loads
     /// [`APPEND`] (see [`prepare`]).
     pub fn add_to(&self, pipe: &mut redis::Pipeline, retention_days: u64) {
+        add_all_to(pipe, std::slice::from_ref(self), retention_days);
+    }
+
+    /// This event as [`APPEND`] takes it: the trim's cutoff (ms), its time
+    /// (ms), the number of field names and values, then they.
+    fn args(&self, inv: &mut redis::ScriptInvocation, retention_days: u64) {
         let cutoff_ms = (self.at - (retention_days * 86_400) as f64).max(0.0) * 1000.0;
-        let mut inv = APPEND_SCRIPT.key(keys::audit(&self.bridge));
         inv.arg(cutoff_ms as u64)
             .arg((self.at.max(0.0) * 1000.0) as u64)
+            .arg(6 + 2 * self.fields.len())
             .arg(field::EVENT)
             .arg(self.kind.as_str())
             .arg(field::APPROVAL_ID)
@@ -188,28 +194,44 @@ impl Event {
         for (k, v) in &self.fields {
             inv.arg(*k).arg(v);
         }
+    }
+}
+
+/// Queues the appends of `events`, in order, on `pipe` (after [`prepare`]):
+/// one script call for each run of events on the same trail, not one each.
+pub fn add_all_to(pipe: &mut redis::Pipeline, events: &[Event], retention_days: u64) {
+    for run in events.chunk_by(|a, b| a.bridge == b.bridge) {
+        let mut inv = APPEND_SCRIPT.key(keys::audit(&run[0].bridge));
+        for e in run {
+            e.args(&mut inv, retention_days);
+        }
         pipe.invoke_script(&inv).ignore();
     }
 }
 
-/// Appends one entry, its id the event's time (so the trail reads in time
-/// order and `--since` is a range), trimming by `MINID` (exact, not `~`, so
-/// what is kept is what the retention says). An event stamped before the
-/// stream's last entry (another host's clock ahead of this one) gets the
-/// server's time instead; a stream that takes neither loses the line (returns
-/// 0) rather than failing the step it records. ARGV: the trim's cutoff (ms),
-/// the event's time (ms), then the fields.
+/// Appends entries, each its id the event's time (so the trail reads in
+/// time order and `--since` is a range), trimming by `MINID` (exact, not
+/// `~`, so what is kept is what the retention says). An event stamped before
+/// the stream's last entry (another host's clock ahead of this one) gets the
+/// server's time instead; a stream that takes neither loses the line rather
+/// than failing the step it records. ARGV, for each entry in turn: the
+/// trim's cutoff (ms), the event's time (ms), the number of field names and
+/// values, then they.
 const APPEND: &str = r#"
-local fields = {}
-for i = 3, #ARGV do fields[#fields + 1] = ARGV[i] end
-local ok = redis.pcall('XADD', KEYS[1], 'MINID', ARGV[1], ARGV[2] .. '-*', unpack(fields))
-if type(ok) == 'table' and ok.err then
-  ok = redis.pcall('XADD', KEYS[1], 'MINID', ARGV[1], '*', unpack(fields))
+local i = 1
+while i <= #ARGV do
+  local cutoff, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  local fields = {}
+  for j = i + 3, i + 2 + n do fields[#fields + 1] = ARGV[j] end
+  local ok = redis.pcall('XADD', KEYS[1], 'MINID', cutoff, at .. '-*', unpack(fields))
+  if type(ok) == 'table' and ok.err then
+    -- A stream that takes no entry (someone gave it the largest id) loses
+    -- this line rather than stopping the step it records.
+    redis.pcall('XADD', KEYS[1], 'MINID', cutoff, '*', unpack(fields))
+  end
+  i = i + 3 + n
 end
--- A stream that takes no entry (someone gave it the largest id) loses this
--- line rather than stopping the step it records.
-if type(ok) == 'table' and ok.err then return 0 end
-return ok
+return 1
 "#;
 
 static APPEND_SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -228,9 +250,7 @@ pub async fn append(store: &mut Store, config: &Config, events: &[Event]) -> Res
     }
     let mut pipe = redis::pipe();
     prepare(&mut pipe);
-    for e in events {
-        e.add_to(&mut pipe, config.audit.retention_days);
-    }
+    add_all_to(&mut pipe, events, config.audit.retention_days);
     pipe.query_async::<()>(&mut store.conn)
         .await
         .map_err(|e| Error::from_redis("XADD audit", e))
