@@ -283,18 +283,27 @@ pub fn frame_values(record: &Record) -> String {
 /// asked (not sealed). `None` when `values` do not parse.
 pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
-    let mut map: std::collections::HashMap<String, String> =
-        record.to_pairs().into_iter().collect();
-    let notified = FRAME_FIELDS
-        .iter()
-        .filter(|(_, s)| *s == TakenFrom::Notification);
-    for (name, _) in notified {
-        match values.get(*name) {
-            Some(v) => map.insert(name.to_string(), v.clone()),
-            None => map.remove(*name),
-        };
-    }
-    Some(Record::from_map(&record.id, map))
+    // The values read as a record of their own, so each is parsed as the
+    // record's would be (an absent one as absent), then copied over: every
+    // card of a batch goes through here, and a whole record written out to
+    // pairs and read back cost more than drawing its frame.
+    let theirs = Record::from_map(&record.id, values);
+    // The fields of `FRAME_FIELDS` taken from the notification, one by one
+    // (`frame::tests::frame_values_replace_the_notified_fields_only` holds
+    // this list to it).
+    Some(Record {
+        agent: theirs.agent,
+        source: theirs.source,
+        channel_id: theirs.channel_id,
+        subject: theirs.subject,
+        reply_to: theirs.reply_to,
+        content_bytes: theirs.content_bytes,
+        message_sha256: theirs.message_sha256,
+        edited_by: theirs.edited_by,
+        original_sha256: theirs.original_sha256,
+        revision: theirs.revision,
+        ..record.clone()
+    })
 }
 
 /// The field names of a notification, in order: as written now, and as an
@@ -369,6 +378,77 @@ pub fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The notified fields come from the notification, whatever the record
+    /// holds, and every other field stays the record's: the same record as
+    /// writing the record out, replacing those fields and reading it back.
+    #[test]
+    fn frame_values_replace_the_notified_fields_only() {
+        let by_pairs = |record: &Record, values: &str| {
+            let values: std::collections::HashMap<String, String> =
+                serde_json::from_str(values).unwrap();
+            let mut map: std::collections::HashMap<String, String> =
+                record.to_pairs().into_iter().collect();
+            for (name, _) in FRAME_FIELDS
+                .iter()
+                .filter(|(_, s)| *s == TakenFrom::Notification)
+            {
+                match values.get(*name) {
+                    Some(v) => map.insert(name.to_string(), v.clone()),
+                    None => map.remove(*name),
+                };
+            }
+            Record::from_map(&record.id, map)
+        };
+        let plain = Record {
+            id: "0b1c".into(),
+            source: "mail".into(),
+            agent: Some("ann".into()),
+            channel_id: "bob@example.org".into(),
+            subject: Some("hello".into()),
+            content_bytes: 5,
+            message_sha256: "aa".into(),
+            expires_at: 99,
+            quorum: 2,
+            snoozes: 1,
+            snoozed_by: Some("cli:op".into()),
+            escalated: 1,
+            ..Record::default()
+        };
+        let edited = Record {
+            edited_by: Some("cli:op".into()),
+            original_sha256: Some("bb".into()),
+            revision: 2,
+            reply_to: Some("7".into()),
+            ..plain.clone()
+        };
+        // What the notification says differs in every notified field, and
+        // leaves some out.
+        let told = Record {
+            source: "desk".into(),
+            agent: Some("bea".into()),
+            channel_id: "eve@example.org".into(),
+            subject: None,
+            content_bytes: 9,
+            message_sha256: "cc".into(),
+            edited_by: Some("console:boss".into()),
+            original_sha256: Some("dd".into()),
+            revision: 3,
+            reply_to: Some("8".into()),
+            expires_at: 1,
+            ..Record::default()
+        };
+        for values in [frame_values(&told), frame_values(&plain), "{}".to_string()] {
+            for record in [&plain, &edited] {
+                assert_eq!(
+                    with_frame_values(record, &values).unwrap(),
+                    by_pairs(record, &values),
+                    "{values}"
+                );
+            }
+        }
+        assert!(with_frame_values(&plain, "not json").is_none());
+    }
 
     /// Tab and newline stay in content and become placeholders in a value;
     /// every other control or invisible character is a placeholder in both.
