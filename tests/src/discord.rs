@@ -349,6 +349,7 @@ impl FakeDiscord {
     /// began, and a grid lets a test on paused time step to just past a
     /// refill ([`FakeDiscord::next_refill`]) however late the sender heard of it.
     pub fn enforce_buckets(&self, limit: usize, window: std::time::Duration) {
+        assert!(!window.is_zero(), "a bucket window takes some time");
         self.with(|r| r.bucket = Some((limit, window, tokio::time::Instant::now())));
     }
 
@@ -469,7 +470,6 @@ impl Drop for FakeDiscord {
     }
 }
 
-/// A 429 as discord.com answers it: `retry_after` in the body and in the
 /// The number of the bucket window `now` falls in, windows of `window` laid
 /// end to end from `from`, and when it ends.
 fn window_at(
@@ -482,6 +482,7 @@ fn window_at(
     (number, from + std::time::Duration::from_nanos(ends as u64))
 }
 
+/// A 429 as discord.com answers it: `retry_after` in the body and in the
 /// `Retry-After` header, the global flag in both, and the bucket's headers.
 fn limited(retry_after: f64, global: bool, bucket: &[(&'static str, String)]) -> Response {
     let mut response = (
@@ -647,7 +648,9 @@ async fn create_message(
         if *at != number {
             (*at, *used) = (number, 0);
         }
-        let reset_after = (refill - now).as_secs_f64();
+        // Rounded up to the millisecond the headers show: a sender that
+        // waits what they say never asks before the refill.
+        let reset_after = ((refill - now).as_secs_f64() * 1000.0).ceil() / 1000.0;
         let unix_reset = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
