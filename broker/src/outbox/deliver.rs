@@ -390,16 +390,20 @@ impl<S: Sender> OutboxService<S> {
     /// for many entries, while a delivered entry stays pending only briefly (a
     /// crash before its ack sends it again with `retry`, which is deduplicated).
     pub(super) async fn flush_acks_due(&mut self) -> Result<()> {
-        let due = self.mem.flights.is_empty()
-            || self.mem.acks.len() >= self.bridge.batch
-            || self
-                .mem
-                .acks_since
-                .is_some_and(|t| t.elapsed() >= ACK_DELAY);
-        if due {
+        if self.flush_due(self.mem.acks.len(), self.mem.acks_since) {
             self.flush_acks().await?;
         }
         Ok(())
+    }
+
+    /// Whether what waits to be written together (`waiting` of it, the
+    /// oldest since `since`) goes now: once nothing is in flight (no more
+    /// will join it soon), a batch's worth waits, or the oldest has waited
+    /// [`ACK_DELAY`].
+    pub(super) fn flush_due(&self, waiting: usize, since: Option<Instant>) -> bool {
+        self.mem.flights.is_empty()
+            || waiting >= self.bridge.batch
+            || since.is_some_and(|t| t.elapsed() >= ACK_DELAY)
     }
 
     /// Starts queued sends while there is room.

@@ -113,19 +113,12 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// Records the shown notifications once nothing is in flight, a batch's
-    /// worth is waiting, or the oldest has waited [`ACK_DELAY`], as acks
-    /// are: one round trip for many cards (a destination's cards go one at
-    /// a time, so recording each as it lands cost three round trips a card),
-    /// while a card stays unanswerable only briefly.
+    /// Records the shown notifications when due, as acks are
+    /// ([`Self::flush_due`]): one round trip for many cards (recording what
+    /// had landed at every turn of the loop cost about three a card), while
+    /// a card stays unanswerable only briefly.
     pub(super) async fn flush_shown_due(&mut self) -> Result<()> {
-        let due = self.mem.flights.is_empty()
-            || self.mem.shown.len() >= self.bridge.batch
-            || self
-                .mem
-                .shown_since
-                .is_some_and(|t| t.elapsed() >= ACK_DELAY);
-        if due {
+        if self.flush_due(self.mem.shown.len(), self.mem.shown_since) {
             self.flush_shown().await?;
         }
         Ok(())
