@@ -282,16 +282,26 @@ pub fn frame_values(record: &Record) -> String {
 /// bridge, and newer than a card that waited), who snoozed and the surfaces
 /// asked (not sealed). `None` when `values` do not parse.
 pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
+    Some(with_told(record, told(&record.id, values)?))
+}
+
+/// A notification's `approval_frame` read as a record of its own (only the
+/// values it carries), so each value is parsed as the record's would be and
+/// an absent one reads as absent. `None` when they do not parse.
+fn told(id: &str, values: &str) -> Option<Record> {
     let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
-    // The values read as a record of their own, so each is parsed as the
-    // record's would be (an absent one as absent), then copied over: every
-    // card of a batch goes through here, and a whole record written out to
-    // pairs and read back cost more than drawing its frame.
-    let theirs = Record::from_map(&record.id, values);
+    Some(Record::from_map(id, values))
+}
+
+/// `record` with the notified fields of `theirs` copied over (see
+/// [`with_frame_values`]): every card of a batch goes through here, and a
+/// whole record written out to pairs and read back cost more than drawing
+/// its frame.
+fn with_told(record: &Record, theirs: Record) -> Record {
     // The fields of `FRAME_FIELDS` taken from the notification, one by one
     // (`frame::tests::frame_values_replace_the_notified_fields_only` holds
     // this list to it).
-    Some(Record {
+    Record {
         agent: theirs.agent,
         source: theirs.source,
         channel_id: theirs.channel_id,
@@ -303,7 +313,29 @@ pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
         original_sha256: theirs.original_sha256,
         revision: theirs.revision,
         ..record.clone()
-    })
+    }
+}
+
+/// A notification entry drawn for its surface, its values read once: the
+/// text [`notification_text`] gives, and `record` as [`with_frame_values`]
+/// gives it for platforms that lay out their own card (`record` itself
+/// when the entry carries no values that parse).
+pub fn drawn_notification<'a>(
+    record: &Record,
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> (Option<String>, Record) {
+    use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
+    let Some(values) = get(APPROVAL_FRAME) else {
+        return (get("content").map(str::to_string), record.clone());
+    };
+    let Some(theirs) = told(get(APPROVAL_ID).unwrap_or(&record.id), values) else {
+        return (None, record.clone());
+    };
+    let text = match (get(APPROVAL_ID), get(APPROVAL_CONTENT)) {
+        (Some(_), Some(content)) => Some(render_notification(&theirs, content, REACT_HINT, None)),
+        _ => None,
+    };
+    (text, with_told(record, theirs))
 }
 
 /// The field names of a notification, in order: as written now, and as an
@@ -331,14 +363,7 @@ pub fn is_notification_layout<'a>(names: impl IntoIterator<Item = &'a str>) -> b
 /// (its frame as text in `content`) is shown as written. `None` when the
 /// values do not parse.
 pub fn notification_text<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
-    use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
-    let Some(values) = get(APPROVAL_FRAME) else {
-        return get("content").map(str::to_string);
-    };
-    let values: std::collections::HashMap<String, String> = serde_json::from_str(values).ok()?;
-    let record = Record::from_map(get(APPROVAL_ID)?, values);
-    let content = get(APPROVAL_CONTENT)?;
-    Some(render_notification(&record, content, REACT_HINT, None))
+    drawn_notification(&Record::default(), get).0
 }
 
 /// The notification entry for a parked record, in the order it is written: the
@@ -566,6 +591,20 @@ mod tests {
         assert_eq!(
             drawn,
             render_notification(&record, "hello", REACT_HINT, None)
+        );
+        // Read once for both: the text, and the record a platform's own
+        // card is drawn from, as the two functions give them apart.
+        let stored = Record {
+            channel_id: "changed@example.org".into(),
+            ..record.clone()
+        };
+        let values = get("approval_frame").unwrap();
+        assert_eq!(
+            drawn_notification(&stored, get),
+            (
+                Some(drawn.clone()),
+                with_frame_values(&stored, values).unwrap()
+            )
         );
         for line in [
             "Later:",

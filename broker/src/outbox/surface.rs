@@ -421,8 +421,10 @@ impl<S: Sender> OutboxService<S> {
         // approval is rejected at once and the agent told.
         let channel = configured.to_string();
         // Drawn from the entry's own values, which its digest binds (a
-        // genuine one always parses).
-        let framed = approval::notification_text(|name| entry.text(name));
+        // genuine one always parses), read once: the frame, and the record
+        // a platform that lays out its own card draws from, its header
+        // values the entry's (a refusal below acts on the record as read).
+        let (framed, drawn) = approval::drawn_notification(&record, |name| entry.text(name));
         let refused = if !self.bridge.allows_destination(&channel) {
             Some(format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
@@ -446,12 +448,6 @@ impl<S: Sender> OutboxService<S> {
             .await?;
             return Ok(Err(reason));
         }
-        // Platforms that lay out their own card draw its header from the
-        // values the notification carries, like the frame.
-        let record = match entry.text(crate::fields::outbox::APPROVAL_FRAME) {
-            Some(values) => approval::with_frame_values(&record, values).unwrap_or(record),
-            None => record,
-        };
         let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,
@@ -460,7 +456,7 @@ impl<S: Sender> OutboxService<S> {
             approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
             ..Message::default()
         };
-        Ok(Ok((record, message)))
+        Ok(Ok((drawn, message)))
     }
 
     /// An outcome entry written by a requesting service when it settled an
