@@ -42,13 +42,12 @@ impl<S: Sender> OutboxService<S> {
     pub(super) async fn deliver_and_ack(
         &mut self,
         src: SourceId,
-        entry: &Entry,
-        message: &Message,
+        entry: Entry,
+        message: Message,
         retry: bool,
         resumed: bool,
     ) -> Result<()> {
-        let stream = self.sources[src].key.clone();
-        let key = delivery_key(&stream, &entry.id);
+        let key = delivery_key(&self.sources[src].key, &entry.id);
         if !resumed && self.mem.sched.is_scheduled(&key) {
             return Ok(()); // read again while it waits for its retry
         }
@@ -61,8 +60,8 @@ impl<S: Sender> OutboxService<S> {
         // its destination's current delivery, marked already.
         let flight = Flight {
             source: src,
-            entry: entry.clone(),
-            message: message.clone(),
+            entry,
+            message,
             retry: retry && S::DEDUPLICATES,
             key,
             purpose: Purpose::Plain,
@@ -101,7 +100,7 @@ impl<S: Sender> OutboxService<S> {
                     message,
                     retry,
                 },
-            )) => Box::pin(self.deliver_and_ack(source, &entry, &message, retry, true)).await,
+            )) => Box::pin(self.deliver_and_ack(source, entry, message, retry, true)).await,
             Some((_, Job::Flight(f))) => {
                 self.take_off_run(channel, *f);
                 Ok(())
@@ -747,7 +746,7 @@ impl<S: Sender> OutboxService<S> {
                     message,
                     retry,
                 } => {
-                    self.deliver_and_ack(source, &entry, &message, retry, true)
+                    self.deliver_and_ack(source, entry, message, retry, true)
                         .await?
                 }
                 Job::Approved { approval_id } => self.settle(approval_id).await?,

@@ -174,7 +174,7 @@ impl<S: Sender> OutboxService<S> {
             content,
             ..Message::default()
         };
-        self.deliver_and_ack(src, entry, &message, retry, false)
+        self.deliver_and_ack(src, entry.clone(), message, retry, false)
             .await
     }
 }

@@ -36,11 +36,13 @@ impl<T> Default for Lanes<T> {
 impl<T> Lanes<T> {
     /// Adds `item` at the back of `lane`.
     pub(super) fn push(&mut self, lane: &str, item: T) {
-        let queue = self.lanes.entry(lane.to_string()).or_default();
-        if queue.is_empty() {
-            self.turns.push_back(lane.to_string());
+        // A lane held only while non-empty: one found has its turn already
+        // (and its name needs no copy, which every push made before).
+        if let Some(queue) = self.lanes.get_mut(lane) {
+            return queue.push_back(item);
         }
-        queue.push_back(item);
+        self.lanes.insert(lane.to_string(), VecDeque::from([item]));
+        self.turns.push_back(lane.to_string());
     }
 
     /// The item [`Self::pop`] would hand out next.

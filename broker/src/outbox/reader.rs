@@ -424,7 +424,7 @@ impl<S: Sender> OutboxService<S> {
         };
         if !self.bridge.approval.required {
             return self
-                .deliver_and_ack(src, &entry, &message, retry, false)
+                .deliver_and_ack(src, entry, message, retry, false)
                 .await;
         }
         let approval_id = self.approval_id(&source.key, &entry.id)?;

@@ -85,7 +85,10 @@ impl Scheduler {
 
     /// Makes the delivery starting now `channel`'s current one.
     pub fn hold(&mut self, channel: &str) {
-        self.destinations.entry(channel.to_string()).or_default();
+        if !self.destinations.contains_key(channel) {
+            self.destinations
+                .insert(channel.to_string(), Lanes::default());
+        }
     }
 
     /// Queues `job` behind `channel`'s current delivery, in `lane`.
@@ -95,7 +98,10 @@ impl Scheduler {
 
     fn queue(&mut self, channel: &str, lane: &str, key: String, job: Job, front: bool) {
         self.phase.insert(key.clone(), Phase::Queued);
-        let queue = self.destinations.entry(channel.to_string()).or_default();
+        self.hold(channel);
+        let Some(queue) = self.destinations.get_mut(channel) else {
+            return; // held just above
+        };
         match front {
             true => queue.push_front(lane, (key, job)),
             false => queue.push(lane, (key, job)),
