@@ -221,13 +221,14 @@ const APPEND: &str = r#"
 local i = 1
 while i <= #ARGV do
   local cutoff, at, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local fields = {}
-  for j = i + 3, i + 2 + n do fields[#fields + 1] = ARGV[j] end
-  local ok = redis.pcall('XADD', KEYS[1], 'MINID', cutoff, at .. '-*', unpack(fields))
+  -- The fields straight from ARGV: a table built for them cost a tenth
+  -- of the script.
+  local first, last = i + 3, i + 2 + n
+  local ok = redis.pcall('XADD', KEYS[1], 'MINID', cutoff, at .. '-*', unpack(ARGV, first, last))
   if type(ok) == 'table' and ok.err then
     -- A stream that takes no entry (someone gave it the largest id) loses
     -- this line rather than stopping the step it records.
-    redis.pcall('XADD', KEYS[1], 'MINID', cutoff, '*', unpack(fields))
+    redis.pcall('XADD', KEYS[1], 'MINID', cutoff, '*', unpack(ARGV, first, last))
   end
   i = i + 3 + n
 end

@@ -22,20 +22,6 @@ pub const EXIT_UNAVAILABLE: i32 = crate::error::EXIT_UNAVAILABLE as i32;
 /// Anything else.
 pub const EXIT_SOFTWARE: i32 = crate::error::EXIT_SOFTWARE as i32;
 
-/// A service's runtime: its loop runs on the main thread (`block_on`), and
-/// its sends, its blocking reads and its connections' replies on one worker
-/// beside it. More workers add nothing a service can use (its loop is one
-/// task) and cost wake-ups across threads: on two cores, forwarding took a
-/// quarter more CPU with the default of one worker per core. An operator's
-/// `TOKIO_WORKER_THREADS` still sets the number.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        builder.worker_threads(1);
-    }
-    builder.enable_all().build()
-}
-
 /// Arguments every bridge binary takes.
 #[derive(Debug, Parser)]
 pub struct BridgeArgs {
@@ -116,7 +102,10 @@ pub fn main<B: Bridge>(service: Service) -> ! {
             EXIT_CONFIG
         }
         Ok(config) => {
-            let runtime = match runtime() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!("cannot start the runtime: {e}");

@@ -244,7 +244,7 @@ return 1
 const CLAIM: &str = r#"
 local P = ''
 local primary = redis.call('HGET', KEYS[1], 'notify')
-if not primary then return {'missing', {}} end
+if not primary then return 'missing' end
 if primary ~= ARGV[1] then P = ARGV[1] .. '.' end
 local f = redis.call('HMGET', KEYS[1], P .. 'notify', P .. 'notify_sha256', P .. 'notify_entry', 'settled_at')
 local answer = 'ok'

@@ -138,6 +138,16 @@ async fn forged_notifications_are_refused_and_show_nothing() {
             *v = theirs.into_bytes();
         }
     }
+    // Well-formed ids of mail's that no record has, in the genuine layout:
+    // they reach the claim, which finds nothing (two, so a batch's claims
+    // meet them together too).
+    let unknown = |id: String| {
+        let mut f = genuine.fields.clone();
+        f[0].1 = id.into_bytes();
+        f
+    };
+    let nobody = keys::probe_approval_id("mail");
+    let nobody_else = nobody.replacen("00000000", "00000001", 1);
     let forgeries = [
         fields(&[
             ("approval_id", random.clone()),
@@ -155,6 +165,8 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         framed,
         folded,
         revalued,
+        unknown(nobody),
+        unknown(nobody_else),
     ];
     for f in &forgeries {
         xadd(&mut store, "desk:outbox", f).await;
@@ -165,6 +177,9 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert!(reasons[1].contains("digest differs"), "{reasons:?}");
     assert!(reasons[2].contains("already notified"), "{reasons:?}");
     assert!(reasons[6].contains("digest differs"), "{reasons:?}");
+    for missing in &reasons[7..] {
+        assert!(missing.contains("does not exist"), "{reasons:?}");
+    }
     for refused in &reasons[3..6] {
         assert!(
             refused.contains("not a notification's fields"),
