@@ -347,7 +347,8 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Records the outcome of a finished send and of every other send finished by
-    /// now, starts what waited for room, then acks the delivered ones together.
+    /// now, starts what waited for room, then records the shown cards and acks
+    /// the delivered entries together when due ([`Self::flush_due`]).
     pub(super) async fn collect(&mut self, joined: Joined) -> Result<()> {
         let mut joined = Some(joined);
         while let Some(j) = joined.take().or_else(|| self.mem.flights.try_join_next()) {
@@ -355,6 +356,7 @@ impl<S: Sender> OutboxService<S> {
             self.land(landed).await?;
         }
         self.launch_ready();
+        self.flush_shown_due().await?;
         self.flush_acks_due().await
     }
 

@@ -298,10 +298,8 @@ impl<S: Sender> OutboxService<S> {
                     gate,
                     key: key.clone(),
                 });
-                let first = *self.mem.shown_since.get_or_insert_with(Instant::now);
-                if first.elapsed() >= ACK_DELAY {
-                    self.flush_shown().await?;
-                }
+                // Recorded when due, by the same rule as acks (`collect`).
+                self.mem.shown_since.get_or_insert_with(Instant::now);
             }
             Delivery::Failed(n) => {
                 let n = *n;
