@@ -111,7 +111,7 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Starts `first`, released to be `channel`'s current delivery, and with
-    /// it the plain sends from its stream queued right behind it, as one run
+    /// it the plain sends and cards from its stream queued right behind it, as one run
     /// gated in one step ([`Self::launch_run`]): only for a sender that can
     /// tell on a retry whether it sent (a run widens the time between the
     /// gate and a send, and a send cut off in between is a retry), and only
@@ -130,7 +130,7 @@ impl<S: Sender> OutboxService<S> {
                 _ => break,
             }
         }
-        self.launch_run(run);
+        self.launch_run(run, true);
     }
 
     /// How many sends the next run gates together.
@@ -210,14 +210,15 @@ impl<S: Sender> OutboxService<S> {
             .spawn(async move { Landed::One(Box::new(task.await)) });
     }
 
-    /// Starts a run of plain sends to one destination from one stream, in
-    /// order, as one task: their gate is passed in one step, then the first
+    /// Starts a run of plain sends or cards to one destination from one
+    /// stream, in order, as one task: their gate is passed in one step, then the first
     /// is sent as a send alone would be, and each later one only while that
     /// gate is fresh (`Timing::run_fresh`). The run stops at a send to be
     /// tried again later (transient), at one its gate refused, or at a stale
-    /// gate; what it did not attempt goes back to the head of the queue, its
-    /// mark `started:` again unless it was `writing:` before the run.
-    fn launch_run(&mut self, mut run: Vec<Flight>) {
+    /// gate; what it did not attempt goes back to the head of the queue (or,
+    /// for cards started beside their destination, `holds` false, starts
+    /// again), its mark `started:` again unless it was `writing:` before the run.
+    fn launch_run(&mut self, mut run: Vec<Flight>, holds: bool) {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
         let worker = self.worker.clone();
@@ -292,11 +293,15 @@ impl<S: Sender> OutboxService<S> {
                     }
                     _ => {
                         begun = true;
+                        let approval = match &f.purpose {
+                            Purpose::Notification { record, .. } => Some(&**record),
+                            _ => None,
+                        };
                         let out = Outgoing {
                             message: &f.message,
                             delivery_key: &f.key,
                             retry: f.retry,
-                            approval: None,
+                            approval,
                         };
                         let result = sender.send(out).await;
                         if let Err(e @ (SendError::Transient(_) | SendError::Credentials(_))) =
@@ -327,8 +332,51 @@ impl<S: Sender> OutboxService<S> {
                 results,
                 stale,
                 took,
+                holds,
             }
         });
+    }
+
+    /// Starts cards marked together, for a sender that neither splits
+    /// messages (its cards never queue behind each other) nor needs every
+    /// send gated alone: in runs of one stream and destination, each gated
+    /// in one step ([`Self::launch_run`]), while there is room; a card alone,
+    /// or past the room, goes as before.
+    pub(super) fn launch_cards(&mut self, cards: Vec<Flight>) {
+        let len = self.run_len();
+        // Taking turns between the agents that asked, as cards waiting for
+        // room do: one agent's flood does not fill the first runs.
+        let mut turns = super::fair::Lanes::default();
+        for f in cards {
+            turns.push(&f.lane(), f);
+        }
+        let mut runs: Vec<Vec<Flight>> = Vec::new();
+        while let Some(f) = turns.pop() {
+            self.mem.sched.begin(f.key.clone());
+            let joins = |r: &&mut Vec<Flight>| {
+                r.len() < len
+                    && r[0].source == f.source
+                    && r[0].message.channel_id == f.message.channel_id
+            };
+            match runs.iter_mut().find(joins) {
+                Some(run) => run.push(f),
+                None => runs.push(vec![f]),
+            }
+        }
+        for run in runs {
+            if run.len() > 1 && self.mem.flights.len() < self.bridge.max_in_flight {
+                self.launch_run(run, false);
+            } else {
+                for f in run {
+                    self.take_off(f);
+                }
+            }
+        }
+    }
+
+    /// Whether cards marked together go in runs ([`Self::launch_cards`]).
+    pub(super) fn runs_cards(&self) -> bool {
+        S::DEDUPLICATES && !S::SPLITS
     }
 
     /// Waits for every send in flight (and those waiting for room) and records
@@ -462,9 +510,10 @@ impl<S: Sender> OutboxService<S> {
                 results,
                 stale,
                 took,
+                holds,
             } => {
                 self.size_runs(&results, stale, took);
-                let recorded = self.complete_run(results).await;
+                let recorded = self.complete_run(results, holds).await;
                 if recorded.is_err() {
                     if let Err(e) = self.flush_acks().await {
                         tracing::warn!(error = %e, "delivered entries left unacked: they are retries now");
@@ -498,40 +547,62 @@ impl<S: Sender> OutboxService<S> {
     /// by a send deferred for a retry; what the run did not attempt goes
     /// back to the head of the queue behind it (a send its gate refused, to
     /// be marked afresh when its turn comes, which asks whose it is);
-    /// otherwise the next send starts.
-    async fn complete_run(&mut self, results: Vec<FlightResult>) -> Result<()> {
+    /// otherwise the next send starts. Cards started together beside their
+    /// destination (`holds` false) hold nothing: what they did not attempt
+    /// starts again at once, gated afresh.
+    async fn complete_run(&mut self, results: Vec<FlightResult>, holds: bool) -> Result<()> {
         let Some(channel) = results.first().map(|(f, _)| f.message.channel_id.clone()) else {
             return Ok(());
         };
         // What goes back to the queue is put there before anything that can
         // fail, so no member of the run is left nowhere.
         let mut done = Vec::with_capacity(results.len());
-        let mut back: Vec<(String, Job)> = Vec::new();
+        let mut back: Vec<(String, String, Job)> = Vec::new();
+        let mut again = Vec::new();
         for (mut f, result) in results {
             if f.skipped {
                 // Not attempted: it goes again as it was before the run.
                 f.skipped = false;
-                back.push((f.key.clone(), Job::Flight(Box::new(f))));
+                match holds {
+                    true => back.push((f.lane(), f.key.clone(), Job::Flight(Box::new(f)))),
+                    false => again.push(f),
+                }
+            } else if f.fenced && !matches!(f.purpose, Purpose::Plain) {
+                // A card another worker holds now: that worker shows it, as
+                // for a card sent alone (`complete`).
+                tracing::warn!(entry = %f.entry.id, "card not shown: taken over by another worker");
+                self.mem.sched.end(&f.key);
             } else if f.fenced {
                 // Its gate refused it: marked afresh when its turn comes,
                 // which asks whose it is (dropped if another worker's, sent
                 // as a retry if still this one's).
                 tracing::warn!(entry = %f.entry.id, "send not made: its gate refused it; asked again whose it is");
                 let key = f.key.clone();
-                back.push((key, f.into_job(true)));
+                back.push((PLAIN_LANE.to_string(), key, f.into_job(true)));
             } else {
                 done.push((f, result));
             }
         }
-        for (key, job) in back.into_iter().rev() {
-            self.mem.sched.requeue_front(&channel, PLAIN_LANE, key, job);
+        for (lane, key, job) in back.into_iter().rev() {
+            self.mem.sched.requeue_front(&channel, &lane, key, job);
         }
         let mut held = false;
-        for (f, result) in done {
+        for (mut f, result) in done {
             self.stop_if_refused(&f, &result).await?;
-            held |= !self.complete_plain(f, result).await?;
+            match std::mem::replace(&mut f.purpose, Purpose::Plain) {
+                Purpose::Notification { record, deliveries } => {
+                    // A card's retry never holds its destination.
+                    self.record_notification(f, *record, deliveries, result)
+                        .await?;
+                }
+                _ => held |= !self.complete_plain(f, result).await?,
+            }
         }
-        if held {
+        // Only once the run's outcomes are recorded: an error on the way
+        // forgets everything (recovery rebuilds it), and a card started
+        // again before would be shown with nobody to record it.
+        self.launch_cards(again);
+        if held || !holds {
             return Ok(());
         }
         self.start_next(&channel).await
@@ -955,6 +1026,9 @@ pub(super) enum Landed {
         results: Vec<FlightResult>,
         stale: bool,
         took: Duration,
+        /// Whether the run is its destination's current delivery (released
+        /// to it), or cards started together beside whatever holds it.
+        holds: bool,
     },
 }
 
@@ -982,9 +1056,13 @@ impl Flight {
         }
     }
 
-    /// Whether it may go in a run: a plain send of this worker's own.
-    fn runs(&self) -> bool {
-        matches!(self.purpose, Purpose::Plain) && matches!(self.gate, Gate::Mine(_)) && !self.fenced
+    /// Whether it may go in a run: a plain send or an approval card of this
+    /// worker's own (an approved entry's send is never run with others: it
+    /// is fenced by its record's delivery mark too).
+    pub(super) fn runs(&self) -> bool {
+        matches!(self.purpose, Purpose::Plain | Purpose::Notification { .. })
+            && matches!(self.gate, Gate::Mine(_))
+            && !self.fenced
     }
 
     /// The lane this send waits in for room ([`Lanes`]): an approval card in

@@ -23,9 +23,11 @@
 //! - An entry read for the first time is not marked before its gate: nobody
 //!   was ever handed it, so no earlier attempt can have left a mark (entries
 //!   read again, after a crash or a takeover, are).
-//! - A run of plain sends to one destination from one stream passes its
-//!   gate in one step ([`GATE_RUN`], same rules per send), for senders that
-//!   deduplicate a retry only. Its first send goes as a send alone would;
+//! - A run of plain sends or approval cards to one destination from one
+//!   stream passes its gate in one step ([`GATE_RUN`], same rules per send),
+//!   for senders that deduplicate a retry only: sends queued behind their
+//!   destination, or cards marked together for a sender that does not split
+//!   messages (its cards never queue). Its first send goes as a send alone would;
 //!   the next ones only while the gate is fresh (`Timing::run_fresh`, 200 ms,
 //!   by the time since boot, which runs on while the process is stopped);
 //!   the rest are turned back to `started:` ([`UNGATE`], unless they were
@@ -547,14 +549,18 @@ impl<S: Sender> OutboxService<S> {
                     return Err(e);
                 }
             };
+            let mut cards = Vec::new();
             for (u, prior) in queued.into_iter().zip(priors) {
-                self.start_marked(u, prior).await?;
+                cards.extend(self.start_marked(u, prior).await?);
             }
+            self.launch_cards(cards);
         }
         Ok(())
     }
 
-    async fn start_marked(&mut self, u: Unmarked, prior: Prior) -> Result<()> {
+    /// Starts a marked send, or returns a card to start with the others of
+    /// its batch ([`OutboxService::launch_cards`]).
+    async fn start_marked(&mut self, u: Unmarked, prior: Prior) -> Result<Option<Flight>> {
         let mut flight = u.flight;
         let channel = flight.message.channel_id.clone();
         let u_retry = flight.retry;
@@ -562,14 +568,14 @@ impl<S: Sender> OutboxService<S> {
             if let Purpose::Notification { record, .. } = &flight.purpose {
                 tracing::warn!(approval = %record.id, "card not shown: the notification was taken over by another worker");
                 self.mem.sched.end(&flight.key);
-                return Ok(());
+                return Ok(None);
             }
             tracing::warn!(entry = %flight.entry.id, "not sent: the entry was taken over by another worker");
             // The taker delivers it; what waited behind it here goes on.
-            return match u.marking {
-                Marking::Plain { current: true } => self.start_next(&channel).await,
-                _ => Ok(()),
-            };
+            if let Marking::Plain { current: true } = u.marking {
+                self.start_next(&channel).await?;
+            }
+            return Ok(None);
         }
         (flight.gate, flight.retry) = match prior {
             // Another worker may have shown it and may still: a card cannot be
@@ -581,6 +587,7 @@ impl<S: Sender> OutboxService<S> {
         };
         match u.marking {
             // Shown beside the loop; scheduled until its outcome is recorded.
+            Marking::Card if self.runs_cards() && flight.runs() => return Ok(Some(flight)),
             Marking::Card => self.dispatch(flight),
             Marking::Plain { current: true } => self.take_off(flight),
             Marking::Plain { current: false } if self.mem.sched.is_busy(&channel) => {
@@ -601,7 +608,7 @@ impl<S: Sender> OutboxService<S> {
                 self.take_off(flight);
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Drops the marks left behind for entries no longer pending (see

@@ -277,8 +277,22 @@ impl<S: Sender> OutboxService<S> {
         deliveries: u64,
         result: std::result::Result<Sent, SendError>,
     ) -> Result<()> {
-        self.mem.sched.end(&f.key);
         let channel = f.message.channel_id.clone();
+        self.record_notification(f, record, deliveries, result)
+            .await?;
+        self.start_next(&channel).await
+    }
+
+    /// [`Self::complete_notification`] but for starting what waits behind
+    /// it: a card of a run leaves that to the run's end.
+    pub(super) async fn record_notification(
+        &mut self,
+        f: Flight,
+        record: Record,
+        deliveries: u64,
+        result: std::result::Result<Sent, SendError>,
+    ) -> Result<()> {
+        self.mem.sched.end(&f.key);
         let key = f.key.clone();
         let gate = f.gate.clone();
         let (src, id) = (f.source, record.id.clone());
@@ -332,7 +346,7 @@ impl<S: Sender> OutboxService<S> {
         if let Some((source, entry)) = self.mem.outcomes_waiting.remove(&key) {
             self.handle_outcome(source, &entry, false).await?;
         }
-        self.start_next(&channel).await
+        Ok(())
     }
 
     /// Verifies a notification entry against its record and claims the record for

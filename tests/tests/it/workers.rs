@@ -679,6 +679,14 @@ claim_idle_seconds = 2
     let a = d.process_with("cowboy-console-outbox", "cards", &["--worker", "a"]);
     let _mail = d.spawn("outbox", "mail");
     send(&mut store, "mail", "bob@example.org", "begun").await;
+    // The second card only once the first passed its gate: read with it,
+    // the two would pass their gate together as a run.
+    wait_until("the first card past its gate", SOON, || async {
+        let mut s = d.store().await;
+        let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
+        m.values().any(|v| v == "writing:a").then_some(())
+    })
+    .await;
     send(&mut store, "mail", "bob@example.org", "queued").await;
     wait_until(
         "the first card past its gate, the second marked",
@@ -719,6 +727,83 @@ claim_idle_seconds = 2
     assert_eq!(count("| queued"), 1, "{shown:?}");
     assert!((1..=2).contains(&count("| begun")), "{shown:?}");
     drop(a);
+}
+
+/// Cards read together pass their gate together, as one run: worker `a` is
+/// paused while showing the first of two such cards. Worker `b` shows both
+/// again (each may have reached the platform: `a`'s marks say `writing:`).
+/// When `a` wakes, its run's gate is stale (the pause counts), so it does not
+/// show the second: that card appears once, shown by `b`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_shows_nothing_more_of_a_run_of_cards() {
+    let d = Deployment::new(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "console"
+output = "{dir}/mail.out"
+input = "{dir}/mail.in"
+destinations = ["*"]
+approval = { required = true, notify = "cards", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
+
+[bridges.cards]
+type = "console"
+output = "{dir}/cards.out"
+input = "{dir}/cards.in"
+destinations = ["ops"]
+latency_ms = 3000
+claim_idle_seconds = 2
+"#,
+    );
+    let mut store = d.store().await;
+    let notify = keys::outbox("cards");
+    store
+        .ensure_group(&notify, &keys::outbox_group("cards"))
+        .await
+        .unwrap();
+    let mail = d.spawn("outbox", "mail");
+    send(&mut store, "mail", "bob@example.org", "first").await;
+    send(&mut store, "mail", "bob@example.org", "second").await;
+    wait_until("both notifications written", SOON, || async {
+        let n = harness::stream(&mut d.store().await, &notify).await.len();
+        (n == 2).then_some(())
+    })
+    .await;
+    // One read takes both: their gate is passed in one step.
+    let a = d.process_with("cowboy-console-outbox", "cards", &["--worker", "a"]);
+    wait_until("both cards past their gate together", SOON, || async {
+        let mut s = d.store().await;
+        let m = hash(&mut s, &keys::in_flight_marks(&notify)).await;
+        let v: Vec<String> = m.into_values().collect();
+        (v == ["writing:a", "writing:a"]).then_some(())
+    })
+    .await;
+    signal(&a, "-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "cards", &["--worker", "b"]);
+    let shown = |what: &'static str| {
+        let d = &d;
+        move || async move {
+            let n = d.delivered("cards.out");
+            (n.iter().filter(|l| l.content.contains(what)).count() >= 1).then_some(())
+        }
+    };
+    wait_until("b showing the second card", SOON, shown("| second")).await;
+    wait_until("b showing the first card", SOON, shown("| first")).await;
+    signal(&a, "-CONT");
+    let log = d.path("cowboy-console-outbox-cards--workera.log");
+    wait_until("a letting go of the run", SOON, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
+            .then_some(())
+    })
+    .await;
+    let shown = d.delivered("cards.out");
+    let count = |what: &str| shown.iter().filter(|l| l.content.contains(what)).count();
+    assert_eq!(count("| second"), 1, "{shown:?}");
+    assert!((1..=2).contains(&count("| first")), "{shown:?}");
+    drop(a);
+    mail.stop().await.unwrap();
 }
 
 /// Hands entry `id` of `stream` to consumer `ghost` `times` times (a worker
