@@ -641,6 +641,83 @@ async fn a_send_refused_in_a_run_keeps_its_place() {
     assert!(log.contains("its gate refused it"), "{log}");
 }
 
+/// A card bridge `cards` whose sends take 3 s, asked by console `mail`
+/// (agent `ann`), with `extra` in its table; its notify stream's group made.
+async fn slow_cards(extra: &str) -> (Deployment, Store) {
+    let d = Deployment::new(&format!(
+        r#"
+[agents.ann]
+
+[bridges.mail]
+type = "console"
+output = "{{dir}}/mail.out"
+input = "{{dir}}/mail.in"
+destinations = ["*"]
+approval = {{ required = true, notify = "cards", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }}
+
+[bridges.cards]
+type = "console"
+output = "{{dir}}/cards.out"
+input = "{{dir}}/cards.in"
+destinations = ["ops"]
+latency_ms = 3000
+claim_idle_seconds = 2
+{extra}
+"#
+    ));
+    let mut store = d.store().await;
+    store
+        .ensure_group(&keys::outbox("cards"), &keys::outbox_group("cards"))
+        .await
+        .unwrap();
+    (d, store)
+}
+
+/// Waits until `cards`'s in-flight marks are `want` (in any order).
+async fn card_marks(d: &Deployment, what: &str, want: &[&str]) {
+    wait_until(what, SOON, || async {
+        let mut s = d.store().await;
+        let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
+        let mut v: Vec<String> = m.into_values().collect();
+        v.sort();
+        (v == want).then_some(())
+    })
+    .await;
+}
+
+/// Pauses worker `a` of `cards`, lets worker `b` take over and show both
+/// cards, wakes `a`, and checks what `a` did: it may complete the card it
+/// had begun (`begun`, shown once or twice), and `other` appears once.
+async fn cards_taken_over_while_paused(
+    d: &Deployment,
+    a: harness::Process,
+    begun: &str,
+    other: &str,
+) {
+    signal(&a, "-STOP");
+    let _b = d.process_with("cowboy-console-outbox", "cards", &["--worker", "b"]);
+    for what in [other, begun] {
+        wait_until(&format!("b showing {what:?}"), SOON, || async {
+            let n = d.delivered("cards.out");
+            n.iter().any(|l| l.content.contains(what)).then_some(())
+        })
+        .await;
+    }
+    signal(&a, "-CONT");
+    let log = d.path("cowboy-console-outbox-cards--workera.log");
+    wait_until("a letting go", SOON, || async {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
+            .then_some(())
+    })
+    .await;
+    let shown = d.delivered("cards.out");
+    let count = |what: &str| shown.iter().filter(|l| l.content.contains(what)).count();
+    assert_eq!(count(other), 1, "{shown:?}");
+    assert!((1..=2).contains(&count(begun)), "{shown:?}");
+    drop(a);
+}
+
 /// The same for approval cards: worker `a` of the notify bridge is paused
 /// while showing one card, with a second queued behind it. Worker `b` takes
 /// both over: it shows the queued card (which never passed `a`'s gate) and,
@@ -649,84 +726,21 @@ async fn a_send_refused_in_a_run_keeps_its_place() {
 /// card it had begun, and shows nothing else: the queued card appears once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_card_worker_never_shows_a_queued_card_twice() {
-    let d = Deployment::new(
-        r#"
-[agents.ann]
-
-[bridges.mail]
-type = "console"
-output = "{dir}/mail.out"
-input = "{dir}/mail.in"
-destinations = ["*"]
-approval = { required = true, notify = "cards", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
-
-[bridges.cards]
-type = "console"
-output = "{dir}/cards.out"
-input = "{dir}/cards.in"
-destinations = ["ops"]
-latency_ms = 3000
-max_in_flight = 1
-claim_idle_seconds = 2
-"#,
-    );
-    let mut store = d.store().await;
-    let notify = keys::outbox("cards");
-    store
-        .ensure_group(&notify, &keys::outbox_group("cards"))
-        .await
-        .unwrap();
+    let (d, mut store) = slow_cards("max_in_flight = 1").await;
     let a = d.process_with("cowboy-console-outbox", "cards", &["--worker", "a"]);
     let _mail = d.spawn("outbox", "mail");
     send(&mut store, "mail", "bob@example.org", "begun").await;
     // The second card only once the first passed its gate: read with it,
     // the two would pass their gate together as a run.
-    wait_until("the first card past its gate", SOON, || async {
-        let mut s = d.store().await;
-        let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
-        m.values().any(|v| v == "writing:a").then_some(())
-    })
-    .await;
+    card_marks(&d, "the first card past its gate", &["writing:a"]).await;
     send(&mut store, "mail", "bob@example.org", "queued").await;
-    wait_until(
+    card_marks(
+        &d,
         "the first card past its gate, the second marked",
-        SOON,
-        || async {
-            let mut s = d.store().await;
-            let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
-            let mut v: Vec<String> = m.into_values().collect();
-            v.sort();
-            (v == ["started:a", "writing:a"]).then_some(())
-        },
+        &["started:a", "writing:a"],
     )
     .await;
-    signal(&a, "-STOP");
-    let _b = d.process_with("cowboy-console-outbox", "cards", &["--worker", "b"]);
-    let shown = |what: &'static str| {
-        let d = &d;
-        move || async move {
-            let n = d.delivered("cards.out");
-            (n.iter().filter(|l| l.content.contains(what)).count() >= 1).then_some(())
-        }
-    };
-    wait_until("b showing the queued card", SOON, shown("| queued")).await;
-    wait_until("b showing the begun card again", SOON, shown("| begun")).await;
-    signal(&a, "-CONT");
-    let log = d.path("cowboy-console-outbox-cards--workera.log");
-    wait_until("a letting go of the queued card", SOON, || async {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
-            .then_some(())
-    })
-    .await;
-    // a may complete the card it had begun, or find its lease lapsed first and
-    // drop it: either way the queued card, which never passed its gate, is
-    // shown once.
-    let shown = d.delivered("cards.out");
-    let count = |what: &str| shown.iter().filter(|l| l.content.contains(what)).count();
-    assert_eq!(count("| queued"), 1, "{shown:?}");
-    assert!((1..=2).contains(&count("| begun")), "{shown:?}");
-    drop(a);
+    cards_taken_over_while_paused(&d, a, "| begun", "| queued").await;
 }
 
 /// Cards read together pass their gate together, as one run: worker `a` is
@@ -736,74 +750,26 @@ claim_idle_seconds = 2
 /// show the second: that card appears once, shown by `b`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_worker_shows_nothing_more_of_a_run_of_cards() {
-    let d = Deployment::new(
-        r#"
-[agents.ann]
-
-[bridges.mail]
-type = "console"
-output = "{dir}/mail.out"
-input = "{dir}/mail.in"
-destinations = ["*"]
-approval = { required = true, notify = "cards", notify_channel = "ops", timeout = 3600, approvers = ["cli:op"] }
-
-[bridges.cards]
-type = "console"
-output = "{dir}/cards.out"
-input = "{dir}/cards.in"
-destinations = ["ops"]
-latency_ms = 3000
-claim_idle_seconds = 2
-"#,
-    );
-    let mut store = d.store().await;
-    let notify = keys::outbox("cards");
-    store
-        .ensure_group(&notify, &keys::outbox_group("cards"))
-        .await
-        .unwrap();
-    let mail = d.spawn("outbox", "mail");
+    let (d, mut store) = slow_cards("").await;
+    let _mail = d.spawn("outbox", "mail");
     send(&mut store, "mail", "bob@example.org", "first").await;
     send(&mut store, "mail", "bob@example.org", "second").await;
     wait_until("both notifications written", SOON, || async {
-        let n = harness::stream(&mut d.store().await, &notify).await.len();
+        let n = stream(&mut d.store().await, &keys::outbox("cards"))
+            .await
+            .len();
         (n == 2).then_some(())
     })
     .await;
     // One read takes both: their gate is passed in one step.
     let a = d.process_with("cowboy-console-outbox", "cards", &["--worker", "a"]);
-    wait_until("both cards past their gate together", SOON, || async {
-        let mut s = d.store().await;
-        let m = hash(&mut s, &keys::in_flight_marks(&notify)).await;
-        let v: Vec<String> = m.into_values().collect();
-        (v == ["writing:a", "writing:a"]).then_some(())
-    })
+    card_marks(
+        &d,
+        "both cards past their gate together",
+        &["writing:a", "writing:a"],
+    )
     .await;
-    signal(&a, "-STOP");
-    let _b = d.process_with("cowboy-console-outbox", "cards", &["--worker", "b"]);
-    let shown = |what: &'static str| {
-        let d = &d;
-        move || async move {
-            let n = d.delivered("cards.out");
-            (n.iter().filter(|l| l.content.contains(what)).count() >= 1).then_some(())
-        }
-    };
-    wait_until("b showing the second card", SOON, shown("| second")).await;
-    wait_until("b showing the first card", SOON, shown("| first")).await;
-    signal(&a, "-CONT");
-    let log = d.path("cowboy-console-outbox-cards--workera.log");
-    wait_until("a letting go of the run", SOON, || async {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        (text.contains("taken over by another worker") || text.contains("lease lapsed"))
-            .then_some(())
-    })
-    .await;
-    let shown = d.delivered("cards.out");
-    let count = |what: &str| shown.iter().filter(|l| l.content.contains(what)).count();
-    assert_eq!(count("| second"), 1, "{shown:?}");
-    assert!((1..=2).contains(&count("| first")), "{shown:?}");
-    drop(a);
-    mail.stop().await.unwrap();
+    cards_taken_over_while_paused(&d, a, "| first", "| second").await;
 }
 
 /// Hands entry `id` of `stream` to consumer `ghost` `times` times (a worker
