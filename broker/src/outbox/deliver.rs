@@ -683,9 +683,10 @@ impl<S: Sender> OutboxService<S> {
                 return self.complete_approved(f, *record, result).await
             }
             Purpose::Notification { record, deliveries } => {
-                return self
-                    .complete_notification(f, *record, deliveries, result)
-                    .await
+                let channel = f.message.channel_id.clone();
+                self.record_notification(f, *record, deliveries, result)
+                    .await?;
+                return self.start_next(&channel).await;
             }
         }
         let channel = f.message.channel_id.clone();

@@ -269,22 +269,8 @@ impl<S: Sender> OutboxService<S> {
         Ok(())
     }
 
-    /// Records the outcome of showing a notification.
-    pub(super) async fn complete_notification(
-        &mut self,
-        f: Flight,
-        record: Record,
-        deliveries: u64,
-        result: std::result::Result<Sent, SendError>,
-    ) -> Result<()> {
-        let channel = f.message.channel_id.clone();
-        self.record_notification(f, record, deliveries, result)
-            .await?;
-        self.start_next(&channel).await
-    }
-
-    /// [`Self::complete_notification`] but for starting what waits behind
-    /// it: a card of a run leaves that to the run's end.
+    /// Records the outcome of showing a notification; what waits behind it
+    /// is for the caller to start (a card of a run leaves that to the run's end).
     pub(super) async fn record_notification(
         &mut self,
         f: Flight,
