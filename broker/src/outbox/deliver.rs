@@ -28,7 +28,9 @@
 //!   stops at a send to be retried, and what it did not attempt goes back to
 //!   the head of the queue). Approved entries go in the order they are
 //!   decided, and notifications to one approval channel may be shown side by
-//!   side.
+//!   side. Those two hold their destination only where the sender splits
+//!   messages, and only a send that holds a destination starts what waits
+//!   behind it ([`OutboxService::end_dispatched`]).
 //! - A dead letter copies the refused entry under `field:` names (huge entries in
 //!   part), so its fields cannot shadow the broker's.
 
@@ -107,6 +109,18 @@ impl<S: Sender> OutboxService<S> {
             }
             // Retries wait for their time, never behind a destination.
             Some((_, Job::Approved { .. } | Job::Notification { .. })) | None => Ok(()),
+        }
+    }
+
+    /// The end of an approved entry's or a card's send started by
+    /// [`Self::dispatch`]: it held its destination only where the sender
+    /// splits messages, and only what holds a destination may start what
+    /// waits behind it. Elsewhere a plain send may be current there, or
+    /// waiting for its retry, with later ones queued behind it in order.
+    pub(super) async fn end_dispatched(&mut self, channel: &str) -> Result<()> {
+        match S::SPLITS {
+            true => self.start_next(channel).await,
+            false => Ok(()),
         }
     }
 
@@ -675,7 +689,10 @@ impl<S: Sender> OutboxService<S> {
             // fences itself once it sees its lease lapsed).
             tracing::warn!(entry = %f.entry.id, "send not made: the delivery was taken over by another worker");
             self.mem.sched.end(&f.key);
-            return self.start_next(&f.message.channel_id).await;
+            return match f.purpose {
+                Purpose::Plain => self.start_next(&f.message.channel_id).await,
+                _ => self.end_dispatched(&f.message.channel_id).await,
+            };
         }
         match std::mem::replace(&mut f.purpose, Purpose::Plain) {
             Purpose::Plain => {}
@@ -686,7 +703,7 @@ impl<S: Sender> OutboxService<S> {
                 let channel = f.message.channel_id.clone();
                 self.record_notification(f, *record, deliveries, result)
                     .await?;
-                return self.start_next(&channel).await;
+                return self.end_dispatched(&channel).await;
             }
         }
         let channel = f.message.channel_id.clone();

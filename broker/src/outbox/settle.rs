@@ -343,8 +343,9 @@ impl<S: Sender> OutboxService<S> {
         // Its outcome is recorded: the mark goes (this worker's, or one it took over).
         self.clear_in_flight(&[&mark]).await?;
         self.forget_taken_mark(&gate, &mark).await?;
-        // The retry, if any, queues again when it is due: the destination is free.
-        self.start_next(&channel).await
+        // The retry, if any, queues again when it is due: the destination is
+        // free (where the send held it).
+        self.end_dispatched(&channel).await
     }
 
     /// Marks the record settled with its outcome, tells the notify bridge, acks the
