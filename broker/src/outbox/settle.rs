@@ -343,8 +343,8 @@ impl<S: Sender> OutboxService<S> {
         // Its outcome is recorded: the mark goes (this worker's, or one it took over).
         self.clear_in_flight(&[&mark]).await?;
         self.forget_taken_mark(&gate, &mark).await?;
-        // The retry, if any, queues again when it is due: the destination is
-        // free (where the send held it).
+        // The retry, if any, is dispatched again when it is due: the
+        // destination is free (where the send held it).
         self.end_dispatched(&channel).await
     }
 
