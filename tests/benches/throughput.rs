@@ -159,19 +159,23 @@ async fn main() {
     .await;
     let start = Instant::now();
     let outbox = d.spawn("outbox", "mail");
-    // The notifications go to mail:outbox too (notify = itself): wait until they are delivered.
-    // Complete lines only: the last may be half written while it is read.
-    let lines = || {
-        std::fs::read_to_string(d.path("mail.out"))
-            .unwrap_or_default()
-            .matches('\n')
-            .count()
-    };
-    while lines() < p {
+    // The notifications go to mail:outbox too (notify = itself): wait until
+    // each card is recorded as shown (its map entry), asking Redis: reading
+    // the output file every few milliseconds would take the service's CPU.
+    loop {
+        let shown: usize = redis::cmd("HLEN")
+            .arg(broker::keys::approval_map("mail"))
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+        if shown >= p {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let park_time = start.elapsed();
     outbox.stop().await.unwrap();
+    assert_eq!(d.delivered("mail.out").len(), p, "one card each");
     println!(
         "parking, {p} entries: {:.0} entries/s parked and notified, ratio per entry against the delivery floor {:.2}",
         p as f64 / park_time.as_secs_f64(),
