@@ -115,8 +115,9 @@ impl<S: Sender> OutboxService<S> {
     /// The end of an approved entry's or a card's send (started by
     /// [`Self::dispatch`], or by [`Self::launch_cards`] alone): it held its
     /// destination only where the sender splits messages, and only what
-    /// holds a destination may start what waits behind it. Elsewhere a plain send may be current there, or
-    /// waiting for its retry, with later ones queued behind it in order.
+    /// holds a destination may start what waits behind it. Elsewhere a plain
+    /// send may be current there, or waiting for its retry, with later ones
+    /// queued behind it in order.
     pub(super) async fn end_dispatched(&mut self, channel: &str) -> Result<()> {
         match S::SPLITS {
             true => self.start_next(channel).await,
