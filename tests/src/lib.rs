@@ -866,13 +866,7 @@ pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize
         .map_or(0, |g| g.entries_read as usize)
 }
 
-/// Commands Redis has run so far, from `INFO commandstats`.
-pub async fn commands_processed(store: &mut Store) -> u64 {
-    command_counts(store).await.values().sum()
-}
-
-/// Calls per command so far (`INFO commandstats`), for telling where a count
-/// of [`commands_processed`] went.
+/// Calls per command Redis has run so far (`INFO commandstats`).
 pub async fn command_counts(store: &mut Store) -> std::collections::BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
