@@ -249,12 +249,10 @@ impl<S: Sender> OutboxService<S> {
             // Read before the gate, on a clock that runs on while the process
             // is stopped: however long a pause after the gate, it counts.
             let gated = crate::clock::since_boot();
-            let sends: Vec<(&str, &str)> = run
-                .iter()
-                .map(|f| (f.key.as_str(), f.entry.id.as_str()))
-                .collect();
-            let gate = inflight::pass_run(&mut conn, &holder, &sends, &worker).await;
-            drop(sends);
+            let mark = inflight::run_mark(&worker);
+            let ids: Vec<&str> = run.iter().map(|f| f.entry.id.as_str()).collect();
+            let gate = inflight::pass_run(&mut conn, &holder, &mark, &ids, &worker).await;
+            drop(ids);
             // The first send that cannot go stops the run: a transient
             // failure (an attempt of its own, or not, as alone) holds its
             // destination for its retry; one another worker holds goes back
@@ -280,6 +278,9 @@ impl<S: Sender> OutboxService<S> {
             }
             let mut results = Vec::with_capacity(run.len());
             let mut unattempted: Vec<String> = Vec::new();
+            // The sends the run's mark lists that were attempted: theirs
+            // goes with their outcomes.
+            let mut listed: Vec<String> = Vec::new();
             let (mut stale, mut begun) = (false, false);
             for (i, (mut f, g)) in run.drain(..).zip(gate).enumerate() {
                 // The first send goes whenever its gate passed, as a send
@@ -287,6 +288,10 @@ impl<S: Sender> OutboxService<S> {
                 let fresh = !begun || crate::clock::since_boot().saturating_sub(gated) < run_fresh;
                 let result = match &stop {
                     Some((at, why, unreplicated)) if *at == i => {
+                        // Passed, and listed: its mark goes with its outcome.
+                        if g == RunGate::Passed {
+                            listed.push(f.key.clone());
+                        }
                         f.unreplicated = *unreplicated;
                         Err(why.clone())
                     }
@@ -302,12 +307,15 @@ impl<S: Sender> OutboxService<S> {
                         }
                         f.skipped = true;
                         if g == RunGate::Passed {
-                            unattempted.push(f.key.clone());
+                            unattempted.push(f.entry.id.clone());
                         }
                         Err(SendError::Transient("not attempted".into()))
                     }
                     _ => {
                         begun = true;
+                        if g == RunGate::Passed {
+                            listed.push(f.key.clone());
+                        }
                         let approval = match &f.purpose {
                             Purpose::Notification { record, .. } => Some(&**record),
                             _ => None,
@@ -330,7 +338,8 @@ impl<S: Sender> OutboxService<S> {
                 results.push((f, result));
             }
             let unattempted: Vec<&str> = unattempted.iter().map(String::as_str).collect();
-            if let Err(e) = inflight::ungate(&mut conn, &holder.stream, &unattempted, &worker).await
+            if let Err(e) =
+                inflight::ungate(&mut conn, &holder.stream, &mark, &unattempted, &worker).await
             {
                 // Left `writing:`: a taker would report them `uncertain`
                 // rather than send them; this worker sends them as before.
@@ -348,6 +357,7 @@ impl<S: Sender> OutboxService<S> {
                 stale,
                 took,
                 holds,
+                listed: (mark, listed),
             }
         });
     }
@@ -526,7 +536,11 @@ impl<S: Sender> OutboxService<S> {
                 stale,
                 took,
                 holds,
+                listed: (mark, listed),
             } => {
+                // Before any outcome is recorded: each one's mark goes with
+                // it, and the run's with its last.
+                self.mem.runs.listed(&mark, listed);
                 self.size_runs(&results, stale, took);
                 let recorded = self.complete_run(results, holds).await;
                 if recorded.is_err() {
@@ -647,11 +661,14 @@ impl<S: Sender> OutboxService<S> {
         for (stream, (ids, delivery_keys)) in &by_stream {
             pipe.xack(*stream, &self.group, ids).ignore();
             // A wake-up has no mark (its key is empty).
-            let marked: Vec<&str> = delivery_keys
+            let mut marked: Vec<&str> = delivery_keys
                 .iter()
                 .copied()
                 .filter(|k| !k.is_empty())
                 .collect();
+            // With the marks of the runs whose last sends these were.
+            let runs = self.runs_acked(marked.clone());
+            marked.extend(runs.iter().map(|r| &**r));
             if !marked.is_empty() {
                 pipe.hdel(keys::in_flight_marks(stream), marked).ignore();
             }
@@ -1048,6 +1065,9 @@ pub(super) enum Landed {
         /// Whether the run is its destination's current delivery (released
         /// to it), or cards started together beside whatever holds it.
         holds: bool,
+        /// The run's mark, and the sends it lists that were attempted (each
+        /// settles it: see [`super::inflight::RunMarks`]).
+        listed: (String, Vec<String>),
     },
 }
 

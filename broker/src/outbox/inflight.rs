@@ -30,13 +30,25 @@
 //!   messages (its cards never queue). Its first send goes as a send alone would;
 //!   the next ones only while the gate is fresh (`Timing::run_fresh`, 200 ms,
 //!   by the time since boot, which runs on while the process is stopped);
-//!   the rest are turned back to `started:` ([`UNGATE`], unless they were
-//!   `writing:` before the run) and pass the gate again. So a paused worker
-//!   that wakes begins nothing its gate no longer covers. A worker that
-//!   dies in the middle of a run leaves `writing:` marks on sends it had not
-//!   begun, at most a run's length (`deliver::RUN_MAX`): a taker cannot tell
-//!   them from begun ones and treats them so (delivered where the sender
-//!   finds them, `uncertain` otherwise), as for a single send.
+//!   the rest are taken out of the run's mark ([`UNGATE`]) and pass the gate
+//!   again. So a paused worker that wakes begins nothing its gate no longer
+//!   covers. A worker that dies in the middle of a run leaves `writing:`
+//!   on sends it had not begun, at most a run's length (`deliver::RUN_MAX`):
+//!   a taker cannot tell them from begun ones and treats them so (delivered
+//!   where the sender finds them, `uncertain` otherwise), as for a single send.
+//! - A run's gate writes one mark for the run, not one per send: a field
+//!   `@run:{worker}:{unique}` ([`run_mark`]) whose value is `writing:{worker}`
+//!   and the entry ids it passed. Everything that reads a delivery's mark
+//!   before sending (marking, the gate of entries handed out again) reads a
+//!   run's mark that lists it as that delivery's `writing:` mark, over a
+//!   `started:` of its own ([`marks_by_delivery`] says the same for tests and
+//!   tools). An entry comes out of its run's mark when its own mark would go
+//!   ([`CLEAR`]), the mark goes with its run's last send (acked or cleared;
+//!   [`RunMarks`]), a worker's own run found after its restart moves to the
+//!   deliveries' own marks as they are marked again, a taker takes the entry
+//!   out of the other's run once its outcome is recorded, and the trim drops
+//!   a run's mark none of whose entries is pending. Why: the gate's write per
+//!   send was most of its cost in Redis (`docs/benchmarks.md`).
 //! - Marking ([`MARK`]) never overwrites `writing:*`: a send that may have
 //!   reached the platform stays known. Seen from another worker it is
 //!   [`Prior::Taken`]: that worker may still complete it, so the taker never
@@ -67,17 +79,85 @@
 
 use super::*;
 
+/// Lua helpers for runs' marks (fields `@run:{worker}:{unique}` of a
+/// stream's marks hash, value `writing:{worker}`, a newline, then the entry
+/// ids the run's gate passed, each between spaces):
+/// - `run_fields(hash)`: the names of the runs' marks;
+/// - `run_owners(hash, mine)`: entry id → whose run lists it
+///   (`writing:{worker}`), and entry id → that run's mark; where two runs list
+///   one entry, another worker's wins over `mine` (it may still send);
+/// - `run_drop(hash, owner, mark, ids)`: takes `ids` out of run mark `mark` if
+///   `owner`'s, and removes the mark once it lists none.
+macro_rules! runs_lua {
+    () => {
+        r#"
+local function run_fields(hash)
+  local names = {}
+  for _, f in ipairs(redis.call('HKEYS', hash)) do
+    if string.sub(f, 1, 5) == '@run:' then names[#names + 1] = f end
+  end
+  return names
+end
+local function run_owners(hash, mine)
+  local owners, where = {}, {}
+  local names = run_fields(hash)
+  if #names == 0 then return owners, where end
+  local values = redis.call('HMGET', hash, unpack(names))
+  for n, v in ipairs(values) do
+    local nl = v and string.find(v, '\n', 1, true)
+    if nl then
+      local owner = string.sub(v, 1, nl - 1)
+      for id in string.gmatch(string.sub(v, nl + 1), '%S+') do
+        if owners[id] == nil or owners[id] == mine then
+          owners[id], where[id] = owner, names[n]
+        end
+      end
+    end
+  end
+  return owners, where
+end
+local function run_drop(hash, owner, mark, ids)
+  local v = redis.call('HGET', hash, mark)
+  if not v or string.sub(v, 1, #owner + 1) ~= owner .. '\n' then return end
+  for _, id in ipairs(ids) do
+    local at = string.find(v, ' ' .. id .. ' ', 1, true)
+    if at then v = string.sub(v, 1, at) .. string.sub(v, at + #id + 2) end
+  end
+  if string.find(v, '\n %S') then
+    redis.call('HSET', hash, mark, v)
+  else
+    redis.call('HDEL', hash, mark)
+  end
+end
+"#
+    };
+}
+
 /// Marks a delivery `started:{worker}` unless some attempt passed its gate,
 /// and only while the entry is this worker's in its group's pending list
 /// (a taker `XCLAIM`s before it marks, so a worker that stalled before
 /// marking finds the entry gone from its hands). KEYS: the in-flight hash, the
 /// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
 /// Returns the previous value ('' when none), or `not-mine`.
-const MARK: &str = r#"
+const MARK: &str = concat!(
+    runs_lua!(),
+    r#"
 local p = redis.call('XPENDING', KEYS[2], ARGV[3], ARGV[5], ARGV[5], 1)
 if not p[1] or p[1][2] ~= ARGV[4] then return 'not-mine' end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and string.sub(v, 1, 8) == 'writing:' then return v end
+local owners, where = run_owners(KEYS[1], 'writing:' .. ARGV[2])
+local run = owners[ARGV[5]]
+if run then
+  -- Listed by a run that passed its gate: this worker's own (before a
+  -- restart) moves to the delivery's own mark, so its retry stays known and
+  -- the run's mark goes once all have moved; another's is left to that worker.
+  if run == 'writing:' .. ARGV[2] then
+    redis.call('HSET', KEYS[1], ARGV[1], run)
+    run_drop(KEYS[1], run, where[ARGV[5]], {ARGV[5]})
+  end
+  return run
+end
 if v and string.sub(v, 1, 8) ~= 'started:' then
   -- A mark of an older version (a time): this worker's attempt may have
   -- reached the platform; it goes on as a retry of its own.
@@ -86,13 +166,18 @@ if v and string.sub(v, 1, 8) ~= 'started:' then
 end
 redis.call('HSET', KEYS[1], ARGV[1], 'started:' .. ARGV[2])
 return v or ''
-"#;
+"#
+);
 
 /// [`MARK`] for several deliveries of one stream, in one step. KEYS: the
 /// in-flight hash, the stream. ARGV: worker, group, consumer, then (delivery
 /// key, entry id) pairs. Returns what [`MARK`] would, per pair.
-const MARK_MANY: &str = r#"
-local out = {}
+const MARK_MANY: &str = concat!(
+    runs_lua!(),
+    r#"
+local out, moved = {}, {}
+local writing = 'writing:' .. ARGV[1]
+local runs, where = run_owners(KEYS[1], writing)
 for i = 4, #ARGV, 2 do
   local key, id = ARGV[i], ARGV[i + 1]
   local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
@@ -102,6 +187,14 @@ for i = 4, #ARGV, 2 do
     local v = redis.call('HGET', KEYS[1], key)
     if v and string.sub(v, 1, 8) == 'writing:' then
       out[#out + 1] = v
+    elseif runs[id] then
+      -- As in MARK: this worker's own run's mark moves to the delivery's.
+      if runs[id] == writing then
+        redis.call('HSET', KEYS[1], key, writing)
+        moved[where[id]] = moved[where[id]] or {}
+        table.insert(moved[where[id]], id)
+      end
+      out[#out + 1] = runs[id]
     elseif v and string.sub(v, 1, 8) ~= 'started:' then
       redis.call('HSET', KEYS[1], key, 'writing:' .. ARGV[1])
       out[#out + 1] = v
@@ -111,8 +204,10 @@ for i = 4, #ARGV, 2 do
     end
   end
 end
+for mark, ids in pairs(moved) do run_drop(KEYS[1], writing, mark, ids) end
 return out
-"#;
+"#
+);
 
 /// The gate right before the platform call. KEYS: the in-flight hash, the
 /// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
@@ -130,77 +225,121 @@ return 1
 
 /// The gate of a run: [`GATE`] for each delivery of one stream, in one step.
 /// KEYS: the in-flight hash, the stream. ARGV: worker, group, consumer, the
-/// lowest and the highest entry id of the run, then (delivery key, entry id)
-/// pairs. Returns per pair 0 (refused), 1 (passed) or 2 (passed, and its
-/// mark said `writing:{me}` already: an attempt before a restart may have
-/// reached the platform, which no later step may forget). Whose entries are is read
-/// once for the run's range (this consumer's pending entries in it, usually
-/// just the run's); one entry at a time only past a range too full to read
-/// whole.
-const GATE_RUN: &str = r#"
+/// lowest and the highest entry id of the run, the run's mark (a new field
+/// of the hash, [`run_mark_field`]), then the entry ids (a delivery key is
+/// the stream's name, `/`, the id). Returns per id 0 (refused), 1 (passed,
+/// and listed in the run's mark) or 2 (passed, and its own mark said
+/// `writing:{me}` already: an attempt before a restart may have reached the
+/// platform, which no later step may forget; not listed). Whose entries are
+/// is read once for the run's range (this consumer's pending entries in it,
+/// usually just the run's); one entry at a time only past a range too full
+/// to read whole. An entry handed out once (delivery count 1) was never
+/// another worker's, so no other run can list it: the runs are read only
+/// when an entry was handed out again.
+const GATE_RUN: &str = concat!(
+    runs_lua!(),
+    r#"
 local started, writing = 'started:' .. ARGV[1], 'writing:' .. ARGV[1]
-local fields, ids = {}, {}
-for i = 6, #ARGV, 2 do
-  fields[#fields + 1] = ARGV[i]
-  ids[#ids + 1] = ARGV[i + 1]
-end
-if #fields == 0 then return {} end
-local limit = 2 * #ids + 16
+local n = #ARGV - 6
+if n <= 0 then return {} end
+local limit = 2 * n + 16
 local mine = {}
 local range = redis.call('XPENDING', KEYS[2], ARGV[2], ARGV[4], ARGV[5], limit, ARGV[3])
-for _, p in ipairs(range) do mine[p[1]] = true end
+for _, p in ipairs(range) do mine[p[1]] = p[4] end
 local whole = #range < limit
-local marks = redis.call('HMGET', KEYS[1], unpack(fields))
-local out, set = {}, {}
-for n = 1, #fields do
-  local ok, v, id = 0, marks[n], ids[n]
-  if not v or v == started or v == writing then
-    local held = mine[id]
-    if not held and not whole then
-      local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
-      held = p[1] and p[1][2] == ARGV[3]
-    end
-    if held then
-      ok = (v == writing) and 2 or 1
-      set[#set + 1] = fields[n]
-      set[#set + 1] = writing
-    end
-  end
-  out[n] = ok
-end
-if #set > 0 then redis.call('HSET', KEYS[1], unpack(set)) end
-return out
-"#;
-
-/// Turns this worker's `writing:` marks among ARGV[2..] back to `started:`:
-/// sends of a run that passed the gate together and were never attempted
-/// (nothing reached the platform; a later attempt is no retry).
-/// KEYS: the in-flight hash. ARGV: worker, delivery keys.
-const UNGATE: &str = r#"
-for i = 2, #ARGV do
-  if redis.call('HGET', KEYS[1], ARGV[i]) == 'writing:' .. ARGV[1] then
-    redis.call('HSET', KEYS[1], ARGV[i], 'started:' .. ARGV[1])
-  end
-end
-return 0
-"#;
-
-/// Removes the marks of `worker` among ARGV[2..] (another worker's stay).
-/// KEYS: the in-flight hash. ARGV: worker, delivery keys.
-const CLEAR: &str = r#"
 local fields = {}
-for i = 2, #ARGV do fields[#fields + 1] = ARGV[i] end
-if #fields == 0 then return 0 end
+for i = 1, n do fields[i] = KEYS[2] .. '/' .. ARGV[6 + i] end
 local marks = redis.call('HMGET', KEYS[1], unpack(fields))
-local gone = {}
-for n = 1, #fields do
-  if marks[n] == 'started:' .. ARGV[1] or marks[n] == 'writing:' .. ARGV[1] then
-    gone[#gone + 1] = fields[n]
+local out, listed, runs = {}, {}, nil
+for i = 1, n do
+  local ok, v, id = 0, marks[i], ARGV[6 + i]
+  if not v or v == started or v == writing then
+    local count = mine[id]
+    if count == nil and not whole then
+      local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
+      if p[1] and p[1][2] == ARGV[3] then count = p[1][4] end
+    end
+    if count then
+      if v == writing then
+        ok = 2
+      elseif count > 1 then
+        runs = runs or run_owners(KEYS[1], writing)
+        if not runs[id] then ok = 1 elseif runs[id] == writing then ok = 2 end
+      else
+        ok = 1
+      end
+      if ok == 1 then listed[#listed + 1] = id end
+    end
   end
+  out[i] = ok
+end
+if #listed > 0 then
+  redis.call('HSET', KEYS[1], ARGV[6], writing .. '\n ' .. table.concat(listed, ' ') .. ' ')
+end
+return out
+"#
+);
+
+/// Takes entry ids out of this worker's run mark: sends of a run that passed
+/// the gate together and were never attempted (nothing reached the
+/// platform; a later attempt is no retry). The mark goes once it lists none.
+/// KEYS: the in-flight hash. ARGV: worker, the run's mark, entry ids.
+const UNGATE: &str = concat!(
+    runs_lua!(),
+    r#"
+local ids = {}
+for i = 3, #ARGV do ids[#ids + 1] = ARGV[i] end
+run_drop(KEYS[1], 'writing:' .. ARGV[1], ARGV[2], ids)
+return 0
+"#
+);
+
+/// Removes the marks of `worker`: of some deliveries (another worker's
+/// stay), whole run marks, and single entries from run marks. KEYS: the
+/// in-flight hash. ARGV: worker, N, N delivery keys, M, M run marks, then
+/// (run mark, entry id) pairs, where run mark `*` is any of the worker's
+/// (a taker knows whose run listed an entry, not which). Returns how many
+/// fields went.
+const CLEAR: &str = concat!(
+    runs_lua!(),
+    r#"
+local me = ARGV[1]
+local started, writing = 'started:' .. me, 'writing:' .. me
+local n = tonumber(ARGV[2])
+local gone = {}
+if n > 0 then
+  local fields = {}
+  for i = 3, 2 + n do fields[#fields + 1] = ARGV[i] end
+  local marks = redis.call('HMGET', KEYS[1], unpack(fields))
+  for k = 1, n do
+    if marks[k] == started or marks[k] == writing then gone[#gone + 1] = fields[k] end
+  end
+end
+local at = 3 + n
+local m = tonumber(ARGV[at] or '0')
+for i = at + 1, at + m do
+  local v = redis.call('HGET', KEYS[1], ARGV[i])
+  if v and string.sub(v, 1, #writing + 1) == writing .. '\n' then gone[#gone + 1] = ARGV[i] end
 end
 if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
+local drops, order = {}, {}
+for i = at + m + 1, #ARGV, 2 do
+  if not drops[ARGV[i]] then
+    drops[ARGV[i]] = {}
+    order[#order + 1] = ARGV[i]
+  end
+  table.insert(drops[ARGV[i]], ARGV[i + 1])
+end
+for _, mark in ipairs(order) do
+  if mark == '*' then
+    for _, f in ipairs(run_fields(KEYS[1])) do run_drop(KEYS[1], writing, f, drops[mark]) end
+  else
+    run_drop(KEYS[1], writing, mark, drops[mark])
+  end
+end
 return #gone
-"#;
+"#
+);
 
 /// Drops a mark whose entry is no longer pending in its group (acked, or
 /// gone from the stream): no worker can send it any more, so the mark is a
@@ -212,6 +351,23 @@ const TRIM: &str = r#"
 local ok, p = pcall(redis.call, 'XPENDING', KEYS[2], ARGV[2], ARGV[3], ARGV[3], 1)
 if not ok or p[1] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
+return 1
+"#;
+
+/// [`TRIM`] for a run's mark: dropped once none of the entries it lists is
+/// pending in its group. KEYS: the in-flight hash, the stream. ARGV: group,
+/// the run's mark. Returns 1 when dropped.
+const TRIM_RUN: &str = r#"
+local v = redis.call('HGET', KEYS[1], ARGV[2])
+if not v then return 0 end
+local nl = string.find(v, '\n', 1, true)
+if nl then
+  for id in string.gmatch(string.sub(v, nl + 1), '%S+') do
+    local ok, p = pcall(redis.call, 'XPENDING', KEYS[2], ARGV[1], id, id, 1)
+    if not ok or p[1] then return 0 end
+  end
+end
+redis.call('HDEL', KEYS[1], ARGV[2])
 return 1
 "#;
 
@@ -236,6 +392,8 @@ static MOVE_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(MOVE));
 static TRIM_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(TRIM));
+static TRIM_RUN_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(TRIM_RUN));
 static MARK_SCRIPT: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(MARK));
 static GATE_SCRIPT: std::sync::LazyLock<redis::Script> =
@@ -364,17 +522,128 @@ pub(super) enum RunGate {
     PassedAgain,
 }
 
+/// A new run's mark: a field of its stream's marks hash no delivery key can
+/// be (delivery keys begin with a stream's name), unique to this run.
+pub(super) fn run_mark(worker: &str) -> String {
+    format!("{RUN_PREFIX}{worker}:{}", uuid::Uuid::new_v4().simple())
+}
+
+/// How every run's mark begins (the scripts know it too).
+const RUN_PREFIX: &str = "@run:";
+
+/// The runs whose marks this worker wrote and has not removed yet: which run
+/// lists each of its sends, and how many of each run's sends are unsettled.
+/// A run's mark goes with the mark of its last send (acked or cleared); one
+/// forgotten here (an error, a fence) is a leftover the trim drops once
+/// none of its entries is pending.
+#[derive(Default)]
+pub(super) struct RunMarks {
+    of: HashMap<String, Arc<str>>,
+    left: HashMap<Arc<str>, usize>,
+}
+
+/// What settling a send did to the mark of its run.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Settled {
+    /// It was in no run this worker knows of.
+    Unlisted,
+    /// Others of its run are unsettled: its entry comes out of the mark.
+    Listed(Arc<str>),
+    /// It was its run's last: the mark goes.
+    Last(Arc<str>),
+}
+
+impl RunMarks {
+    /// Notes the sends (delivery keys) a run's mark `mark` lists.
+    pub fn listed(&mut self, mark: &str, delivery_keys: impl IntoIterator<Item = String>) {
+        let mark: Arc<str> = mark.into();
+        let mut n = 0;
+        for key in delivery_keys {
+            // A send is in one run at a time (it is scheduled once); were it
+            // still in another, that one no longer waits for it.
+            if let Some(old) = self.of.insert(key, mark.clone()) {
+                self.release(&old);
+            }
+            n += 1;
+        }
+        if n > 0 {
+            *self.left.entry(mark).or_default() += n;
+        }
+    }
+
+    /// A send's mark goes: what that does to its run's.
+    pub fn settle(&mut self, delivery_key: &str) -> Settled {
+        let Some(run) = self.of.remove(delivery_key) else {
+            return Settled::Unlisted;
+        };
+        match self.release(&run) {
+            true => Settled::Last(run),
+            false => Settled::Listed(run),
+        }
+    }
+
+    /// Whether run mark `mark` is one of this worker's, under way.
+    pub fn holds(&self, mark: &str) -> bool {
+        self.left.contains_key(mark)
+    }
+
+    /// One send of `run` fewer; whether it was the last.
+    fn release(&mut self, run: &Arc<str>) -> bool {
+        match self.left.get_mut(run) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                false
+            }
+            Some(_) => {
+                self.left.remove(run);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The marks of one stream's deliveries as a taker reads them, by delivery
+/// key: a delivery's own mark, or, where it has none or only `started:`,
+/// the `writing:` of a run that lists it. `hash` is the stream's marks hash
+/// as stored ([`keys::in_flight_marks`]).
+pub fn marks_by_delivery(stream: &str, hash: &HashMap<String, String>) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = hash
+        .iter()
+        .filter(|(field, _)| !field.starts_with(RUN_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (field, value) in hash {
+        let Some((owner, ids)) = value
+            .split_once('\n')
+            .filter(|_| field.starts_with(RUN_PREFIX))
+        else {
+            continue;
+        };
+        for id in ids.split_whitespace() {
+            let key = super::delivery_key(stream, id);
+            let own = out.get(&key);
+            if own.is_none_or(|v| v.starts_with("started:")) {
+                out.insert(key, owner.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// The gate of a run of sends from one stream (`holder`'s, whose entry id
-/// is not used), `(delivery key, entry id)` each: what it said of each.
+/// is not used), by entry id: what it said of each. Those it passed as
+/// [`RunGate::Passed`] are listed in the new run mark `mark`.
 pub(super) async fn pass_run(
     conn: &mut crate::store::Conn,
     holder: &Holder,
-    sends: &[(&str, &str)],
+    mark: &str,
+    ids: &[&str],
     worker: &str,
 ) -> std::result::Result<Vec<RunGate>, SendError> {
     let by_id = |id: &&&str| crate::store::id_order(id);
-    let ids = sends.iter().map(|(_, id)| id);
-    let (Some(lowest), Some(highest)) = (ids.clone().min_by_key(by_id), ids.max_by_key(by_id))
+    let (Some(lowest), Some(highest)) =
+        (ids.iter().min_by_key(by_id), ids.iter().max_by_key(by_id))
     else {
         return Ok(Vec::new());
     };
@@ -384,10 +653,9 @@ pub(super) async fn pass_run(
         .arg(&holder.group)
         .arg(&holder.consumer)
         .arg(*lowest)
-        .arg(*highest);
-    for (key, entry_id) in sends {
-        inv.arg(*key).arg(*entry_id);
-    }
+        .arg(*highest)
+        .arg(mark)
+        .arg(ids);
     let passed: Vec<i64> = inv
         .invoke_async(conn)
         .await
@@ -402,21 +670,23 @@ pub(super) async fn pass_run(
         .collect())
 }
 
-/// Turns the `writing:` marks of a run's sends that were never attempted
-/// back to `started:` (see [`UNGATE`]).
+/// Takes a run's sends that were never attempted out of its mark `mark`
+/// (see [`UNGATE`]), by entry id.
 pub(super) async fn ungate(
     conn: &mut crate::store::Conn,
     stream: &str,
-    delivery_keys: &[&str],
+    mark: &str,
+    ids: &[&str],
     worker: &str,
 ) -> std::result::Result<(), SendError> {
-    if delivery_keys.is_empty() {
+    if ids.is_empty() {
         return Ok(());
     }
     let _: i64 = UNGATE_SCRIPT
         .key(keys::in_flight_marks(stream))
         .arg(worker)
-        .arg(delivery_keys)
+        .arg(mark)
+        .arg(ids)
         .invoke_async(conn)
         .await
         .map_err(|e| {
@@ -632,6 +902,22 @@ impl<S: Sender> OutboxService<S> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
             for mark in marks {
+                if mark.starts_with(RUN_PREFIX) {
+                    // A run still under way here keeps its mark.
+                    if self.mem.runs.holds(&mark) {
+                        continue;
+                    }
+                    let n: i64 = TRIM_RUN_SCRIPT
+                        .key(&key)
+                        .key(stream)
+                        .arg(&self.group)
+                        .arg(&mark)
+                        .invoke_async(&mut self.store.conn)
+                        .await
+                        .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
+                    dropped += n as usize;
+                    continue;
+                }
                 let Some((of, entry_id)) = mark.rsplit_once('/') else {
                     continue;
                 };
@@ -661,29 +947,72 @@ impl<S: Sender> OutboxService<S> {
         Ok(dropped)
     }
 
-    /// Removes this worker's marks of `delivery_keys` (one script a stream).
+    /// Removes this worker's marks of `delivery_keys` (one script a stream):
+    /// their own, and their entries from the marks of the runs that listed
+    /// them (a run's mark goes with its last send's).
     pub(super) async fn clear_in_flight(&mut self, delivery_keys: &[&str]) -> Result<()> {
-        let mut by_stream: Vec<(&str, Vec<&str>)> = Vec::new();
+        #[derive(Default)]
+        struct Clear<'a> {
+            keys: Vec<&'a str>,
+            runs_gone: Vec<Arc<str>>,
+            from_runs: Vec<(Arc<str>, &'a str)>,
+        }
+        let mut by_stream: Vec<(&str, Clear)> = Vec::new();
         for key in delivery_keys {
-            let stream = keys::stream_of_delivery(key).ok_or_else(|| {
+            let (stream, entry_id) = key.rsplit_once('/').ok_or_else(|| {
                 Error::internal(format!("`{key}` is not a delivery key (stream/entry)"))
             })?;
-            match by_stream.iter_mut().find(|(s, _)| *s == stream) {
-                Some((_, keys)) => keys.push(key),
-                None => by_stream.push((stream, vec![key])),
+            let at = match by_stream.iter().position(|(s, _)| *s == stream) {
+                Some(at) => at,
+                None => {
+                    by_stream.push((stream, Clear::default()));
+                    by_stream.len() - 1
+                }
+            };
+            let clear = &mut by_stream[at].1;
+            clear.keys.push(key);
+            match self.mem.runs.settle(key) {
+                Settled::Unlisted => {}
+                Settled::Listed(run) => clear.from_runs.push((run, entry_id)),
+                Settled::Last(run) => clear.runs_gone.push(run),
             }
         }
-        for (stream, delivery_keys) in by_stream {
+        for (stream, clear) in by_stream {
             let key = keys::in_flight_marks(stream);
-            let _: i64 = CLEAR_SCRIPT
-                .key(&key)
-                .arg(&self.worker)
-                .arg(&delivery_keys)
+            let mut inv = CLEAR_SCRIPT.key(&key);
+            inv.arg(&self.worker)
+                .arg(clear.keys.len())
+                .arg(&clear.keys)
+                .arg(clear.runs_gone.len());
+            for run in &clear.runs_gone {
+                inv.arg(&**run);
+            }
+            for (run, entry_id) in &clear.from_runs {
+                inv.arg(&**run).arg(*entry_id);
+            }
+            let _: i64 = inv
                 .invoke_async(&mut self.store.conn)
                 .await
                 .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
         }
         Ok(())
+    }
+
+    /// The run marks that go with the acks of `delivery_keys` (their runs'
+    /// last unsettled sends): removed in the same round trip as the acks.
+    pub(super) fn runs_acked<'a>(
+        &mut self,
+        delivery_keys: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<Arc<str>> {
+        delivery_keys
+            .into_iter()
+            .filter_map(|key| match self.mem.runs.settle(key) {
+                Settled::Last(run) => Some(run),
+                // An acked entry is no one's to send: the rest of its run's
+                // mark may still list it.
+                Settled::Listed(_) | Settled::Unlisted => None,
+            })
+            .collect()
     }
 
     /// Moves the marks an earlier version kept in one hash per bridge
@@ -731,8 +1060,9 @@ impl<S: Sender> OutboxService<S> {
     }
 
     /// Removes another worker's mark of a delivery this worker took over, once
-    /// its outcome is recorded (the other's gate was passed already, so it
-    /// only ever clears its own).
+    /// its outcome is recorded, and takes its entry out of that worker's
+    /// runs' marks (the other's gate was passed already, so it only ever
+    /// clears its own).
     pub(super) async fn forget_taken_mark(
         &mut self,
         gate: &Gate,
@@ -748,10 +1078,15 @@ impl<S: Sender> OutboxService<S> {
             ))
         })?;
         let key = keys::in_flight_marks(stream);
+        let entry_id = delivery_key.rsplit_once('/').map_or("", |(_, id)| id);
         let _: i64 = CLEAR_SCRIPT
             .key(&key)
             .arg(by)
+            .arg(1)
             .arg(delivery_key)
+            .arg(0)
+            .arg("*")
+            .arg(entry_id)
             .invoke_async(&mut self.store.conn)
             .await
             .map_err(|e| Error::from_redis(&format!("EVALSHA clear {key}"), e))?;
@@ -780,7 +1115,56 @@ impl<S: Sender> OutboxService<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::Prior;
+    use super::{marks_by_delivery, Prior, RunMarks, Settled};
+    use std::collections::HashMap;
+
+    #[test]
+    fn a_runs_mark_goes_with_its_last_send() {
+        let mut runs = RunMarks::default();
+        runs.listed("@run:a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
+        assert!(runs.holds("@run:a:1"));
+        assert_eq!(runs.settle("s/9-0"), Settled::Unlisted);
+        assert_eq!(runs.settle("s/1-0"), Settled::Listed("@run:a:1".into()));
+        assert_eq!(runs.settle("s/1-0"), Settled::Unlisted, "settled once");
+        assert_eq!(runs.settle("s/2-0"), Settled::Last("@run:a:1".into()));
+        assert!(!runs.holds("@run:a:1"));
+    }
+
+    #[test]
+    fn a_send_listed_again_no_longer_holds_its_old_run() {
+        let mut runs = RunMarks::default();
+        runs.listed("@run:a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
+        runs.listed("@run:a:2", ["s/2-0".to_string()]);
+        assert_eq!(runs.settle("s/1-0"), Settled::Last("@run:a:1".into()));
+        assert_eq!(runs.settle("s/2-0"), Settled::Last("@run:a:2".into()));
+        runs.listed("@run:a:3", Vec::new());
+        assert!(
+            !runs.holds("@run:a:3"),
+            "a run listing nothing holds nothing"
+        );
+    }
+
+    #[test]
+    fn a_taker_reads_a_runs_mark_as_each_sends_own() {
+        let stored: HashMap<String, String> = [
+            ("s/1-0", "started:a"),
+            ("s/2-0", "writing:b"),
+            ("s/4-0", "started:a"),
+            ("@run:a:x", "writing:a\n 1-0 2-0 3-0 "),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let seen = marks_by_delivery("s", &stored);
+        let want: Vec<(&str, &str)> = vec![
+            ("s/1-0", "writing:a"),
+            ("s/2-0", "writing:b"),
+            ("s/3-0", "writing:a"),
+            ("s/4-0", "started:a"),
+        ];
+        let seen: Vec<(&str, &str)> = seen.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(seen, want);
+    }
 
     #[test]
     fn what_a_mark_says_about_earlier_attempts() {

@@ -80,6 +80,9 @@ pub(super) struct Memory {
     /// Approvals whose approvers this notify side reminded (once each, the
     /// same way). Bounded: cleared when full.
     pub reminded: std::collections::HashSet<String>,
+    /// The runs' marks this worker wrote and has not removed yet
+    /// ([`super::inflight::RunMarks`]).
+    pub runs: super::inflight::RunMarks,
     /// How many sends the next run gates together (see `deliver.rs`,
     /// `size_runs`); 0 before the first run.
     pub run_len: usize,

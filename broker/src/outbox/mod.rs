@@ -45,6 +45,7 @@ mod source;
 mod surface;
 
 pub use crate::retry::RetryPolicy;
+pub use inflight::marks_by_delivery;
 
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 use deliver::{Delivery, Flight, Job, Landed, Purpose};

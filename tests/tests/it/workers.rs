@@ -92,15 +92,22 @@ async fn group_exists(d: &Deployment, bridge: &str) {
     .await;
 }
 
-/// The in-flight marks of bridge `bridge`'s stream `outbox`, and how many of
-/// its entries its workers hold pending.
+/// The in-flight marks of stream `outbox` by delivery, as a taker reads
+/// them (a run's mark counts for each send it lists).
+async fn marks(s: &mut Store, outbox: &str) -> std::collections::BTreeMap<String, String> {
+    let stored = hash(s, &keys::in_flight_marks(outbox)).await;
+    broker::outbox::marks_by_delivery(outbox, &stored)
+}
+
+/// The in-flight marks of bridge `bridge`'s stream `outbox` (see [`marks`]),
+/// and how many of its entries its workers hold pending.
 async fn marks_and_held(
     d: &Deployment,
     outbox: &str,
     bridge: &str,
-) -> (HashMap<String, String>, u64) {
+) -> (std::collections::BTreeMap<String, String>, u64) {
     let mut s = d.store().await;
-    let marks = hash(&mut s, &keys::in_flight_marks(outbox)).await;
+    let marks = marks(&mut s, outbox).await;
     let held = holders(&mut s, outbox, &keys::outbox_group(bridge))
         .await
         .values()
@@ -555,11 +562,7 @@ async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
     // their gate as one run, and "begun" is at the platform for 3 s.
     wait_until("the run past its gate", SOON, || async {
         let mut s = d.store().await;
-        let m = hash(
-            &mut s,
-            &keys::in_flight_marks(&keys::agent_outbox("ann", "slow")),
-        )
-        .await;
+        let m = marks(&mut s, &keys::agent_outbox("ann", "slow")).await;
         (m.len() == 3 && m.values().all(|v| v == "writing:a")).then_some(())
     })
     .await;
@@ -592,6 +595,45 @@ async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
     assert_eq!(sent.get("run-2"), None, "{sent:?}");
     assert_eq!(sent.get("run-3"), None, "{sent:?}");
     drop(a);
+}
+
+/// A worker killed in the middle of a run and started again under its name
+/// finds its run's mark: what the run had passed is a retry (found on the
+/// platform if it got there, sent otherwise), so each message arrives once
+/// and in order, and the run's mark is gone once its sends are done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_run_retries_it_and_leaves_no_mark() {
+    let d = Deployment::new(&config());
+    let mut store = d.store().await;
+    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    group_exists(&d, "slow").await;
+    let want = ["alone", "begun", "run-2", "run-3"];
+    for content in want {
+        send(&mut store, "slow", "dest", content).await;
+    }
+    let outbox = keys::agent_outbox("ann", "slow");
+    wait_until("the run of three past its gate", SOON, || async {
+        let stored = hash(&mut d.store().await, &keys::in_flight_marks(&outbox)).await;
+        let runs: Vec<&String> = stored.keys().filter(|k| k.starts_with("@run:")).collect();
+        let m = broker::outbox::marks_by_delivery(&outbox, &stored);
+        (runs.len() == 1 && m.len() >= 3 && m.values().all(|v| v == "writing:a")).then_some(())
+    })
+    .await;
+    signal(&a, "-KILL");
+    drop(a);
+    let _a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    let sent = wait_until("all four delivered", 3 * SOON, || async {
+        let out = d.delivered("slow.out");
+        (out.len() >= want.len()).then_some(out)
+    })
+    .await;
+    let sent: Vec<&str> = sent.iter().map(|l| l.content.as_str()).collect();
+    assert_eq!(sent, want, "each once, in order");
+    wait_until("no mark left", SOON, || async {
+        let stored = hash(&mut d.store().await, &keys::in_flight_marks(&outbox)).await;
+        stored.is_empty().then_some(())
+    })
+    .await;
 }
 
 /// A send its run's gate refuses (a mark another worker left on an entry
@@ -677,7 +719,7 @@ claim_idle_seconds = 2
 async fn card_marks(d: &Deployment, what: &str, want: &[&str]) {
     wait_until(what, SOON, || async {
         let mut s = d.store().await;
-        let m = hash(&mut s, &keys::in_flight_marks(&keys::outbox("cards"))).await;
+        let m = marks(&mut s, &keys::outbox("cards")).await;
         let mut v: Vec<String> = m.into_values().collect();
         v.sort();
         (v == want).then_some(())
