@@ -111,6 +111,14 @@ pub fn in_flight_marks(stream: &str) -> String {
     format!("{{{stream}}}:in-flight")
 }
 
+/// The marks of the runs of sends of one outbox stream whose gate was
+/// passed together (`outbox::inflight`): run mark → `writing:{worker}`, a
+/// newline, then the entry ids it passed. Beside [`in_flight_marks`], in
+/// the stream's slot.
+pub fn in_flight_runs(stream: &str) -> String {
+    format!("{{{stream}}}:in-flight:runs")
+}
+
 /// Where one hash per bridge held every stream's marks, before they moved
 /// beside their streams: read once at start and moved
 /// (`OutboxService::prepare`).

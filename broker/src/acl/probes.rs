@@ -361,6 +361,16 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                     "acl-check",
                 ],
             ));
+            p.push(probe(
+                u,
+                Allowed,
+                false,
+                &[
+                    "HEXISTS",
+                    &keys::in_flight_runs(&keys::outbox(name)),
+                    "acl-check",
+                ],
+            ));
             if parks {
                 // Each surface it asks on: its notifications written, its
                 // card map's settled cards dropped, no card ever pointed.

@@ -73,13 +73,19 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             // In-flight marks (one hash beside each outbox stream) and the
             // send gate, through their scripts (which also read the entry's
             // pending state on its stream).
-            let mut marks = vec![format!("~{}", keys::in_flight_marks(&keys::outbox(name)))];
+            let mut marks = vec![
+                format!("~{}", keys::in_flight_marks(&keys::outbox(name))),
+                format!("~{}", keys::in_flight_runs(&keys::outbox(name))),
+            ];
             marks.extend(each(&|a| {
                 format!("~{}", keys::in_flight_marks(&keys::agent_outbox(a, name)))
             }));
+            marks.extend(each(&|a| {
+                format!("~{}", keys::in_flight_runs(&keys::agent_outbox(a, name)))
+            }));
             sels.push(selector(
                 &marks,
-                "+hget +hmget +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
+                "+hget +hmget +hgetall +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
             ));
             let mut gated = marks.clone();
             gated.push(format!("~{}", keys::legacy_in_flight(name)));

@@ -252,6 +252,19 @@ impl<S: Sender> OutboxService<S> {
             let mark = inflight::run_mark(&worker);
             let ids: Vec<&str> = run.iter().map(|f| f.entry.id.as_str()).collect();
             let gate = inflight::pass_run(&mut conn, &holder, &mark, &ids, &worker).await;
+            let gate = match gate {
+                Ok(g) if g.len() != run.len() => Err(SendError::Transient(
+                    "the run's gate answered for another number of sends".into(),
+                )),
+                gate => gate,
+            };
+            if gate.is_err() {
+                // Redis may have passed it all the same, its answer lost:
+                // nothing of the run is sent, so its mark must not say so.
+                if let Err(e) = inflight::ungate(&mut conn, &holder.stream, &mark, &ids, &worker).await {
+                    tracing::warn!(error = %e, "a run whose gate failed may keep its mark until the trim");
+                }
+            }
             drop(ids);
             // The first send that cannot go stops the run: a transient
             // failure (an attempt of its own, or not, as alone) holds its
@@ -259,12 +272,6 @@ impl<S: Sender> OutboxService<S> {
             // to be asked again. Everything after it waits, unattempted, so
             // order is kept either way.
             let mut stop: Option<(usize, SendError, bool)> = None;
-            let gate = match gate {
-                Ok(g) if g.len() != run.len() => Err(SendError::Transient(
-                    "the run's gate answered for another number of sends".into(),
-                )),
-                gate => gate,
-            };
             let gate = gate.unwrap_or_else(|e| {
                 stop = Some((0, e, false));
                 vec![RunGate::Refused; run.len()]
@@ -661,16 +668,19 @@ impl<S: Sender> OutboxService<S> {
         for (stream, (ids, delivery_keys)) in &by_stream {
             pipe.xack(*stream, &self.group, ids).ignore();
             // A wake-up has no mark (its key is empty).
-            let mut marked: Vec<&str> = delivery_keys
+            let marked: Vec<&str> = delivery_keys
                 .iter()
                 .copied()
                 .filter(|k| !k.is_empty())
                 .collect();
-            // With the marks of the runs whose last sends these were.
+            // And the marks of the runs whose last sends these were.
             let runs = self.runs_acked(marked.clone());
-            marked.extend(runs.iter().map(|r| &**r));
             if !marked.is_empty() {
                 pipe.hdel(keys::in_flight_marks(stream), marked).ignore();
+            }
+            if !runs.is_empty() {
+                let runs: Vec<&str> = runs.iter().map(|r| &**r).collect();
+                pipe.hdel(keys::in_flight_runs(stream), runs).ignore();
             }
         }
         let () = pipe

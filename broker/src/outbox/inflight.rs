@@ -37,8 +37,9 @@
 //!   a taker cannot tell them from begun ones and treats them so (delivered
 //!   where the sender finds them, `uncertain` otherwise), as for a single send.
 //! - A run's gate writes one mark for the run, not one per send: a field
-//!   `@run:{worker}:{unique}` ([`run_mark`]) whose value is `writing:{worker}`
-//!   and the entry ids it passed. Everything that reads a delivery's mark
+//!   `{worker}:{unique}` ([`run_mark`]) of the stream's runs hash
+//!   ([`keys::in_flight_runs`]), whose value is `writing:{worker}` and the
+//!   entry ids it passed. Everything that reads a delivery's mark
 //!   before sending (marking, the gate of entries handed out again) reads a
 //!   run's mark that lists it as that delivery's `writing:` mark, over a
 //!   `started:` of its own ([`marks_by_delivery`] says the same for tests and
@@ -79,54 +80,46 @@
 
 use super::*;
 
-/// Lua helpers for runs' marks (fields `@run:{worker}:{unique}` of a
-/// stream's marks hash, value `writing:{worker}`, a newline, then the entry
-/// ids the run's gate passed, each between spaces):
-/// - `run_fields(hash)`: the names of the runs' marks;
-/// - `run_owners(hash, mine)`: entry id → whose run lists it
-///   (`writing:{worker}`), and entry id → that run's mark; where two runs list
-///   one entry, another worker's wins over `mine` (it may still send);
-/// - `run_drop(hash, owner, mark, ids)`: takes `ids` out of run mark `mark` if
-///   `owner`'s, and removes the mark once it lists none.
+/// Lua helpers for runs' marks (fields of a stream's runs hash,
+/// [`keys::in_flight_runs`]: run mark → `writing:{worker}`, a newline, then
+/// the entry ids the run's gate passed, each between spaces):
+/// - `run_owners(runs, mine)`: entry id → whose run lists it
+///   (`writing:{worker}`), and entry id → that run's mark. Only `writing:`
+///   owners count; where two runs list one entry, another worker's wins over
+///   `mine` (it may still send).
+/// - `run_drop(runs, owner, mark, ids)`: takes `ids` out of run mark `mark`
+///   if `owner`'s, and removes the mark once it lists none.
 macro_rules! runs_lua {
     () => {
         r#"
-local function run_fields(hash)
-  local names = {}
-  for _, f in ipairs(redis.call('HKEYS', hash)) do
-    if string.sub(f, 1, 5) == '@run:' then names[#names + 1] = f end
-  end
-  return names
-end
-local function run_owners(hash, mine)
+local function run_owners(runs, mine)
   local owners, where = {}, {}
-  local names = run_fields(hash)
-  if #names == 0 then return owners, where end
-  local values = redis.call('HMGET', hash, unpack(names))
-  for n, v in ipairs(values) do
-    local nl = v and string.find(v, '\n', 1, true)
-    if nl then
-      local owner = string.sub(v, 1, nl - 1)
+  local all = redis.call('HGETALL', runs)
+  for n = 1, #all, 2 do
+    local v = all[n + 1]
+    local nl = string.find(v, '\n', 1, true)
+    local owner = nl and string.sub(v, 1, nl - 1)
+    if owner and string.sub(owner, 1, 8) == 'writing:' then
       for id in string.gmatch(string.sub(v, nl + 1), '%S+') do
         if owners[id] == nil or owners[id] == mine then
-          owners[id], where[id] = owner, names[n]
+          owners[id], where[id] = owner, all[n]
         end
       end
     end
   end
   return owners, where
 end
-local function run_drop(hash, owner, mark, ids)
-  local v = redis.call('HGET', hash, mark)
+local function run_drop(runs, owner, mark, ids)
+  local v = redis.call('HGET', runs, mark)
   if not v or string.sub(v, 1, #owner + 1) ~= owner .. '\n' then return end
   for _, id in ipairs(ids) do
     local at = string.find(v, ' ' .. id .. ' ', 1, true)
     if at then v = string.sub(v, 1, at) .. string.sub(v, at + #id + 2) end
   end
   if string.find(v, '\n %S') then
-    redis.call('HSET', hash, mark, v)
+    redis.call('HSET', runs, mark, v)
   else
-    redis.call('HDEL', hash, mark)
+    redis.call('HDEL', runs, mark)
   end
 end
 "#
@@ -137,8 +130,9 @@ end
 /// and only while the entry is this worker's in its group's pending list
 /// (a taker `XCLAIM`s before it marks, so a worker that stalled before
 /// marking finds the entry gone from its hands). KEYS: the in-flight hash, the
-/// entry's stream. ARGV: delivery key, worker, group, consumer, entry id.
-/// Returns the previous value ('' when none), or `not-mine`.
+/// entry's stream, the runs hash. ARGV: delivery key, worker, group,
+/// consumer, entry id. Returns the previous value ('' when none), or
+/// `not-mine`.
 const MARK: &str = concat!(
     runs_lua!(),
     r#"
@@ -146,22 +140,23 @@ local p = redis.call('XPENDING', KEYS[2], ARGV[3], ARGV[5], ARGV[5], 1)
 if not p[1] or p[1][2] ~= ARGV[4] then return 'not-mine' end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and string.sub(v, 1, 8) == 'writing:' then return v end
-local owners, where = run_owners(KEYS[1], 'writing:' .. ARGV[2])
+local writing = 'writing:' .. ARGV[2]
+local owners, where = run_owners(KEYS[3], writing)
 local run = owners[ARGV[5]]
 if run then
   -- Listed by a run that passed its gate: this worker's own (before a
   -- restart) moves to the delivery's own mark, so its retry stays known and
   -- the run's mark goes once all have moved; another's is left to that worker.
-  if run == 'writing:' .. ARGV[2] then
+  if run == writing then
     redis.call('HSET', KEYS[1], ARGV[1], run)
-    run_drop(KEYS[1], run, where[ARGV[5]], {ARGV[5]})
+    run_drop(KEYS[3], run, where[ARGV[5]], {ARGV[5]})
   end
   return run
 end
 if v and string.sub(v, 1, 8) ~= 'started:' then
   -- A mark of an older version (a time): this worker's attempt may have
   -- reached the platform; it goes on as a retry of its own.
-  redis.call('HSET', KEYS[1], ARGV[1], 'writing:' .. ARGV[2])
+  redis.call('HSET', KEYS[1], ARGV[1], writing)
   return v
 end
 redis.call('HSET', KEYS[1], ARGV[1], 'started:' .. ARGV[2])
@@ -170,14 +165,14 @@ return v or ''
 );
 
 /// [`MARK`] for several deliveries of one stream, in one step. KEYS: the
-/// in-flight hash, the stream. ARGV: worker, group, consumer, then (delivery
-/// key, entry id) pairs. Returns what [`MARK`] would, per pair.
+/// in-flight hash, the stream, the runs hash. ARGV: worker, group, consumer,
+/// then (delivery key, entry id) pairs. Returns what [`MARK`] would, per pair.
 const MARK_MANY: &str = concat!(
     runs_lua!(),
     r#"
 local out, moved = {}, {}
 local writing = 'writing:' .. ARGV[1]
-local runs, where = run_owners(KEYS[1], writing)
+local runs, where = run_owners(KEYS[3], writing)
 for i = 4, #ARGV, 2 do
   local key, id = ARGV[i], ARGV[i + 1]
   local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
@@ -196,7 +191,7 @@ for i = 4, #ARGV, 2 do
       end
       out[#out + 1] = runs[id]
     elseif v and string.sub(v, 1, 8) ~= 'started:' then
-      redis.call('HSET', KEYS[1], key, 'writing:' .. ARGV[1])
+      redis.call('HSET', KEYS[1], key, writing)
       out[#out + 1] = v
     else
       redis.call('HSET', KEYS[1], key, 'started:' .. ARGV[1])
@@ -204,7 +199,7 @@ for i = 4, #ARGV, 2 do
     end
   end
 end
-for mark, ids in pairs(moved) do run_drop(KEYS[1], writing, mark, ids) end
+for mark, ids in pairs(moved) do run_drop(KEYS[3], writing, mark, ids) end
 return out
 "#
 );
@@ -224,18 +219,19 @@ return 1
 "#;
 
 /// The gate of a run: [`GATE`] for each delivery of one stream, in one step.
-/// KEYS: the in-flight hash, the stream. ARGV: worker, group, consumer, the
-/// lowest and the highest entry id of the run, the run's mark (a new field
-/// of the hash, [`run_mark_field`]), then the entry ids (a delivery key is
-/// the stream's name, `/`, the id). Returns per id 0 (refused), 1 (passed,
-/// and listed in the run's mark) or 2 (passed, and its own mark said
-/// `writing:{me}` already: an attempt before a restart may have reached the
-/// platform, which no later step may forget; not listed). Whose entries are
-/// is read once for the run's range (this consumer's pending entries in it,
-/// usually just the run's); one entry at a time only past a range too full
-/// to read whole. An entry handed out once (delivery count 1) was never
-/// another worker's, so no other run can list it: the runs are read only
-/// when an entry was handed out again.
+/// KEYS: the in-flight hash, the stream, the runs hash. ARGV: worker, group,
+/// consumer, the lowest and the highest entry id of the run, the run's mark
+/// (new, [`run_mark`]), then the entry ids (a delivery key is the stream's
+/// name, `/`, the id). Returns per id 0 (refused), 1 (passed, and listed in
+/// the run's mark) or 2 (passed, and its own mark said `writing:{me}`
+/// already, or a run of this worker's listed it, which moves to its own
+/// mark as in [`MARK`]: an attempt before may have reached the platform,
+/// which no later step may forget; not listed). Whose entries are is read
+/// once for the run's range (this consumer's pending entries in it, usually
+/// just the run's); one entry at a time only past a range too full to read
+/// whole. An entry handed out once (delivery count 1) was never another
+/// worker's, so no other run can list it: the runs are read only when an
+/// entry was handed out again.
 const GATE_RUN: &str = concat!(
     runs_lua!(),
     r#"
@@ -250,7 +246,8 @@ local whole = #range < limit
 local fields = {}
 for i = 1, n do fields[i] = KEYS[2] .. '/' .. ARGV[6 + i] end
 local marks = redis.call('HMGET', KEYS[1], unpack(fields))
-local out, listed, runs = {}, {}, nil
+local out, listed, moved = {}, {}, {}
+local runs, where = nil, nil
 for i = 1, n do
   local ok, v, id = 0, marks[i], ARGV[6 + i]
   if not v or v == started or v == writing then
@@ -263,8 +260,15 @@ for i = 1, n do
       if v == writing then
         ok = 2
       elseif count > 1 then
-        runs = runs or run_owners(KEYS[1], writing)
-        if not runs[id] then ok = 1 elseif runs[id] == writing then ok = 2 end
+        if not runs then runs, where = run_owners(KEYS[3], writing) end
+        if not runs[id] then
+          ok = 1
+        elseif runs[id] == writing then
+          ok = 2
+          redis.call('HSET', KEYS[1], fields[i], writing)
+          moved[where[id]] = moved[where[id]] or {}
+          table.insert(moved[where[id]], id)
+        end
       else
         ok = 1
       end
@@ -273,8 +277,9 @@ for i = 1, n do
   end
   out[i] = ok
 end
+for mark, ids in pairs(moved) do run_drop(KEYS[3], writing, mark, ids) end
 if #listed > 0 then
-  redis.call('HSET', KEYS[1], ARGV[6], writing .. '\n ' .. table.concat(listed, ' ') .. ' ')
+  redis.call('HSET', KEYS[3], ARGV[6], writing .. '\n ' .. table.concat(listed, ' ') .. ' ')
 end
 return out
 "#
@@ -283,7 +288,7 @@ return out
 /// Takes entry ids out of this worker's run mark: sends of a run that passed
 /// the gate together and were never attempted (nothing reached the
 /// platform; a later attempt is no retry). The mark goes once it lists none.
-/// KEYS: the in-flight hash. ARGV: worker, the run's mark, entry ids.
+/// KEYS: the runs hash. ARGV: worker, the run's mark, entry ids.
 const UNGATE: &str = concat!(
     runs_lua!(),
     r#"
@@ -296,32 +301,34 @@ return 0
 
 /// Removes the marks of `worker`: of some deliveries (another worker's
 /// stay), whole run marks, and single entries from run marks. KEYS: the
-/// in-flight hash. ARGV: worker, N, N delivery keys, M, M run marks, then
-/// (run mark, entry id) pairs, where run mark `*` is any of the worker's
-/// (a taker knows whose run listed an entry, not which). Returns how many
-/// fields went.
+/// in-flight hash, the runs hash. ARGV: worker, N, N delivery keys, M, M run
+/// marks, then (run mark, entry id) pairs, where run mark `*` is any of the
+/// worker's (a taker knows whose run listed an entry, not which). Returns
+/// how many fields went.
 const CLEAR: &str = concat!(
     runs_lua!(),
     r#"
 local me = ARGV[1]
 local started, writing = 'started:' .. me, 'writing:' .. me
 local n = tonumber(ARGV[2])
-local gone = {}
+local gone = 0
 if n > 0 then
-  local fields = {}
+  local fields, drop = {}, {}
   for i = 3, 2 + n do fields[#fields + 1] = ARGV[i] end
   local marks = redis.call('HMGET', KEYS[1], unpack(fields))
   for k = 1, n do
-    if marks[k] == started or marks[k] == writing then gone[#gone + 1] = fields[k] end
+    if marks[k] == started or marks[k] == writing then drop[#drop + 1] = fields[k] end
   end
+  if #drop > 0 then gone = gone + redis.call('HDEL', KEYS[1], unpack(drop)) end
 end
 local at = 3 + n
 local m = tonumber(ARGV[at] or '0')
 for i = at + 1, at + m do
-  local v = redis.call('HGET', KEYS[1], ARGV[i])
-  if v and string.sub(v, 1, #writing + 1) == writing .. '\n' then gone[#gone + 1] = ARGV[i] end
+  local v = redis.call('HGET', KEYS[2], ARGV[i])
+  if v and string.sub(v, 1, #writing + 1) == writing .. '\n' then
+    gone = gone + redis.call('HDEL', KEYS[2], ARGV[i])
+  end
 end
-if #gone > 0 then redis.call('HDEL', KEYS[1], unpack(gone)) end
 local drops, order = {}, {}
 for i = at + m + 1, #ARGV, 2 do
   if not drops[ARGV[i]] then
@@ -332,12 +339,14 @@ for i = at + m + 1, #ARGV, 2 do
 end
 for _, mark in ipairs(order) do
   if mark == '*' then
-    for _, f in ipairs(run_fields(KEYS[1])) do run_drop(KEYS[1], writing, f, drops[mark]) end
+    for _, f in ipairs(redis.call('HKEYS', KEYS[2])) do
+      run_drop(KEYS[2], writing, f, drops[mark])
+    end
   else
-    run_drop(KEYS[1], writing, mark, drops[mark])
+    run_drop(KEYS[2], writing, mark, drops[mark])
   end
 end
-return #gone
+return gone
 "#
 );
 
@@ -355,8 +364,9 @@ return 1
 "#;
 
 /// [`TRIM`] for a run's mark: dropped once none of the entries it lists is
-/// pending in its group. KEYS: the in-flight hash, the stream. ARGV: group,
-/// the run's mark. Returns 1 when dropped.
+/// pending in its group (a run still under way lists pending entries, so it
+/// stays). KEYS: the runs hash, the stream. ARGV: group, the run's mark.
+/// Returns 1 when dropped.
 const TRIM_RUN: &str = r#"
 local v = redis.call('HGET', KEYS[1], ARGV[2])
 if not v then return 0 end
@@ -522,14 +532,11 @@ pub(super) enum RunGate {
     PassedAgain,
 }
 
-/// A new run's mark: a field of its stream's marks hash no delivery key can
-/// be (delivery keys begin with a stream's name), unique to this run.
+/// A new run's mark: a field of its stream's runs hash
+/// ([`keys::in_flight_runs`]), unique to this run.
 pub(super) fn run_mark(worker: &str) -> String {
-    format!("{RUN_PREFIX}{worker}:{}", uuid::Uuid::new_v4().simple())
+    format!("{worker}:{}", uuid::Uuid::new_v4().simple())
 }
-
-/// How every run's mark begins (the scripts know it too).
-const RUN_PREFIX: &str = "@run:";
 
 /// The runs whose marks this worker wrote and has not removed yet: which run
 /// lists each of its sends, and how many of each run's sends are unsettled.
@@ -582,11 +589,6 @@ impl RunMarks {
         }
     }
 
-    /// Whether run mark `mark` is one of this worker's, under way.
-    pub fn holds(&self, mark: &str) -> bool {
-        self.left.contains_key(mark)
-    }
-
     /// One send of `run` fewer; whether it was the last.
     fn release(&mut self, run: &Arc<str>) -> bool {
         match self.left.get_mut(run) {
@@ -604,28 +606,36 @@ impl RunMarks {
 }
 
 /// The marks of one stream's deliveries as a taker reads them, by delivery
-/// key: a delivery's own mark, or, where it has none or only `started:`,
-/// the `writing:` of a run that lists it. `hash` is the stream's marks hash
-/// as stored ([`keys::in_flight_marks`]).
-pub fn marks_by_delivery(stream: &str, hash: &HashMap<String, String>) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = hash
-        .iter()
-        .filter(|(field, _)| !field.starts_with(RUN_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    for (field, value) in hash {
+/// key: a delivery's own `writing:` mark, else the `writing:` of a run that
+/// lists it, else its own mark. `marks` and `runs` are the stream's marks
+/// and runs hashes as stored ([`keys::in_flight_marks`],
+/// [`keys::in_flight_runs`]); of two runs listing one entry, the first by
+/// name counts here (the scripts prefer another worker's to their own).
+pub fn marks_by_delivery(
+    stream: &str,
+    marks: &HashMap<String, String>,
+    runs: &HashMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> =
+        marks.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut listed: BTreeMap<String, &str> = BTreeMap::new();
+    let runs: BTreeMap<&String, &String> = runs.iter().collect();
+    for value in runs.values() {
         let Some((owner, ids)) = value
             .split_once('\n')
-            .filter(|_| field.starts_with(RUN_PREFIX))
+            .filter(|(owner, _)| owner.starts_with("writing:"))
         else {
             continue;
         };
         for id in ids.split_whitespace() {
-            let key = super::delivery_key(stream, id);
-            let own = out.get(&key);
-            if own.is_none_or(|v| v.starts_with("started:")) {
-                out.insert(key, owner.to_string());
-            }
+            listed
+                .entry(super::delivery_key(stream, id))
+                .or_insert(owner);
+        }
+    }
+    for (key, owner) in listed {
+        if out.get(&key).is_none_or(|v| !v.starts_with("writing:")) {
+            out.insert(key, owner.to_string());
         }
     }
     out
@@ -649,6 +659,7 @@ pub(super) async fn pass_run(
     };
     let mut inv = GATE_RUN_SCRIPT.key(keys::in_flight_marks(&holder.stream));
     inv.key(&holder.stream)
+        .key(keys::in_flight_runs(&holder.stream))
         .arg(worker)
         .arg(&holder.group)
         .arg(&holder.consumer)
@@ -683,7 +694,7 @@ pub(super) async fn ungate(
         return Ok(());
     }
     let _: i64 = UNGATE_SCRIPT
-        .key(keys::in_flight_marks(stream))
+        .key(keys::in_flight_runs(stream))
         .arg(worker)
         .arg(mark)
         .arg(ids)
@@ -722,6 +733,7 @@ impl<S: Sender> OutboxService<S> {
             let previous: String = MARK_SCRIPT
                 .key(&key)
                 .key(*stream)
+                .key(keys::in_flight_runs(stream))
                 .arg(*delivery_key)
                 .arg(&self.worker)
                 .arg(&self.group)
@@ -745,6 +757,7 @@ impl<S: Sender> OutboxService<S> {
             .map(|stream| {
                 let mut inv = MARK_MANY_SCRIPT.key(keys::in_flight_marks(stream));
                 inv.key(*stream)
+                    .key(keys::in_flight_runs(stream))
                     .arg(&self.worker)
                     .arg(&self.group)
                     .arg(&self.consumer);
@@ -894,6 +907,25 @@ impl<S: Sender> OutboxService<S> {
             .collect();
         let mut dropped = 0;
         for stream in &streams {
+            // Runs' marks: one under way lists pending entries, so it stays.
+            let key = keys::in_flight_runs(stream);
+            let runs: Vec<String> = self
+                .store
+                .conn
+                .hkeys(&key)
+                .await
+                .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
+            for run in runs {
+                let n: i64 = TRIM_RUN_SCRIPT
+                    .key(&key)
+                    .key(stream)
+                    .arg(&self.group)
+                    .arg(&run)
+                    .invoke_async(&mut self.store.conn)
+                    .await
+                    .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
+                dropped += n as usize;
+            }
             let key = keys::in_flight_marks(stream);
             let marks: Vec<String> = self
                 .store
@@ -902,22 +934,6 @@ impl<S: Sender> OutboxService<S> {
                 .await
                 .map_err(|e| Error::from_redis(&format!("HKEYS {key}"), e))?;
             for mark in marks {
-                if mark.starts_with(RUN_PREFIX) {
-                    // A run still under way here keeps its mark.
-                    if self.mem.runs.holds(&mark) {
-                        continue;
-                    }
-                    let n: i64 = TRIM_RUN_SCRIPT
-                        .key(&key)
-                        .key(stream)
-                        .arg(&self.group)
-                        .arg(&mark)
-                        .invoke_async(&mut self.store.conn)
-                        .await
-                        .map_err(|e| Error::from_redis(&format!("EVALSHA trim {key}"), e))?;
-                    dropped += n as usize;
-                    continue;
-                }
                 let Some((of, entry_id)) = mark.rsplit_once('/') else {
                     continue;
                 };
@@ -980,7 +996,8 @@ impl<S: Sender> OutboxService<S> {
         for (stream, clear) in by_stream {
             let key = keys::in_flight_marks(stream);
             let mut inv = CLEAR_SCRIPT.key(&key);
-            inv.arg(&self.worker)
+            inv.key(keys::in_flight_runs(stream))
+                .arg(&self.worker)
                 .arg(clear.keys.len())
                 .arg(&clear.keys)
                 .arg(clear.runs_gone.len());
@@ -1081,6 +1098,7 @@ impl<S: Sender> OutboxService<S> {
         let entry_id = delivery_key.rsplit_once('/').map_or("", |(_, id)| id);
         let _: i64 = CLEAR_SCRIPT
             .key(&key)
+            .key(keys::in_flight_runs(stream))
             .arg(by)
             .arg(1)
             .arg(delivery_key)
@@ -1121,46 +1139,51 @@ mod tests {
     #[test]
     fn a_runs_mark_goes_with_its_last_send() {
         let mut runs = RunMarks::default();
-        runs.listed("@run:a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
-        assert!(runs.holds("@run:a:1"));
+        runs.listed("a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
         assert_eq!(runs.settle("s/9-0"), Settled::Unlisted);
-        assert_eq!(runs.settle("s/1-0"), Settled::Listed("@run:a:1".into()));
+        assert_eq!(runs.settle("s/1-0"), Settled::Listed("a:1".into()));
         assert_eq!(runs.settle("s/1-0"), Settled::Unlisted, "settled once");
-        assert_eq!(runs.settle("s/2-0"), Settled::Last("@run:a:1".into()));
-        assert!(!runs.holds("@run:a:1"));
+        assert_eq!(runs.settle("s/2-0"), Settled::Last("a:1".into()));
+        assert_eq!(runs.settle("s/2-0"), Settled::Unlisted);
     }
 
     #[test]
     fn a_send_listed_again_no_longer_holds_its_old_run() {
         let mut runs = RunMarks::default();
-        runs.listed("@run:a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
-        runs.listed("@run:a:2", ["s/2-0".to_string()]);
-        assert_eq!(runs.settle("s/1-0"), Settled::Last("@run:a:1".into()));
-        assert_eq!(runs.settle("s/2-0"), Settled::Last("@run:a:2".into()));
-        runs.listed("@run:a:3", Vec::new());
-        assert!(
-            !runs.holds("@run:a:3"),
-            "a run listing nothing holds nothing"
-        );
+        runs.listed("a:1", ["s/1-0".to_string(), "s/2-0".to_string()]);
+        runs.listed("a:2", ["s/2-0".to_string()]);
+        assert_eq!(runs.settle("s/1-0"), Settled::Last("a:1".into()));
+        assert_eq!(runs.settle("s/2-0"), Settled::Last("a:2".into()));
+        runs.listed("a:3", Vec::new());
+        runs.listed("a:4", ["s/3-0".to_string()]);
+        assert_eq!(runs.settle("s/3-0"), Settled::Last("a:4".into()));
     }
 
     #[test]
     fn a_taker_reads_a_runs_mark_as_each_sends_own() {
-        let stored: HashMap<String, String> = [
+        let hash = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let marks = hash(&[
             ("s/1-0", "started:a"),
             ("s/2-0", "writing:b"),
             ("s/4-0", "started:a"),
-            ("@run:a:x", "writing:a\n 1-0 2-0 3-0 "),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-        let seen = marks_by_delivery("s", &stored);
+            ("s/5-0", "1796170000"),
+        ]);
+        let runs = hash(&[
+            ("a:x", "writing:a\n 1-0 2-0 3-0 5-0 "),
+            ("z:y", "started:z\n 4-0 "),
+        ]);
+        let seen = marks_by_delivery("s", &marks, &runs);
         let want: Vec<(&str, &str)> = vec![
             ("s/1-0", "writing:a"),
             ("s/2-0", "writing:b"),
             ("s/3-0", "writing:a"),
             ("s/4-0", "started:a"),
+            ("s/5-0", "writing:a"),
         ];
         let seen: Vec<(&str, &str)> = seen.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(seen, want);

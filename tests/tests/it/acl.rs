@@ -1452,6 +1452,7 @@ async fn services_and_agents_run_under_their_users_on_a_cluster() {
         "approval:desk_map",
         "mail:outbox",
         "{ann:mail:outbox}:in-flight",
+        "{ann:mail:outbox}:in-flight:runs",
     ] {
         let r: redis::RedisResult<redis::Value> =
             redis::cmd("TYPE").arg(key).query_async(&mut ann).await;

@@ -1578,7 +1578,8 @@ async fn delivered_once_in_order(d: &Deployment, fake: &FakeDiscord, want: &[Str
     wait_until("every mark cleared", PLATFORM_SOON, || async {
         let mut s = d.store().await;
         let marks = harness::hash(&mut s, &keys::in_flight_marks("ann:dc:outbox")).await;
-        marks.is_empty().then_some(())
+        let runs = harness::hash(&mut s, &keys::in_flight_runs("ann:dc:outbox")).await;
+        (marks.is_empty() && runs.is_empty()).then_some(())
     })
     .await;
 }

@@ -95,8 +95,9 @@ async fn group_exists(d: &Deployment, bridge: &str) {
 /// The in-flight marks of stream `outbox` by delivery, as a taker reads
 /// them (a run's mark counts for each send it lists).
 async fn marks(s: &mut Store, outbox: &str) -> std::collections::BTreeMap<String, String> {
-    let stored = hash(s, &keys::in_flight_marks(outbox)).await;
-    broker::outbox::marks_by_delivery(outbox, &stored)
+    let marks = hash(s, &keys::in_flight_marks(outbox)).await;
+    let runs = hash(s, &keys::in_flight_runs(outbox)).await;
+    broker::outbox::marks_by_delivery(outbox, &marks, &runs)
 }
 
 /// The in-flight marks of bridge `bridge`'s stream `outbox` (see [`marks`]),
@@ -613,9 +614,9 @@ async fn a_worker_killed_mid_run_retries_it_and_leaves_no_mark() {
     }
     let outbox = keys::agent_outbox("ann", "slow");
     wait_until("the run of three past its gate", SOON, || async {
-        let stored = hash(&mut d.store().await, &keys::in_flight_marks(&outbox)).await;
-        let runs: Vec<&String> = stored.keys().filter(|k| k.starts_with("@run:")).collect();
-        let m = broker::outbox::marks_by_delivery(&outbox, &stored);
+        let mut s = d.store().await;
+        let runs = hash(&mut s, &keys::in_flight_runs(&outbox)).await;
+        let m = marks(&mut s, &outbox).await;
         (runs.len() == 1 && m.len() >= 3 && m.values().all(|v| v == "writing:a")).then_some(())
     })
     .await;
@@ -630,8 +631,10 @@ async fn a_worker_killed_mid_run_retries_it_and_leaves_no_mark() {
     let sent: Vec<&str> = sent.iter().map(|l| l.content.as_str()).collect();
     assert_eq!(sent, want, "each once, in order");
     wait_until("no mark left", SOON, || async {
-        let stored = hash(&mut d.store().await, &keys::in_flight_marks(&outbox)).await;
-        stored.is_empty().then_some(())
+        let mut s = d.store().await;
+        let marks = hash(&mut s, &keys::in_flight_marks(&outbox)).await;
+        let runs = hash(&mut s, &keys::in_flight_runs(&outbox)).await;
+        (marks.is_empty() && runs.is_empty()).then_some(())
     })
     .await;
 }
