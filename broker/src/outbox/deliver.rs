@@ -1088,8 +1088,11 @@ pub(super) enum Landed {
 /// had begun. What a worker that dies mid-run had not begun, a taker
 /// cannot tell from what it had: it reports them `uncertain` (or delivered,
 /// where the sender finds them) rather than send them, so this bounds that
-/// loss too.
-const RUN_MAX: usize = 64;
+/// loss too. Each run waits once for Redis before its first send, which on
+/// a fast platform and a busy machine is most of what a run costs: 256 sends
+/// forward about a third faster than 64 (`docs/benchmarks.md`), while a
+/// platform slower than 256 sends in `Timing::run_fresh` never fills a run.
+const RUN_MAX: usize = 256;
 /// Sends gated as one run before any run was timed.
 const RUN_START: usize = 8;
 
