@@ -7,8 +7,9 @@
 //! `{bridge}:heartbeat`, `{bridge}:id-key`, `{bridge}:audit`,
 //! `{bridge}:uncertain`) all start with the bridge name, so an agent's ACL
 //! patterns (`{agent}:*`) never reach them as long as agent and bridge names
-//! differ, which the config loader enforces. The two hash-tagged ones
-//! (`{<stream>}:in-flight`, `{<bridge>:inbox}:ingest:cursor`: a literal
+//! differ, which the config loader enforces. The hash-tagged ones
+//! (`{<stream>}:in-flight`, `{<stream>}:in-flight:runs`,
+//! `{<bridge>:inbox}:ingest:cursor`: a literal
 //! brace, so Redis Cluster keeps them in their stream's slot) start with `{`,
 //! which no agent pattern does, and names cannot contain braces.
 

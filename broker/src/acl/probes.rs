@@ -365,11 +365,7 @@ pub fn service_probes(config: &Config, name: &str, service: Service) -> Vec<Prob
                 u,
                 Allowed,
                 false,
-                &[
-                    "HEXISTS",
-                    &keys::in_flight_runs(&keys::outbox(name)),
-                    "acl-check",
-                ],
+                &["HGETALL", &keys::in_flight_runs(&keys::outbox(name))],
             ));
             if parks {
                 // Each surface it asks on: its notifications written, its

@@ -232,7 +232,7 @@ impl<S: Sender> OutboxService<S> {
     /// tried again later (transient), at one its gate refused, or at a stale
     /// gate; what it did not attempt goes back to the head of the queue (or,
     /// for cards started beside their destination, `holds` false, starts
-    /// again), its mark `started:` again unless it was `writing:` before the run.
+    /// again), taken out of the run's mark.
     fn launch_run(&mut self, mut run: Vec<Flight>, holds: bool) {
         let sender = self.sender.clone();
         let mut conn = self.store.conn.clone();
@@ -1090,8 +1090,10 @@ pub(super) enum Landed {
 /// where the sender finds them) rather than send them, so this bounds that
 /// loss too. Each run waits once for Redis before its first send, which on
 /// a fast platform and a busy machine is most of what a run costs: 256 sends
-/// forward about a third faster than 64 (`docs/benchmarks.md`), while a
-/// platform slower than 256 sends in `Timing::run_fresh` never fills a run.
+/// forward about a third faster than 64 (`docs/benchmarks.md`). Runs grow
+/// only while the last full one went out within half of `Timing::run_fresh`
+/// (`size_runs`), so only a platform taking over 1,000
+/// sends a second reaches 256.
 const RUN_MAX: usize = 256;
 /// Sends gated as one run before any run was timed.
 const RUN_START: usize = 8;

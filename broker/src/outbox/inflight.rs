@@ -43,7 +43,11 @@
 //!   before sending (marking, the gate of entries handed out again) reads a
 //!   run's mark that lists it as that delivery's `writing:` mark, over a
 //!   `started:` of its own ([`marks_by_delivery`] says the same for tests and
-//!   tools). An entry comes out of its run's mark when its own mark would go
+//!   tools, but for which of two runs listing one entry counts). Runs are
+//!   read only for entries handed out more than once (`XPENDING`'s delivery
+//!   count): one handed out once was never another worker's. An operator
+//!   who rewinds a group (`XGROUP SETID`) while workers run breaks that, as
+//!   it already re-sends every acked entry after the new position. An entry comes out of its run's mark when its own mark would go
 //!   ([`CLEAR`]), the mark goes with its run's last send (acked or cleared;
 //!   [`RunMarks`]), a worker's own run found after its restart moves to the
 //!   deliveries' own marks as they are marked again, a taker takes the entry
@@ -72,9 +76,9 @@
 //!   pipelined round trip, one [`MARK_MANY`] per stream, the same rules per
 //!   send as [`MARK`]); no send of the batch starts before its own mark is
 //!   answered.
-//! - The scripts that read an entry's place name two keys, the marks hash and the entry's stream;
-//!   the hash is tagged with the stream's name, so both are in one slot on
-//!   Redis Cluster too. Marks found in the one-hash-per-bridge layout of
+//! - The scripts that read an entry's place name the marks hash, the entry's
+//!   stream and (those that read runs) the runs hash; both hashes are tagged
+//!   with the stream's name, so all are in one slot on Redis Cluster too. Marks found in the one-hash-per-bridge layout of
 //!   earlier versions are moved beside their streams at start
 //!   ([`OutboxService::move_legacy_marks`]) before anything is read.
 
@@ -83,26 +87,41 @@ use super::*;
 /// Lua helpers for runs' marks (fields of a stream's runs hash,
 /// [`keys::in_flight_runs`]: run mark → `writing:{worker}`, a newline, then
 /// the entry ids the run's gate passed, each between spaces):
-/// - `run_owners(runs, mine)`: entry id → whose run lists it
-///   (`writing:{worker}`), and entry id → that run's mark. Only `writing:`
-///   owners count; where two runs list one entry, another worker's wins over
-///   `mine` (it may still send).
+/// - `run_owners(runs, mine, wanted)`: for the entry ids in list `wanted`,
+///   whose run lists each (`writing:{worker}`), and which run. Only
+///   `writing:` owners count; where two runs list one entry, another
+///   worker's wins over `mine` (it may still send). Asked only for entries
+///   handed out more than once: one handed out once was never another
+///   worker's, and this worker's runs list it only while it is under way.
 /// - `run_drop(runs, owner, mark, ids)`: takes `ids` out of run mark `mark`
 ///   if `owner`'s, and removes the mark once it lists none.
 macro_rules! runs_lua {
     () => {
         r#"
-local function run_owners(runs, mine)
+local function run_owners(runs, mine, wanted)
   local owners, where = {}, {}
+  if #wanted == 0 then return owners, where end
+  local set = {}
+  for _, id in ipairs(wanted) do set[id] = true end
   local all = redis.call('HGETALL', runs)
   for n = 1, #all, 2 do
     local v = all[n + 1]
     local nl = string.find(v, '\n', 1, true)
     local owner = nl and string.sub(v, 1, nl - 1)
     if owner and string.sub(owner, 1, 8) == 'writing:' then
-      for id in string.gmatch(string.sub(v, nl + 1), '%S+') do
+      local function note(id)
         if owners[id] == nil or owners[id] == mine then
           owners[id], where[id] = owner, all[n]
+        end
+      end
+      if #wanted <= 8 then
+        -- A few entries: found by plain search, no id of the run copied.
+        for _, id in ipairs(wanted) do
+          if string.find(v, ' ' .. id .. ' ', nl, true) then note(id) end
+        end
+      else
+        for id in string.gmatch(string.sub(v, nl + 1), '%S+') do
+          if set[id] then note(id) end
         end
       end
     end
@@ -112,14 +131,18 @@ end
 local function run_drop(runs, owner, mark, ids)
   local v = redis.call('HGET', runs, mark)
   if not v or string.sub(v, 1, #owner + 1) ~= owner .. '\n' then return end
+  local changed = false
   for _, id in ipairs(ids) do
     local at = string.find(v, ' ' .. id .. ' ', 1, true)
-    if at then v = string.sub(v, 1, at) .. string.sub(v, at + #id + 2) end
+    if at then
+      v = string.sub(v, 1, at) .. string.sub(v, at + #id + 2)
+      changed = true
+    end
   end
-  if string.find(v, '\n %S') then
-    redis.call('HSET', runs, mark, v)
-  else
+  if not string.find(v, '\n %S') then
     redis.call('HDEL', runs, mark)
+  elseif changed then
+    redis.call('HSET', runs, mark, v)
   end
 end
 "#
@@ -141,7 +164,9 @@ if not p[1] or p[1][2] ~= ARGV[4] then return 'not-mine' end
 local v = redis.call('HGET', KEYS[1], ARGV[1])
 if v and string.sub(v, 1, 8) == 'writing:' then return v end
 local writing = 'writing:' .. ARGV[2]
-local owners, where = run_owners(KEYS[3], writing)
+local wanted = {}
+if p[1][4] > 1 then wanted = {ARGV[5]} end
+local owners, where = run_owners(KEYS[3], writing, wanted)
 local run = owners[ARGV[5]]
 if run then
   -- Listed by a run that passed its gate: this worker's own (before a
@@ -170,13 +195,18 @@ return v or ''
 const MARK_MANY: &str = concat!(
     runs_lua!(),
     r#"
-local out, moved = {}, {}
+local out, moved, held, wanted = {}, {}, {}, {}
 local writing = 'writing:' .. ARGV[1]
-local runs, where = run_owners(KEYS[3], writing)
+for i = 4, #ARGV, 2 do
+  local id = ARGV[i + 1]
+  local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
+  held[i] = p[1] and p[1][2] == ARGV[3]
+  if held[i] and p[1][4] > 1 then wanted[#wanted + 1] = id end
+end
+local runs, where = run_owners(KEYS[3], writing, wanted)
 for i = 4, #ARGV, 2 do
   local key, id = ARGV[i], ARGV[i + 1]
-  local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
-  if not p[1] or p[1][2] ~= ARGV[3] then
+  if not held[i] then
     out[#out + 1] = 'not-mine'
   else
     local v = redis.call('HGET', KEYS[1], key)
@@ -246,21 +276,28 @@ local whole = #range < limit
 local fields = {}
 for i = 1, n do fields[i] = KEYS[2] .. '/' .. ARGV[6 + i] end
 local marks = redis.call('HMGET', KEYS[1], unpack(fields))
-local out, listed, moved = {}, {}, {}
-local runs, where = nil, nil
+local counts, wanted = {}, {}
 for i = 1, n do
-  local ok, v, id = 0, marks[i], ARGV[6 + i]
+  local v, id = marks[i], ARGV[6 + i]
   if not v or v == started or v == writing then
     local count = mine[id]
     if count == nil and not whole then
       local p = redis.call('XPENDING', KEYS[2], ARGV[2], id, id, 1)
       if p[1] and p[1][2] == ARGV[3] then count = p[1][4] end
     end
+    counts[i] = count
+    if count and count > 1 and v ~= writing then wanted[#wanted + 1] = id end
+  end
+end
+local runs, where = run_owners(KEYS[3], writing, wanted)
+local out, listed, moved = {}, {}, {}
+for i = 1, n do
+  local ok, v, id, count = 0, marks[i], ARGV[6 + i], counts[i]
+  if not v or v == started or v == writing then
     if count then
       if v == writing then
         ok = 2
       elseif count > 1 then
-        if not runs then runs, where = run_owners(KEYS[3], writing) end
         if not runs[id] then
           ok = 1
         elseif runs[id] == writing then
@@ -527,8 +564,9 @@ pub(super) enum RunGate {
     Refused,
     /// It may go; nothing was at the platform before.
     Passed,
-    /// It may go, as the retry it already was (`writing:{me}` before): a
-    /// run that does not attempt it leaves its mark as it found it.
+    /// It may go, as the retry it already was (`writing:{me}` before, its
+    /// own or moved there from an older run of this worker's): a run that
+    /// does not attempt it leaves that mark.
     PassedAgain,
 }
 
