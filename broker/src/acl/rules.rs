@@ -85,7 +85,7 @@ pub fn service_rules(config: &Config, name: &str, service: Service, hash: &str) 
             }));
             sels.push(selector(
                 &marks,
-                "+hget +hmget +hgetall +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
+                "+hget +hmget +hgetall +hlen +hset +hdel +hexists +hkeys +evalsha +eval +script|load",
             ));
             let mut gated = marks.clone();
             gated.push(format!("~{}", keys::legacy_in_flight(name)));

@@ -273,9 +273,13 @@ local mine = {}
 local range = redis.call('XPENDING', KEYS[2], ARGV[2], ARGV[4], ARGV[5], limit, ARGV[3])
 for _, p in ipairs(range) do mine[p[1]] = p[4] end
 local whole = #range < limit
-local fields = {}
-for i = 1, n do fields[i] = KEYS[2] .. '/' .. ARGV[6 + i] end
-local marks = redis.call('HMGET', KEYS[1], unpack(fields))
+-- Sends' own marks: none while a stream only forwards (a run marks
+-- itself), so their names are built only when there are some.
+local fields, marks = {}, {}
+if redis.call('HLEN', KEYS[1]) > 0 then
+  for i = 1, n do fields[i] = KEYS[2] .. '/' .. ARGV[6 + i] end
+  marks = redis.call('HMGET', KEYS[1], unpack(fields))
+end
 local counts, wanted = {}, {}
 for i = 1, n do
   local v, id = marks[i], ARGV[6 + i]
@@ -302,7 +306,7 @@ for i = 1, n do
           ok = 1
         elseif runs[id] == writing then
           ok = 2
-          redis.call('HSET', KEYS[1], fields[i], writing)
+          redis.call('HSET', KEYS[1], KEYS[2] .. '/' .. id, writing)
           moved[where[id]] = moved[where[id]] or {}
           table.insert(moved[where[id]], id)
         end
