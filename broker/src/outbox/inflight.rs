@@ -1009,6 +1009,17 @@ impl<S: Sender> OutboxService<S> {
     /// their own, and their entries from the marks of the runs that listed
     /// them (a run's mark goes with its last send's).
     pub(super) async fn clear_in_flight(&mut self, delivery_keys: &[&str]) -> Result<()> {
+        self.clear_marks(delivery_keys, false).await
+    }
+
+    /// [`Self::clear_in_flight`] for entries acked already: no one can send
+    /// them any more, so their runs' marks need not be rewritten without
+    /// them (a run's mark still goes with its last send's).
+    pub(super) async fn clear_acked_in_flight(&mut self, delivery_keys: &[&str]) -> Result<()> {
+        self.clear_marks(delivery_keys, true).await
+    }
+
+    async fn clear_marks(&mut self, delivery_keys: &[&str], acked: bool) -> Result<()> {
         #[derive(Default)]
         struct Clear<'a> {
             keys: Vec<&'a str>,
@@ -1031,6 +1042,7 @@ impl<S: Sender> OutboxService<S> {
             clear.keys.push(key);
             match self.mem.runs.settle(key) {
                 Settled::Unlisted => {}
+                Settled::Listed(_) if acked => {}
                 Settled::Listed(run) => clear.from_runs.push((run, entry_id)),
                 Settled::Last(run) => clear.runs_gone.push(run),
             }

@@ -186,7 +186,7 @@ impl<S: Sender> OutboxService<S> {
         }
         // Recorded and acked: a restart no longer shows them again.
         let marks: Vec<&str> = shown.iter().map(|s| s.key.as_str()).collect();
-        self.clear_in_flight(&marks).await?;
+        self.clear_acked_in_flight(&marks).await?;
         for s in &shown {
             self.forget_taken_mark(&s.gate, &s.key).await?;
         }
