@@ -127,9 +127,21 @@ pub fn legacy_in_flight(bridge: &str) -> String {
     format!("{bridge}:in-flight")
 }
 
-/// The stream a delivery key (`{stream}/{entry id}`) belongs to.
+/// The stable identity of one stream entry's delivery (`{stream}/{entry
+/// id}`): the field of its in-flight mark, and what senders that deduplicate
+/// recognise a retry by. Stream ids hold no `/`, so the last one splits it.
+pub fn delivery_key(stream: &str, entry_id: &str) -> String {
+    format!("{stream}/{entry_id}")
+}
+
+/// A delivery key's stream and entry id ([`delivery_key`]).
+pub fn split_delivery(delivery_key: &str) -> Option<(&str, &str)> {
+    delivery_key.rsplit_once('/')
+}
+
+/// The stream a delivery key belongs to.
 pub fn stream_of_delivery(delivery_key: &str) -> Option<&str> {
-    delivery_key.rsplit_once('/').map(|(stream, _)| stream)
+    split_delivery(delivery_key).map(|(stream, _)| stream)
 }
 
 /// The index of a requesting bridge's pending approvals: a sorted set of

@@ -44,8 +44,11 @@ mod settle;
 mod source;
 mod surface;
 
+pub use crate::keys::delivery_key;
 pub use crate::retry::RetryPolicy;
 pub use inflight::marks_by_delivery;
+#[doc(hidden)]
+pub use inflight::scripts as inflight_scripts;
 
 use crate::bridge::{CardUpdate, Outgoing, Report, SendError, Sender, Sent};
 use deliver::{Delivery, Flight, Job, Landed, Purpose};
@@ -383,11 +386,6 @@ pub fn same_destination(a: &str, b: &str) -> bool {
         }
     };
     bare(a) == bare(b)
-}
-
-/// The stable identity of one stream entry, for senders that deduplicate.
-pub fn delivery_key(stream: &str, entry_id: &str) -> String {
-    format!("{stream}/{entry_id}")
 }
 
 #[cfg(test)]

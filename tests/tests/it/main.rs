@@ -13,6 +13,7 @@ mod email;
 mod email_corpus;
 mod escalation;
 mod fanout;
+mod inflight;
 mod invalid;
 mod later;
 mod ledger;
