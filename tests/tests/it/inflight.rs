@@ -82,12 +82,16 @@ impl Rig {
     }
 
     async fn set_run(&mut self, mark: &str, owner: &str, ids: &[&str]) {
-        let value = format!("{owner}\n {} ", ids.join(" "));
+        self.hset(keys::in_flight_runs(STREAM), mark, &run_value(owner, ids))
+            .await;
+    }
+
+    async fn hset(&mut self, key: String, field: &str, value: &str) {
         let () = self
             .conn
-            .hset(keys::in_flight_runs(STREAM), mark, value)
+            .hset(&key, field, value)
             .await
-            .expect("HSET run");
+            .unwrap_or_else(|e| panic!("HSET {key} {field}: {e}"));
     }
 
     async fn runs(&mut self) -> HashMap<String, String> {
@@ -310,11 +314,8 @@ async fn the_trim_drops_a_runs_mark_once_none_of_its_entries_is_pending() {
     let mut r = rig(2).await;
     let (e0, e1) = (r.id(0).to_string(), r.id(1).to_string());
     r.set_run("a:run", "writing:a", &[&e0, &e1]).await;
-    let () = r
-        .conn
-        .hset(keys::in_flight_runs(STREAM), "z:junk", "no newline")
-        .await
-        .expect("HSET");
+    r.hset(keys::in_flight_runs(STREAM), "z:junk", "no newline")
+        .await;
 
     assert_eq!(r.trim_run("a:gone").await, 0, "no such mark");
     assert_eq!(r.trim_run("a:run").await, 0, "both pending: under way");
@@ -337,11 +338,8 @@ async fn a_takers_clear_takes_the_entry_out_of_every_run_of_that_worker_only() {
     r.set_run("b:1", "writing:b", &[&e0, &e1]).await;
     r.set_run("b:2", "writing:b", &[&e0]).await;
     r.set_run("c:1", "writing:c", &[&e0]).await;
-    let () = r
-        .conn
-        .hset(keys::in_flight_marks(STREAM), delivery(&e0), "writing:b")
-        .await
-        .expect("HSET mark");
+    r.hset(keys::in_flight_marks(STREAM), &delivery(&e0), "writing:b")
+        .await;
 
     // What a taker does once it recorded e0's outcome: b's marks of it go,
     // wherever b listed it; c's run is c's to clear.
