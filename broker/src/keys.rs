@@ -130,6 +130,8 @@ pub fn legacy_in_flight(bridge: &str) -> String {
 /// The stable identity of one stream entry's delivery (`{stream}/{entry
 /// id}`): the field of its in-flight mark, and what senders that deduplicate
 /// recognise a retry by. Stream ids hold no `/`, so the last one splits it.
+/// The send gate's Lua (`outbox::inflight`, `GATE_RUN`) builds the same
+/// shape from a stream and its ids: change both or neither.
 pub fn delivery_key(stream: &str, entry_id: &str) -> String {
     format!("{stream}/{entry_id}")
 }

@@ -674,7 +674,7 @@ impl<S: Sender> OutboxService<S> {
                 .filter(|k| !k.is_empty())
                 .collect();
             // And the marks of the runs whose last sends these were.
-            let runs = self.runs_acked(marked.clone());
+            let runs = self.runs_acked(marked.iter().copied());
             if !marked.is_empty() {
                 pipe.hdel(keys::in_flight_marks(stream), marked).ignore();
             }

@@ -87,9 +87,10 @@ use super::*;
 /// Lua helpers for runs' marks (fields of a stream's runs hash,
 /// [`keys::in_flight_runs`]: run mark → `writing:{worker}`, a newline, then
 /// the entry ids the run's gate passed, each between spaces):
-/// - `run_owner(v)`: a run mark's owner and where its ids begin (nil when
-///   the value is no run mark).
-/// - `run_ids(v, from)`: the ids a run mark lists, from where they begin.
+/// - `run_owner(v)`: a run mark's owner line and the position of the
+///   newline after it (nil when the value has no newline; the owner may be
+///   anything, so callers check it says `writing:`).
+/// - `run_ids(v, nl)`: the ids a run mark lists after that newline.
 /// - `run_owners(runs, mine, wanted)`: for the entry ids in list `wanted`,
 ///   whose run lists each (`writing:{worker}`), and which run. Only
 ///   `writing:` owners count; where two runs list one entry, another
@@ -106,8 +107,8 @@ local function run_owner(v)
   if not nl then return nil end
   return string.sub(v, 1, nl - 1), nl
 end
-local function run_ids(v, from)
-  return string.gmatch(string.sub(v, from + 1), '%S+')
+local function run_ids(v, nl)
+  return string.gmatch(string.sub(v, nl + 1), '%S+')
 end
 local function run_owners(runs, mine, wanted)
   local owners, where = {}, {}

@@ -14,8 +14,9 @@ use redis::AsyncCommands;
 const STREAM: &str = "ann:outbox";
 const GROUP: &str = "ann-outbox";
 
-/// A private Redis with `n` entries in [`STREAM`], all handed out once to
-/// consumer `a` (worker `a`).
+/// A private Redis with `n` entries in [`STREAM`], ids `1-1` to `1-{n}` (so
+/// some are prefixes of others), all handed out once to consumer `a`
+/// (worker `a`).
 struct Rig {
     _redis: RedisServer,
     conn: MultiplexedConnection,
@@ -38,9 +39,13 @@ async fn rig(n: usize) -> Rig {
         .query_async(&mut conn)
         .await
         .expect("XGROUP CREATE");
-    for i in 0..n {
+    for i in 1..=n {
         let _: String = conn
-            .xadd(STREAM, "*", &[("content", format!("line {i}"))])
+            .xadd(
+                STREAM,
+                format!("1-{i}"),
+                &[("content", format!("line {i}"))],
+            )
             .await
             .expect("XADD");
     }
@@ -241,8 +246,10 @@ async fn another_workers_run_listing_an_entry_wins_over_this_workers_own() {
     }
 }
 
+/// No gate writes a run mark that is not `writing:`; one found (damaged, or
+/// written by hand) must not make a send look another worker's.
 #[tokio::test]
-async fn only_a_run_that_passed_its_gate_counts() {
+async fn a_run_mark_not_saying_writing_counts_for_nothing() {
     let mut r = rig(1).await;
     let e0 = r.id(0).to_string();
     r.set_run("b:run", "started:b", &[&e0]).await;
@@ -310,17 +317,54 @@ async fn ungating_takes_entries_out_of_this_workers_run_only() {
 }
 
 #[tokio::test]
+async fn a_gate_finds_another_workers_listing_by_exact_id_among_many() {
+    let mut r = rig(12).await;
+    let ids: Vec<String> = r.ids.clone();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    // b's run lists 1-10 and 1-12; 1-1 is a prefix of both.
+    r.set_run("b:run", "writing:b", &["1-10", "1-12"]).await;
+    r.hand_out_again("a", &ids).await;
+
+    // A few ids are found by plain search, many by reading the run's list.
+    assert_eq!(r.gate_run("a", "a:few", &["1-1"]).await, vec![1]);
+    r.ungate("a", "a:few", &["1-1"]).await;
+    let gate = r.gate_run("a", "a:many", &ids).await;
+    let refused: Vec<&str> = ids
+        .iter()
+        .zip(&gate)
+        .filter(|(_, g)| **g == 0)
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(refused, vec!["1-10", "1-12"], "gate {gate:?}");
+    let listed: Vec<&str> = ids
+        .iter()
+        .copied()
+        .filter(|id| !refused.contains(id))
+        .collect();
+    assert_eq!(r.runs().await["a:many"], run_value("writing:a", &listed));
+}
+
+#[tokio::test]
 async fn the_trim_drops_a_runs_mark_once_none_of_its_entries_is_pending() {
-    let mut r = rig(2).await;
-    let (e0, e1) = (r.id(0).to_string(), r.id(1).to_string());
-    r.set_run("a:run", "writing:a", &[&e0, &e1]).await;
+    let mut r = rig(3).await;
+    let (e0, e1, e2) = (
+        r.id(0).to_string(),
+        r.id(1).to_string(),
+        r.id(2).to_string(),
+    );
+    r.set_run("a:run", "writing:a", &[&e0, &e1, &e2]).await;
     r.hset(keys::in_flight_runs(STREAM), "z:junk", "no newline")
         .await;
 
     assert_eq!(r.trim_run("a:gone").await, 0, "no such mark");
-    assert_eq!(r.trim_run("a:run").await, 0, "both pending: under way");
+    assert_eq!(r.trim_run("a:run").await, 0, "all pending: under way");
     r.ack(&e0).await;
-    assert_eq!(r.trim_run("a:run").await, 0, "e1 still pending");
+    r.ack(&e2).await;
+    assert_eq!(
+        r.trim_run("a:run").await,
+        0,
+        "e1, in the middle, still pending"
+    );
     r.ack(&e1).await;
     assert_eq!(r.trim_run("a:run").await, 1);
     assert_eq!(
@@ -340,15 +384,18 @@ async fn a_takers_clear_takes_the_entry_out_of_every_run_of_that_worker_only() {
     r.set_run("c:1", "writing:c", &[&e0]).await;
     r.hset(keys::in_flight_marks(STREAM), &delivery(&e0), "writing:b")
         .await;
+    r.hset(keys::in_flight_marks(STREAM), &delivery(&e1), "writing:c")
+        .await;
 
     // What a taker does once it recorded e0's outcome: b's marks of it go,
-    // wherever b listed it; c's run is c's to clear.
+    // wherever b listed it; c's marks are c's to clear.
     let _: i64 = redis::Script::new(lua::CLEAR)
         .key(keys::in_flight_marks(STREAM))
         .key(keys::in_flight_runs(STREAM))
         .arg("b")
-        .arg(1)
+        .arg(2)
         .arg(delivery(&e0))
+        .arg(delivery(&e1))
         .arg(0)
         .arg("*")
         .arg(&e0)
@@ -356,7 +403,10 @@ async fn a_takers_clear_takes_the_entry_out_of_every_run_of_that_worker_only() {
         .await
         .expect("CLEAR");
 
-    assert!(r.marks().await.is_empty());
+    assert_eq!(
+        r.marks().await,
+        HashMap::from([(delivery(&e1), "writing:c".to_string())])
+    );
     assert_eq!(
         r.runs().await,
         HashMap::from([
