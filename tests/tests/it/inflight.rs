@@ -149,6 +149,22 @@ impl Rig {
             .expect("MARK")
     }
 
+    /// Marking several deliveries at once by worker (and consumer) `worker`.
+    async fn mark_many(&mut self, worker: &str, ids: &[&str]) -> Vec<String> {
+        let script = redis::Script::new(lua::MARK_MANY);
+        let mut inv = script.prepare_invoke();
+        inv.key(keys::in_flight_marks(STREAM))
+            .key(STREAM)
+            .key(keys::in_flight_runs(STREAM))
+            .arg(worker)
+            .arg(GROUP)
+            .arg(worker);
+        for id in ids {
+            inv.arg(delivery(id)).arg(*id);
+        }
+        inv.invoke_async(&mut self.conn).await.expect("MARK_MANY")
+    }
+
     async fn ungate(&mut self, worker: &str, mark: &str, ids: &[&str]) {
         let _: i64 = redis::Script::new(lua::UNGATE)
             .key(keys::in_flight_runs(STREAM))
@@ -273,6 +289,38 @@ async fn marking_moves_this_workers_run_listing_to_the_sends_own_mark() {
     assert!(
         r.runs().await.is_empty(),
         "the run's mark goes with its last entry"
+    );
+}
+
+#[tokio::test]
+async fn marking_a_batch_reads_runs_as_marking_one_does() {
+    let mut r = rig(5).await;
+    let ids: Vec<String> = r.ids.clone();
+    let [e0, e1, e2, e3, e4] = [0, 1, 2, 3, 4].map(|i| ids[i].as_str());
+    r.set_run("a:old", "writing:a", &[e0, e1]).await;
+    r.set_run("b:run", "writing:b", &[e2]).await;
+    r.hand_out_again("a", &[e0, e1, e2, e3]).await;
+    // e4 was taken over by b: no longer a's to mark.
+    r.hand_out_again("b", &[e4]).await;
+
+    let answers = r.mark_many("a", &[e0, e1, e2, e3, e4]).await;
+
+    assert_eq!(
+        answers,
+        vec!["writing:a", "writing:a", "writing:b", "", "not-mine"]
+    );
+    assert_eq!(
+        r.marks().await,
+        HashMap::from([
+            (delivery(e0), "writing:a".to_string()),
+            (delivery(e1), "writing:a".to_string()),
+            (delivery(e3), "started:a".to_string()),
+        ]),
+        "a's own run moved to its sends' marks; b's is left to b"
+    );
+    assert_eq!(
+        r.runs().await,
+        HashMap::from([("b:run".to_string(), run_value("writing:b", &[e2]))])
     );
 }
 

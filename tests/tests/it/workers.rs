@@ -543,6 +543,22 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
     drop(a);
 }
 
+/// Worker `a` of `slow`, started, and `contents` sent to one destination in
+/// order: the first goes alone (3 s at the platform), the rest queue behind
+/// it and pass their gate as one run.
+async fn worker_a_sending(
+    d: &Deployment,
+    store: &mut Store,
+    contents: &[&str],
+) -> harness::Process {
+    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
+    group_exists(d, "slow").await;
+    for content in contents {
+        send(store, "slow", "dest", content).await;
+    }
+    a
+}
+
 /// The same in the middle of a run: three sends queued behind one
 /// destination pass their gate together, and worker `a` is paused while the
 /// first of them is at the platform. Its taker cannot tell which of the
@@ -554,11 +570,7 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
 async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
     let d = Deployment::new(&config());
     let mut store = d.store().await;
-    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
-    group_exists(&d, "slow").await;
-    for content in ["alone", "begun", "run-2", "run-3"] {
-        send(&mut store, "slow", "dest", content).await;
-    }
+    let a = worker_a_sending(&d, &mut store, &["alone", "begun", "run-2", "run-3"]).await;
     // "alone" goes first by itself; the three queued behind it then pass
     // their gate as one run, and "begun" is at the platform for 3 s.
     wait_until("the run past its gate", SOON, || async {
@@ -606,12 +618,8 @@ async fn a_worker_paused_mid_run_sends_nothing_it_had_not_begun() {
 async fn a_worker_killed_mid_run_retries_it_and_leaves_no_mark() {
     let d = Deployment::new(&config());
     let mut store = d.store().await;
-    let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
-    group_exists(&d, "slow").await;
     let want = ["alone", "begun", "run-2", "run-3"];
-    for content in want {
-        send(&mut store, "slow", "dest", content).await;
-    }
+    let a = worker_a_sending(&d, &mut store, &want).await;
     let outbox = keys::agent_outbox("ann", "slow");
     wait_until("the run of three past its gate", SOON, || async {
         let mut s = d.store().await;
@@ -647,12 +655,8 @@ async fn a_worker_killed_mid_run_retries_it_and_leaves_no_mark() {
 async fn a_send_refused_in_a_run_keeps_its_place() {
     let d = Deployment::new(&config());
     let mut store = d.store().await;
-    let _a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
-    group_exists(&d, "slow").await;
     let want = ["one", "two", "three", "four"];
-    for content in want {
-        send(&mut store, "slow", "dest", content).await;
-    }
+    let _a = worker_a_sending(&d, &mut store, &want).await;
     let outbox = keys::agent_outbox("ann", "slow");
     // "one" at the platform (3 s), the other three read and queued behind
     // it, unmarked: a foreign mark on "two" now makes its gate refuse it.
