@@ -787,7 +787,9 @@ pub fn read_delivered(path: &Path) -> Vec<Delivered> {
 }
 
 /// Path of a workspace binary. `cargo test` builds only the binaries of the package
-/// under test, so the first call builds the workspace's binaries (once per test run).
+/// under test, so the first call builds the workspace's binaries (once per process:
+/// once per run under `cargo test`; under nextest each test's process asks cargo,
+/// which builds once and finds them fresh after that).
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");

@@ -89,7 +89,7 @@ use super::*;
 /// the entry ids the run's gate passed, each between spaces):
 /// - `run_owner(v)`: a run mark's owner line and the position of the
 ///   newline after it (nil when the value has no newline; the owner may be
-///   anything, so callers check it says `writing:`).
+///   anything, so callers to whom it matters check it says `writing:`).
 /// - `run_ids(v, nl)`: the ids a run mark lists after that newline.
 /// - `run_owners(runs, mine, wanted)`: for the entry ids in list `wanted`,
 ///   whose run lists each (`writing:{worker}`), and which run. Only
