@@ -595,6 +595,16 @@ pub(super) enum RunGate {
     PassedAgain,
 }
 
+/// A delivery key's stream and entry id; one that is not a delivery key is a
+/// bug here, not bad input.
+fn split_delivery(delivery_key: &str) -> Result<(&str, &str)> {
+    keys::split_delivery(delivery_key).ok_or_else(|| {
+        Error::internal(format!(
+            "`{delivery_key}` is not a delivery key (stream/entry)"
+        ))
+    })
+}
+
 /// A new run's mark: a field of its stream's runs hash
 /// ([`keys::in_flight_runs`]), unique to this run.
 pub(super) fn run_mark(worker: &str) -> String {
@@ -1049,9 +1059,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let mut by_stream: Vec<(&str, Clear)> = Vec::new();
         for key in delivery_keys {
-            let (stream, entry_id) = keys::split_delivery(key).ok_or_else(|| {
-                Error::internal(format!("`{key}` is not a delivery key (stream/entry)"))
-            })?;
+            let (stream, entry_id) = split_delivery(key)?;
             let at = match by_stream.iter().position(|(s, _)| *s == stream) {
                 Some(at) => at,
                 None => {
@@ -1164,11 +1172,7 @@ impl<S: Sender> OutboxService<S> {
             return Ok(());
         };
         // Only the mark it saw: anything written since is someone's news.
-        let (stream, entry_id) = keys::split_delivery(delivery_key).ok_or_else(|| {
-            Error::internal(format!(
-                "`{delivery_key}` is not a delivery key (stream/entry)"
-            ))
-        })?;
+        let (stream, entry_id) = split_delivery(delivery_key)?;
         let key = keys::in_flight_marks(stream);
         let _: i64 = CLEAR_SCRIPT
             .key(&key)

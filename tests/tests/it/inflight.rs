@@ -20,10 +20,15 @@ const GROUP: &str = "ann-outbox";
 struct Rig {
     _redis: RedisServer,
     conn: MultiplexedConnection,
-    ids: Vec<String>,
 }
 
+/// The ids of a rig's entries, in order.
+const IDS: [&str; 12] = [
+    "1-1", "1-2", "1-3", "1-4", "1-5", "1-6", "1-7", "1-8", "1-9", "1-10", "1-11", "1-12",
+];
+
 async fn rig(n: usize) -> Rig {
+    assert!(n <= IDS.len());
     let redis = RedisServer::start();
     let client = redis::Client::open(redis.url()).expect("client");
     let mut conn = client
@@ -59,19 +64,15 @@ async fn rig(n: usize) -> Rig {
         )
         .await
         .expect("XREADGROUP");
-    let ids = read.keys[0].ids.iter().map(|e| e.id.clone()).collect();
+    let ids: Vec<&str> = read.keys[0].ids.iter().map(|e| e.id.as_str()).collect();
+    assert_eq!(ids, IDS[..n], "all handed out to a");
     Rig {
         _redis: redis,
         conn,
-        ids,
     }
 }
 
 impl Rig {
-    fn id(&self, i: usize) -> &str {
-        &self.ids[i]
-    }
-
     /// Hands entries out again to `consumer`, as a takeover or a restart's
     /// re-read does: their delivery count goes past one.
     async fn hand_out_again(&mut self, consumer: &str, ids: &[&str]) {
@@ -203,17 +204,13 @@ fn delivery(id: &str) -> String {
 #[tokio::test]
 async fn a_runs_gate_moves_this_workers_older_listing_to_the_sends_own_mark() {
     let mut r = rig(3).await;
-    let (e0, e1, e2) = (
-        r.id(0).to_string(),
-        r.id(1).to_string(),
-        r.id(2).to_string(),
-    );
+    let (e0, e1, e2) = ("1-1", "1-2", "1-3");
     // Worker a's run listed e0 and e1, then a restarted and was handed
     // them again; its new run's gate is asked before they were marked.
-    r.set_run("a:old", "writing:a", &[&e0, &e1]).await;
-    r.hand_out_again("a", &[&e0, &e1]).await;
+    r.set_run("a:old", "writing:a", &[e0, e1]).await;
+    r.hand_out_again("a", &[e0, e1]).await;
 
-    let gate = r.gate_run("a", "a:new", &[&e0, &e1, &e2]).await;
+    let gate = r.gate_run("a", "a:new", &[e0, e1, e2]).await;
 
     assert_eq!(
         gate,
@@ -222,18 +219,18 @@ async fn a_runs_gate_moves_this_workers_older_listing_to_the_sends_own_mark() {
     );
     let marks = r.marks().await;
     assert_eq!(
-        marks.get(&delivery(&e0)).map(String::as_str),
+        marks.get(&delivery(e0)).map(String::as_str),
         Some("writing:a")
     );
     assert_eq!(
-        marks.get(&delivery(&e1)).map(String::as_str),
+        marks.get(&delivery(e1)).map(String::as_str),
         Some("writing:a")
     );
     assert_eq!(marks.len(), 2, "{marks:?}");
     let runs = r.runs().await;
     assert_eq!(
         runs,
-        HashMap::from([("a:new".to_string(), run_value("writing:a", &[&e2]))]),
+        HashMap::from([("a:new".to_string(), run_value("writing:a", &[e2]))]),
         "the old run's mark goes once all it listed moved; the new one lists only e2"
     );
 }
@@ -243,17 +240,17 @@ async fn another_workers_run_listing_an_entry_wins_over_this_workers_own() {
     // Whichever of the two runs' marks Redis hands back first.
     for order in [["a:old", "b:run"], ["b:run", "a:old"]] {
         let mut r = rig(1).await;
-        let e0 = r.id(0).to_string();
+        let e0 = "1-1";
         for mark in order {
             let owner = format!("writing:{}", &mark[..1]);
-            r.set_run(mark, &owner, &[&e0]).await;
+            r.set_run(mark, &owner, &[e0]).await;
         }
-        r.hand_out_again("a", &[&e0]).await;
+        r.hand_out_again("a", &[e0]).await;
         let before = r.runs().await;
 
-        assert_eq!(r.gate_run("a", "a:new", &[&e0]).await, vec![0], "{order:?}");
+        assert_eq!(r.gate_run("a", "a:new", &[e0]).await, vec![0], "{order:?}");
         assert_eq!(
-            r.mark("a", &e0).await,
+            r.mark("a", e0).await,
             "writing:b",
             "{order:?}: worker b may still complete it"
         );
@@ -267,25 +264,25 @@ async fn another_workers_run_listing_an_entry_wins_over_this_workers_own() {
 #[tokio::test]
 async fn a_run_mark_not_saying_writing_counts_for_nothing() {
     let mut r = rig(1).await;
-    let e0 = r.id(0).to_string();
-    r.set_run("b:run", "started:b", &[&e0]).await;
-    r.hand_out_again("a", &[&e0]).await;
+    let e0 = "1-1";
+    r.set_run("b:run", "started:b", &[e0]).await;
+    r.hand_out_again("a", &[e0]).await;
 
-    assert_eq!(r.gate_run("a", "a:new", &[&e0]).await, vec![1]);
-    assert_eq!(r.runs().await["a:new"], run_value("writing:a", &[&e0]));
+    assert_eq!(r.gate_run("a", "a:new", &[e0]).await, vec![1]);
+    assert_eq!(r.runs().await["a:new"], run_value("writing:a", &[e0]));
 }
 
 #[tokio::test]
 async fn marking_moves_this_workers_run_listing_to_the_sends_own_mark() {
     let mut r = rig(2).await;
-    let (e0, e1) = (r.id(0).to_string(), r.id(1).to_string());
-    r.set_run("a:old", "writing:a", &[&e0, &e1]).await;
-    r.hand_out_again("a", &[&e0, &e1]).await;
+    let (e0, e1) = ("1-1", "1-2");
+    r.set_run("a:old", "writing:a", &[e0, e1]).await;
+    r.hand_out_again("a", &[e0, e1]).await;
 
-    assert_eq!(r.mark("a", &e0).await, "writing:a", "a retry of its own");
-    assert_eq!(r.marks().await[&delivery(&e0)], "writing:a");
-    assert_eq!(r.runs().await["a:old"], run_value("writing:a", &[&e1]));
-    assert_eq!(r.mark("a", &e1).await, "writing:a");
+    assert_eq!(r.mark("a", e0).await, "writing:a", "a retry of its own");
+    assert_eq!(r.marks().await[&delivery(e0)], "writing:a");
+    assert_eq!(r.runs().await["a:old"], run_value("writing:a", &[e1]));
+    assert_eq!(r.mark("a", e1).await, "writing:a");
     assert!(
         r.runs().await.is_empty(),
         "the run's mark goes with its last entry"
@@ -295,8 +292,7 @@ async fn marking_moves_this_workers_run_listing_to_the_sends_own_mark() {
 #[tokio::test]
 async fn marking_a_batch_reads_runs_as_marking_one_does() {
     let mut r = rig(5).await;
-    let ids: Vec<String> = r.ids.clone();
-    let [e0, e1, e2, e3, e4] = [0, 1, 2, 3, 4].map(|i| ids[i].as_str());
+    let [e0, e1, e2, e3, e4] = ["1-1", "1-2", "1-3", "1-4", "1-5"];
     r.set_run("a:old", "writing:a", &[e0, e1]).await;
     r.set_run("b:run", "writing:b", &[e2]).await;
     r.hand_out_again("a", &[e0, e1, e2, e3]).await;
@@ -327,37 +323,32 @@ async fn marking_a_batch_reads_runs_as_marking_one_does() {
 #[tokio::test]
 async fn a_gate_whose_answer_was_lost_leaves_no_mark_behind() {
     let mut r = rig(3).await;
-    let ids: Vec<String> = r.ids.clone();
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let ids = &IDS[..3];
     // Redis passed the run, the answer never reached the worker: it sends
     // nothing and takes the run's entries out of its mark.
-    assert_eq!(r.gate_run("a", "a:lost", &ids).await, vec![1, 1, 1]);
-    r.ungate("a", "a:lost", &ids).await;
+    assert_eq!(r.gate_run("a", "a:lost", ids).await, vec![1, 1, 1]);
+    r.ungate("a", "a:lost", ids).await;
     assert!(r.runs().await.is_empty());
     // Its next gate for them is a first attempt again, not a retry.
-    r.hand_out_again("a", &ids).await;
-    assert_eq!(r.gate_run("a", "a:next", &ids).await, vec![1, 1, 1]);
+    r.hand_out_again("a", ids).await;
+    assert_eq!(r.gate_run("a", "a:next", ids).await, vec![1, 1, 1]);
 }
 
 #[tokio::test]
 async fn ungating_takes_entries_out_of_this_workers_run_only() {
     let mut r = rig(3).await;
-    let (e0, e1, e2) = (
-        r.id(0).to_string(),
-        r.id(1).to_string(),
-        r.id(2).to_string(),
-    );
-    r.set_run("a:run", "writing:a", &[&e0, &e1, &e2]).await;
+    let (e0, e1, e2) = ("1-1", "1-2", "1-3");
+    r.set_run("a:run", "writing:a", &[e0, e1, e2]).await;
 
-    r.ungate("b", "a:run", &[&e1]).await;
+    r.ungate("b", "a:run", &[e1]).await;
     assert_eq!(
         r.runs().await["a:run"],
-        run_value("writing:a", &[&e0, &e1, &e2]),
+        run_value("writing:a", &[e0, e1, e2]),
         "b's ungate changes nothing of a's"
     );
-    r.ungate("a", "a:run", &[&e1]).await;
-    assert_eq!(r.runs().await["a:run"], run_value("writing:a", &[&e0, &e2]));
-    r.ungate("a", "a:run", &[&e0, &e2]).await;
+    r.ungate("a", "a:run", &[e1]).await;
+    assert_eq!(r.runs().await["a:run"], run_value("writing:a", &[e0, e2]));
+    r.ungate("a", "a:run", &[e0, e2]).await;
     assert!(
         r.runs().await.is_empty(),
         "the mark goes once it lists none"
@@ -367,16 +358,15 @@ async fn ungating_takes_entries_out_of_this_workers_run_only() {
 #[tokio::test]
 async fn a_gate_finds_another_workers_listing_by_exact_id_among_many() {
     let mut r = rig(12).await;
-    let ids: Vec<String> = r.ids.clone();
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let ids = &IDS[..];
     // b's run lists 1-10 and 1-12; 1-1 is a prefix of both.
     r.set_run("b:run", "writing:b", &["1-10", "1-12"]).await;
-    r.hand_out_again("a", &ids).await;
+    r.hand_out_again("a", ids).await;
 
     // A few ids are found by plain search, many by reading the run's list.
     assert_eq!(r.gate_run("a", "a:few", &["1-1"]).await, vec![1]);
     r.ungate("a", "a:few", &["1-1"]).await;
-    let gate = r.gate_run("a", "a:many", &ids).await;
+    let gate = r.gate_run("a", "a:many", ids).await;
     let refused: Vec<&str> = ids
         .iter()
         .zip(&gate)
@@ -395,25 +385,21 @@ async fn a_gate_finds_another_workers_listing_by_exact_id_among_many() {
 #[tokio::test]
 async fn the_trim_drops_a_runs_mark_once_none_of_its_entries_is_pending() {
     let mut r = rig(3).await;
-    let (e0, e1, e2) = (
-        r.id(0).to_string(),
-        r.id(1).to_string(),
-        r.id(2).to_string(),
-    );
-    r.set_run("a:run", "writing:a", &[&e0, &e1, &e2]).await;
+    let (e0, e1, e2) = ("1-1", "1-2", "1-3");
+    r.set_run("a:run", "writing:a", &[e0, e1, e2]).await;
     r.hset(keys::in_flight_runs(STREAM), "z:junk", "no newline")
         .await;
 
     assert_eq!(r.trim_run("a:gone").await, 0, "no such mark");
     assert_eq!(r.trim_run("a:run").await, 0, "all pending: under way");
-    r.ack(&e0).await;
-    r.ack(&e2).await;
+    r.ack(e0).await;
+    r.ack(e2).await;
     assert_eq!(
         r.trim_run("a:run").await,
         0,
         "e1, in the middle, still pending"
     );
-    r.ack(&e1).await;
+    r.ack(e1).await;
     assert_eq!(r.trim_run("a:run").await, 1);
     assert_eq!(
         r.trim_run("z:junk").await,
@@ -426,13 +412,13 @@ async fn the_trim_drops_a_runs_mark_once_none_of_its_entries_is_pending() {
 #[tokio::test]
 async fn a_takers_clear_takes_the_entry_out_of_every_run_of_that_worker_only() {
     let mut r = rig(2).await;
-    let (e0, e1) = (r.id(0).to_string(), r.id(1).to_string());
-    r.set_run("b:1", "writing:b", &[&e0, &e1]).await;
-    r.set_run("b:2", "writing:b", &[&e0]).await;
-    r.set_run("c:1", "writing:c", &[&e0]).await;
-    r.hset(keys::in_flight_marks(STREAM), &delivery(&e0), "writing:b")
+    let (e0, e1) = ("1-1", "1-2");
+    r.set_run("b:1", "writing:b", &[e0, e1]).await;
+    r.set_run("b:2", "writing:b", &[e0]).await;
+    r.set_run("c:1", "writing:c", &[e0]).await;
+    r.hset(keys::in_flight_marks(STREAM), &delivery(e0), "writing:b")
         .await;
-    r.hset(keys::in_flight_marks(STREAM), &delivery(&e1), "writing:c")
+    r.hset(keys::in_flight_marks(STREAM), &delivery(e1), "writing:c")
         .await;
 
     // What a taker does once it recorded e0's outcome: b's marks of it go,
@@ -442,24 +428,24 @@ async fn a_takers_clear_takes_the_entry_out_of_every_run_of_that_worker_only() {
         .key(keys::in_flight_runs(STREAM))
         .arg("b")
         .arg(2)
-        .arg(delivery(&e0))
-        .arg(delivery(&e1))
+        .arg(delivery(e0))
+        .arg(delivery(e1))
         .arg(0)
         .arg("*")
-        .arg(&e0)
+        .arg(e0)
         .invoke_async(&mut r.conn)
         .await
         .expect("CLEAR");
 
     assert_eq!(
         r.marks().await,
-        HashMap::from([(delivery(&e1), "writing:c".to_string())])
+        HashMap::from([(delivery(e1), "writing:c".to_string())])
     );
     assert_eq!(
         r.runs().await,
         HashMap::from([
-            ("b:1".to_string(), run_value("writing:b", &[&e1])),
-            ("c:1".to_string(), run_value("writing:c", &[&e0])),
+            ("b:1".to_string(), run_value("writing:b", &[e1])),
+            ("c:1".to_string(), run_value("writing:c", &[e0])),
         ])
     );
 }
