@@ -170,12 +170,12 @@ impl Message {
     /// subject, reply_to and content. This is what an approval binds; a field a
     /// bridge starts sending must be added here.
     pub fn sha256(&self) -> String {
-        crate::approval::fields_sha256([
-            ("channel_id", Some(self.channel_id.as_bytes())),
-            ("subject", self.subject.as_deref().map(str::as_bytes)),
-            ("reply_to", self.reply_to.as_deref().map(str::as_bytes)),
-            ("content", Some(self.content.as_bytes())),
-        ])
+        crate::approval::message_sha256(
+            &self.channel_id,
+            self.subject.as_deref(),
+            self.reply_to.as_deref(),
+            &self.content,
+        )
     }
 }
 

@@ -157,7 +157,10 @@ pub async fn edit(
         channel_id: new.channel_id.clone(),
         subject: new.subject.clone(),
         content_preview: super::preview(&new.content),
-        content_sha256: super::sha256_hex(new.content.as_bytes()),
+        content_sha256: record
+            .content_sha256
+            .as_ref()
+            .map(|_| super::sha256_hex(new.content.as_bytes())),
         content_bytes: new.content.len() as u64,
         message_sha256: new_digest.clone(),
         revision,
@@ -222,7 +225,6 @@ pub async fn edit(
         (field::STATUS, next.status.as_str().to_string()),
         (field::CHANNEL_ID, next.channel_id.clone()),
         (field::CONTENT_PREVIEW, next.content_preview.clone()),
-        (field::CONTENT_SHA256, next.content_sha256.clone()),
         (field::CONTENT_BYTES, next.content_bytes.to_string()),
         (field::MESSAGE_SHA256, new_digest.clone()),
         (
@@ -236,6 +238,9 @@ pub async fn edit(
     ];
     if let Some(subject) = &next.subject {
         pairs.push((field::SUBJECT, subject.clone()));
+    }
+    if let Some(digest) = &next.content_sha256 {
+        pairs.push((field::CONTENT_SHA256, digest.clone()));
     }
     // The new version is sealed like a parked one (only the asking bridge's
     // services and the administrator hold the key).

@@ -5,6 +5,10 @@
 //! - A notification holds the record's values its frame shows
 //!   ([`frame_values`], byte-stable: a fixed order, written by hand), not the
 //!   frame as text; the frame is drawn from them ([`notification_text`]).
+//! - A card's content is its notification's own `approval_content`, or the
+//!   record's preview only where the digest among those values binds it
+//!   exactly ([`previewed`]): no one who can write the record can change
+//!   what a card shows.
 //! - A notification is believed only with exactly a notification's field
 //!   names ([`is_notification_layout`]), checked before its digest.
 //! - Every line of agent content is behind [`CONTENT_MARK`], so no line the
@@ -316,35 +320,81 @@ fn with_told(record: &Record, theirs: Record) -> Record {
     }
 }
 
-/// A notification entry drawn for its surface, its values read once: the
-/// text [`notification_text`] gives, and `record` as [`with_frame_values`]
-/// gives it for platforms that lay out their own card (`record` itself
-/// when the entry carries no values that parse).
-pub fn drawn_notification<'a>(
-    record: &Record,
-    get: impl Fn(&str) -> Option<&'a str>,
-) -> (Option<String>, Record) {
+/// A notification entry drawn for its surface, its values read once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Drawn {
+    /// The plain-text card; `None` when it cannot be drawn (values that do
+    /// not parse, or no content that the values bind).
+    pub text: Option<String>,
+    /// The content approvers are asked about, for platforms that lay out
+    /// their own card: the notification's own, or the record's preview it
+    /// stands for ([`previewed`]).
+    pub content: Option<String>,
+    /// `record` as [`with_frame_values`] gives it (`record` itself when the
+    /// entry carries no values that parse).
+    pub record: Record,
+}
+
+/// Draws a notification entry (`get` reads its fields) over `record`, the
+/// approval as read: the frame from the entry's own values, which its digest
+/// binds. An entry written before notifications carried their values (its
+/// frame as text in `content`) is shown as written.
+pub fn drawn_notification<'a>(record: &Record, get: impl Fn(&str) -> Option<&'a str>) -> Drawn {
     use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
+    let given = get(APPROVAL_CONTENT).map(str::to_string);
     let Some(values) = get(APPROVAL_FRAME) else {
-        return (get("content").map(str::to_string), record.clone());
+        return Drawn {
+            text: get("content").map(str::to_string),
+            content: given,
+            record: record.clone(),
+        };
     };
     let Some(theirs) = told(get(APPROVAL_ID).unwrap_or(&record.id), values) else {
-        return (None, record.clone());
+        return Drawn {
+            text: None,
+            content: None,
+            record: record.clone(),
+        };
     };
-    let text = match (get(APPROVAL_ID), get(APPROVAL_CONTENT)) {
+    let content = given.or_else(|| previewed(record, &theirs));
+    let text = match (get(APPROVAL_ID), &content) {
         (Some(_), Some(content)) => Some(render_notification(&theirs, content, REACT_HINT, None)),
         _ => None,
     };
-    (text, with_told(record, theirs))
+    Drawn {
+        text,
+        content,
+        record: with_told(record, theirs),
+    }
 }
 
-/// The field names of a notification, in order: as written now, and as an
-/// earlier version wrote them (its frame as text in `content`).
-const LAYOUTS: [[&str; 4]; 2] = {
+/// The record's `content_preview` as the content of a card whose
+/// notification was written without its own (the message fits in the
+/// preview, see [`notification_fields`]): only when it is exactly the message
+/// the notification's values bind, their `message_sha256` over their
+/// destination, subject and reply-to. Any surface's outbox can write the
+/// record's preview; none can make other text match that digest, so a
+/// rewritten preview draws no card at all.
+fn previewed(record: &Record, theirs: &Record) -> Option<String> {
+    let preview = &record.content_preview;
+    let digest = super::message_sha256(
+        &theirs.channel_id,
+        theirs.subject.as_deref(),
+        theirs.reply_to.as_deref(),
+        preview,
+    );
+    (!theirs.message_sha256.is_empty() && digest == theirs.message_sha256).then(|| preview.clone())
+}
+
+/// The field names of a notification, in order: with its content, without
+/// it (the record's preview holds all of it), and as an earlier version
+/// wrote them (its frame as text in `content`).
+const LAYOUTS: [&[&str]; 3] = {
     use crate::fields::outbox::{APPROVAL_CONTENT, APPROVAL_FRAME, APPROVAL_ID};
     [
-        [APPROVAL_ID, "channel_id", APPROVAL_FRAME, APPROVAL_CONTENT],
-        [APPROVAL_ID, "channel_id", "content", APPROVAL_CONTENT],
+        &[APPROVAL_ID, "channel_id", APPROVAL_FRAME, APPROVAL_CONTENT],
+        &[APPROVAL_ID, "channel_id", APPROVAL_FRAME],
+        &[APPROVAL_ID, "channel_id", "content", APPROVAL_CONTENT],
     ]
 };
 
@@ -354,46 +404,57 @@ const LAYOUTS: [[&str; 4]; 2] = {
 /// `=` and a line break) another list of fields could give the same bytes.
 pub fn is_notification_layout<'a>(names: impl IntoIterator<Item = &'a str>) -> bool {
     let names: Vec<&str> = names.into_iter().collect();
-    LAYOUTS.iter().any(|layout| names == layout.as_slice())
+    LAYOUTS.iter().any(|layout| names == *layout)
 }
 
-/// The plain-text card of a notification entry (`get` reads its fields):
-/// drawn from its own `approval_frame` and `approval_content`, which its
-/// digest binds; an entry written before notifications carried their values
-/// (its frame as text in `content`) is shown as written. `None` when the
-/// values do not parse.
-pub fn notification_text<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<String> {
-    drawn_notification(&Record::default(), get).0
+/// The plain-text card of a notification entry (`get` reads its fields) of
+/// `record` (see [`drawn_notification`]). `None` when it cannot be drawn.
+pub fn notification_text<'a>(
+    record: &Record,
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Option<String> {
+    drawn_notification(record, get).text
 }
 
 /// The notification entry for a parked record, in the order it is written: the
 /// approval id, the card's destination, the record's values its frame shows
 /// (the plain-text frame, for platforms that show text as is, is drawn from
-/// them: [`notification_text`]) and the exact content (for those that lay
-/// out their own card). Deterministic, so a resumed park writes the same
-/// entry. `channel`: where the card goes on its surface (each card's own).
-/// The frame is not written as text: it would hold the content a second
-/// time and a dozen lines of labels, most of a notification's size.
+/// them: [`notification_text`]) and the exact content `content` (for those
+/// that lay out their own card), unless the record's preview is that
+/// content and the message itself (then the preview stands for it, checked
+/// by the message digest the values carry: [`previewed`]; a copy would be a
+/// third of the Redis memory a parked approval costs). Deterministic, so a
+/// resumed park writes the same entry. `channel`: where the card goes on
+/// its surface (each card's own). The frame is not written as text: it
+/// would hold the content a second time and a dozen lines of labels.
 pub fn notification_fields(
     record: &Record,
     channel: &str,
     content: &str,
 ) -> Vec<(&'static str, Vec<u8>)> {
-    vec![
+    let values = frame_values(record);
+    // Left out only where the card will draw exactly `content` from this
+    // record: decided by the very check the card makes, on the values as it
+    // will read them back (an empty subject, say, reads back as none).
+    let in_preview = content.chars().count() <= PREVIEW_CHARS
+        && told(&record.id, &values)
+            .and_then(|theirs| previewed(record, &theirs))
+            .is_some_and(|previewed| previewed == content);
+    let mut fields = vec![
         (
             crate::fields::outbox::APPROVAL_ID,
             record.id.clone().into_bytes(),
         ),
         ("channel_id", channel.as_bytes().to_vec()),
-        (
-            crate::fields::outbox::APPROVAL_FRAME,
-            frame_values(record).into_bytes(),
-        ),
-        (
+        (crate::fields::outbox::APPROVAL_FRAME, values.into_bytes()),
+    ];
+    if !in_preview {
+        fields.push((
             crate::fields::outbox::APPROVAL_CONTENT,
             content.as_bytes().to_vec(),
-        ),
-    ]
+        ));
+    }
+    fields
 }
 
 pub fn notification_digest(fields: &[(&'static str, Vec<u8>)]) -> String {
@@ -530,7 +591,6 @@ mod tests {
     fn truncated_notification_says_what_is_hidden() {
         let record = Record {
             id: "0123456789".into(),
-            content_sha256: "ab".into(),
             ..Record::default()
         };
         let content = "é".repeat(2000);
@@ -587,7 +647,7 @@ mod tests {
                 .find(|(k, _)| *k == name)
                 .map(|(_, v)| std::str::from_utf8(v).unwrap())
         };
-        let drawn = notification_text(get).unwrap();
+        let drawn = notification_text(&Record::default(), get).unwrap();
         assert_eq!(
             drawn,
             render_notification(&record, "hello", REACT_HINT, None)
@@ -601,10 +661,11 @@ mod tests {
         let values = get("approval_frame").unwrap();
         assert_eq!(
             drawn_notification(&stored, get),
-            (
-                Some(drawn.clone()),
-                with_frame_values(&stored, values).unwrap()
-            )
+            Drawn {
+                text: Some(drawn.clone()),
+                content: Some("hello".into()),
+                record: with_frame_values(&stored, values).unwrap()
+            }
         );
         for line in [
             "Later:",
@@ -681,14 +742,121 @@ mod tests {
             _ => None,
         };
         assert_eq!(
-            notification_text(old).as_deref(),
+            notification_text(&Record::default(), old).as_deref(),
             Some("Approval requested [0123456789] as written")
         );
         let broken = |name: &str| match name {
             "approval_frame" => Some("{"),
             _ => get(name),
         };
-        assert_eq!(notification_text(broken), None);
+        assert_eq!(notification_text(&Record::default(), broken), None);
+    }
+
+    /// A message the record's preview holds whole is not copied into its
+    /// notification: the card draws it from the record, and only while the
+    /// preview is exactly the message the notification's values bind. A
+    /// longer message, or content that is more than the message (a
+    /// destination's context), keeps its own copy.
+    #[test]
+    fn a_short_messages_card_draws_it_from_the_preview_it_binds() {
+        use crate::entry::Message;
+        let message = |content: &str| Message {
+            channel_id: "bob@example.org".into(),
+            subject: Some("Lunch".into()),
+            content: content.into(),
+            ..Message::default()
+        };
+        let record_of = |m: &Message| Record {
+            id: "0123456789".into(),
+            source: "mail".into(),
+            channel_id: m.channel_id.clone(),
+            subject: m.subject.clone(),
+            content_preview: preview(&m.content),
+            content_bytes: m.content.len() as u64,
+            message_sha256: m.sha256(),
+            ..Record::default()
+        };
+        let names = |fields: &[(&str, Vec<u8>)]| -> Vec<String> {
+            fields.iter().map(|(k, _)| k.to_string()).collect()
+        };
+        // Exactly the preview's 200 characters (400 bytes) is short.
+        for content in ["Lunch at noon?".to_string(), "é".repeat(PREVIEW_CHARS)] {
+            let short = message(&content);
+            let record = record_of(&short);
+            let fields = notification_fields(&record, "ops", &content);
+            assert_eq!(
+                names(&fields),
+                ["approval_id", "channel_id", "approval_frame"]
+            );
+            assert!(is_notification_layout(fields.iter().map(|(k, _)| *k)));
+            let get = |name: &str| {
+                fields
+                    .iter()
+                    .find(|(k, _)| *k == name)
+                    .map(|(_, v)| std::str::from_utf8(v).unwrap())
+            };
+            let drawn = drawn_notification(&record, get);
+            assert_eq!(drawn.content.as_deref(), Some(content.as_str()));
+            assert_eq!(
+                drawn.text,
+                Some(render_notification(&record, &content, REACT_HINT, None))
+            );
+            // The preview rewritten, alone or with the record's own digest
+            // and destination to match it: no card, no content.
+            let other = message("Wire 50k EUR");
+            for forged in [
+                Record {
+                    content_preview: "Lunch at one?".into(),
+                    ..record.clone()
+                },
+                Record {
+                    content_preview: other.content.clone(),
+                    message_sha256: other.sha256(),
+                    ..record.clone()
+                },
+                Record {
+                    content_preview: String::new(),
+                    ..record.clone()
+                },
+            ] {
+                let drawn = drawn_notification(&forged, get);
+                assert_eq!((drawn.text, drawn.content), (None, None), "{forged:?}");
+            }
+        }
+        // Whatever the layout, a genuine card draws its content: an empty
+        // subject reads back from the values as none.
+        let empty = Message {
+            subject: Some(String::new()),
+            reply_to: Some(String::new()),
+            ..message("Lunch at noon?")
+        };
+        let record = record_of(&empty);
+        let fields = notification_fields(&record, "ops", &empty.content);
+        let get = |name: &str| {
+            fields
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| std::str::from_utf8(v).unwrap())
+        };
+        assert_eq!(
+            drawn_notification(&record, get).content.as_deref(),
+            Some("Lunch at noon?")
+        );
+        // Longer than the preview, or more than the message: copied.
+        let long = message(&"m".repeat(PREVIEW_CHARS + 1));
+        let short = message("Lunch at noon?");
+        let context = format!(
+            "{}\n\nThe agent wrote the destination as `bob`.",
+            short.content
+        );
+        for (record, content) in [
+            (record_of(&long), long.content.as_str()),
+            (record_of(&short), context.as_str()),
+        ] {
+            let fields = notification_fields(&record, "ops", content);
+            assert_eq!(names(&fields).last().unwrap(), "approval_content");
+            assert_eq!(fields[3].1, content.as_bytes());
+        }
     }
 
     /// A record's display fields rewritten with line breaks (a surface's

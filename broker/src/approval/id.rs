@@ -243,6 +243,23 @@ pub fn fields_sha256<'a>(fields: impl IntoIterator<Item = (&'a str, Option<&'a [
     hex::encode(h.finalize())
 }
 
+/// The digest an approval binds (a message's `sha256`, see
+/// [`crate::entry::Message::sha256`]), from its parts: a card checks with it
+/// that the content it draws from the record is the message's.
+pub fn message_sha256(
+    channel_id: &str,
+    subject: Option<&str>,
+    reply_to: Option<&str>,
+    content: &str,
+) -> String {
+    fields_sha256([
+        ("channel_id", Some(channel_id.as_bytes())),
+        ("subject", subject.map(str::as_bytes)),
+        ("reply_to", reply_to.map(str::as_bytes)),
+        ("content", Some(content.as_bytes())),
+    ])
+}
+
 /// [`fields_sha256`] of a stream entry's fields, as they stand.
 pub fn entry_sha256(fields: &[(String, Vec<u8>)]) -> String {
     fields_sha256(fields.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice()))))

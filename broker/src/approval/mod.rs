@@ -804,7 +804,7 @@ pub async fn shown_card(
         };
         let entry = store.entry(&keys::outbox(&card.bridge), entry_id).await?;
         let ours = entry.filter(|e| is_card_of(e, &record.id, &card));
-        if let Some(content) = ours.and_then(|e| notification_text(|name| e.text(name))) {
+        if let Some(content) = ours.and_then(|e| notification_text(record, |name| e.text(name))) {
             return Ok(Some(content));
         }
     }

@@ -490,7 +490,6 @@ impl<S: Sender> OutboxService<S> {
             id: id.to_string(),
             status: Status::Pending,
             content_preview: approval::preview(&message.content),
-            content_sha256: approval::sha256_hex(message.content.as_bytes()),
             request_id: message.request_id.clone(),
             created_at: now,
             expires_at: if timeout == 0 { 0 } else { now + timeout },

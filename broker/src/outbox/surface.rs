@@ -357,7 +357,7 @@ impl<S: Sender> OutboxService<S> {
         // Before the digest: only these names make its bytes unambiguous.
         if !approval::is_notification_layout(entry.fields.iter().map(|(k, _)| k.as_str())) {
             return Ok(Err(format!(
-                "not a notification's fields (`approval_id`, `channel_id`, `approval_frame`, `approval_content`, in that order, or an earlier version's with `content`) for approval `{id}`; not shown"
+                "not a notification's fields (`approval_id`, `channel_id`, `approval_frame`, `approval_content`, in that order, `approval_content` left out when the record's preview holds the message, or an earlier version's with `content`) for approval `{id}`; not shown"
             )));
         }
         let digest = approval::entry_sha256(&entry.fields);
@@ -422,7 +422,11 @@ impl<S: Sender> OutboxService<S> {
         // genuine one always parses), read once: the frame, and the record
         // a platform that lays out its own card draws from, its header
         // values the entry's (a refusal below acts on the record as read).
-        let (framed, drawn) = approval::drawn_notification(&record, |name| entry.text(name));
+        let approval::Drawn {
+            text: framed,
+            content,
+            record: drawn,
+        } = approval::drawn_notification(&record, |name| entry.text(name));
         let refused = if !self.bridge.allows_destination(&channel) {
             Some(format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"
@@ -446,12 +450,11 @@ impl<S: Sender> OutboxService<S> {
             .await?;
             return Ok(Err(reason));
         }
-        let text = |name: &str| entry.text(name).map(str::to_string);
         let message = Message {
             channel_id: channel,
             content: framed.unwrap_or_default(),
             approval_id: Some(id.to_string()),
-            approval_content: text(crate::fields::outbox::APPROVAL_CONTENT),
+            approval_content: content,
             ..Message::default()
         };
         Ok(Ok((drawn, message)))
@@ -592,16 +595,15 @@ impl<S: Sender> OutboxService<S> {
                 _ => None,
             };
             let shown = shown.filter(|e| approval::is_card_of(e, &id, &card));
-            let content = shown.as_ref().and_then(|e| {
-                e.text(crate::fields::outbox::APPROVAL_CONTENT)
-                    .map(str::to_string)
-            });
-            // Redrawn naming what the card named (see `check_notification`).
-            let drawn = shown
-                .as_ref()
-                .and_then(|e| e.text(crate::fields::outbox::APPROVAL_FRAME))
-                .and_then(|values| approval::with_frame_values(&record, values))
-                .unwrap_or_else(|| record.clone());
+            // Redrawn naming what the card named, with what it showed (see
+            // `check_notification`).
+            let (content, drawn) = match &shown {
+                Some(e) => {
+                    let d = approval::drawn_notification(&record, |name| e.text(name));
+                    (d.content, d.record)
+                }
+                None => (None, record.clone()),
+            };
             if let (Some(external), Some(content)) = (&card.external_id, content) {
                 if self.mem.redrawn.len() >= REDRAWN_KEPT {
                     self.mem.redrawn.clear();

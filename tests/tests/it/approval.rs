@@ -135,7 +135,10 @@ async fn parks_with_a_complete_record_and_notification() {
         ("agent", "ann".into()),
         ("notify", "desk".into()),
         ("notify_channel", "ops".into()),
-        ("content_sha256", approval::sha256_hex(content.as_bytes())),
+        (
+            "message_sha256",
+            approval::message_sha256("bob@example.org", None, None, &content),
+        ),
         ("content_bytes", content.len().to_string()),
     ];
     for (field, value) in want {
@@ -145,6 +148,9 @@ async fn parks_with_a_complete_record_and_notification() {
     let expires: u64 = record["expires_at"].parse().unwrap();
     assert_eq!(expires, created + 3600);
     assert!(!record.contains_key("approver"));
+    // `message_sha256` binds the content; a digest of the content alone is
+    // no longer written (nothing read it).
+    assert!(!record.contains_key("content_sha256"));
     // The id is keyed with the bridge's secret (the agent cannot compute it).
     let key = approval::IdKey::load(&mut store, "mail").await.unwrap();
     assert_eq!(id, key.id_for("ann:mail:outbox", &entry_id));

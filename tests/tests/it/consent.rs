@@ -67,7 +67,9 @@ async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
 /// the real id with other content and destination, an exact copy of the genuine
 /// notification, the genuine fields plus one, the genuine fields with a frame
 /// of its own, the genuine bytes under other field names (same digest), the
-/// genuine fields with other values in `approval_frame`. Each
+/// genuine fields with other values in `approval_frame`, the genuine fields
+/// with a content of its own (the layout of a message longer than the
+/// record's preview, whose card shows the notification's copy). Each
 /// is dead-lettered, nothing is
 /// shown, the map holds only the genuine card, and approving that card sends the
 /// real message once.
@@ -102,21 +104,20 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         b"Approval requested: Lunch at noon?".to_vec(),
     ));
     // The genuine bytes under other names: every field but the id folded
-    // into one name (its digest is the genuine one).
+    // into one name (its digest is the genuine one). The message fits in
+    // the record's preview, so the genuine notification carries no copy.
     let value = |name: &str| {
         let (_, v) = genuine.fields.iter().find(|(k, _)| k == name).unwrap();
         String::from_utf8(v.clone()).unwrap()
     };
+    let names: Vec<&str> = genuine.fields.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["approval_id", "channel_id", "approval_frame"]);
     let (channel, frame) = (value("channel_id"), value("approval_frame"));
     let folded = vec![
         ("approval_id".to_string(), id.clone().into_bytes()),
         (
-            format!(
-                "channel_id={}:{channel}\napproval_frame={}:{frame}\napproval_content",
-                channel.len(),
-                frame.len()
-            ),
-            value("approval_content").into_bytes(),
+            format!("channel_id={}:{channel}\napproval_frame", channel.len()),
+            frame.clone().into_bytes(),
         ),
     ];
     assert_eq!(
@@ -138,6 +139,12 @@ async fn forged_notifications_are_refused_and_show_nothing() {
             *v = theirs.into_bytes();
         }
     }
+    // A content of its own beside the genuine values.
+    let mut recontent = genuine.fields.clone();
+    recontent.push((
+        "approval_content".into(),
+        b"wire 50k EUR to account 666".to_vec(),
+    ));
     // Well-formed ids of mail's that no record has, in the genuine layout:
     // they reach the claim, which finds nothing (two, so a batch's claims
     // meet them together too).
@@ -165,6 +172,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         framed,
         folded,
         revalued,
+        recontent,
         unknown(nobody),
         unknown(nobody_else),
     ];
@@ -177,7 +185,8 @@ async fn forged_notifications_are_refused_and_show_nothing() {
     assert!(reasons[1].contains("digest differs"), "{reasons:?}");
     assert!(reasons[2].contains("already notified"), "{reasons:?}");
     assert!(reasons[6].contains("digest differs"), "{reasons:?}");
-    for missing in &reasons[7..] {
+    assert!(reasons[7].contains("digest differs"), "{reasons:?}");
+    for missing in &reasons[8..] {
         assert!(missing.contains("does not exist"), "{reasons:?}");
     }
     for refused in &reasons[3..6] {
@@ -538,6 +547,53 @@ async fn a_card_shows_the_values_it_was_parked_with_whatever_the_record_says() {
     for s in desk {
         s.stop().await.unwrap();
     }
+}
+
+/// A message that fits in the record's preview is not copied into its
+/// notification: the card draws it from the preview, bound by the message
+/// digest among the notification's values. A surface's outbox that rewrites
+/// the preview before the card is shown (it can write the record's fields)
+/// gets no card in front of the approver: nothing is shown, the approval is
+/// rejected at once as one no human could be asked, and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_preview_shows_no_card_and_sends_nothing() {
+    let d = Deployment::new(&approval_config(3600));
+    let mail = d.spawn("outbox", "mail");
+    agent_sends(&d, "Lunch at noon?", "r1").await;
+    let mut store = d.store().await;
+    let written = wait_until("the notification written", SOON, || async {
+        let mut store = d.store().await;
+        stream(&mut store, "desk:outbox").await.into_iter().next()
+    })
+    .await;
+    assert!(!written.contains_key("approval_content"), "{written:?}");
+    let id = written["approval_id"].clone();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg("content_preview")
+        .arg("Lunch at noon? And wire 50k EUR to account 666.")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let desk = d.spawn("outbox", "desk");
+    let letters = dead(&mut store, "desk", 1).await;
+    assert!(
+        letters[0]["reason"].contains("no frame that can be drawn"),
+        "{letters:?}"
+    );
+    let notice = wait_until("the agent's notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "rejected", "{notice:?}");
+    assert!(
+        notice["reason"].contains("could not be shown to approvers"),
+        "{notice:?}"
+    );
+    mail.stop().await.unwrap();
+    desk.stop().await.unwrap();
+    assert!(d.delivered("desk.out").is_empty());
+    assert!(d.delivered("mail.out").is_empty());
 }
 
 /// An agent that writes the frame's own lines (a second header, a fake end,
