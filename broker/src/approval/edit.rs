@@ -156,6 +156,9 @@ pub async fn edit(
         status: super::Status::Pending,
         channel_id: new.channel_id.clone(),
         subject: new.subject.clone(),
+        // The entry's, as the send takes it: the record's copy is any
+        // surface's to write, and the new cards show this one.
+        reply_to: new.reply_to.clone(),
         content_preview: super::preview(&new.content),
         content_sha256: record
             .content_sha256
@@ -238,6 +241,9 @@ pub async fn edit(
     ];
     if let Some(subject) = &next.subject {
         pairs.push((field::SUBJECT, subject.clone()));
+    }
+    if let Some(reply_to) = &next.reply_to {
+        pairs.push((field::REPLY_TO, reply_to.clone()));
     }
     if let Some(digest) = &next.content_sha256 {
         pairs.push((field::CONTENT_SHA256, digest.clone()));

@@ -112,7 +112,11 @@ impl<S: Sender> OutboxService<S> {
             return Ok(()); // settled as failed when it is approved
         };
         let shown = message.for_approvers();
-        let mut next = self.framed(&record, parked.source, &message);
+        // A record whose digest was changed asks no one more (its send is
+        // refused anyway), rather than draw a card from its other values.
+        let Some(mut next) = self.framed(&record, parked.source, &message) else {
+            return Ok(());
+        };
         next.escalated += 1;
         let mut card = Card {
             bridge: step.notify.clone(),

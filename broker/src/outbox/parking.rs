@@ -578,7 +578,12 @@ impl<S: Sender> OutboxService<S> {
         message: &Message,
     ) -> Result<std::result::Result<(), String>> {
         let shown = message.for_approvers();
-        let framed = self.framed(record, src, message);
+        let Some(framed) = self.framed(record, src, message) else {
+            return Ok(Err(format!(
+                "the record of approval `{}` does not bind the message its entry holds (its digest was changed); no card is written from it",
+                record.id
+            )));
+        };
         let mut refused = Vec::new();
         for (card, resumed) in todo {
             if let Err(why) = self.notify_card(&framed, card, &shown, *resumed).await? {
@@ -600,14 +605,20 @@ impl<S: Sender> OutboxService<S> {
     /// record's copies, which every surface of the approval can write (Redis
     /// ACLs do not reach inside a hash), so a card written again, or an
     /// escalation step's, says what the first one said.
-    /// A message that is not the one the record binds (it cannot be sent
-    /// anyway: the send refuses it) leaves the record as it is, so nothing
-    /// is bound or sealed over another digest.
-    pub(super) fn framed(&self, record: &Record, src: SourceId, message: &Message) -> Record {
+    /// `None` for a message that is not the one the record binds (a writer
+    /// of the record changed its digest; the send refuses it anyway): no
+    /// card is drawn from that record, whose other values may have been
+    /// changed with it, and nothing is bound or sealed over another digest.
+    pub(super) fn framed(
+        &self,
+        record: &Record,
+        src: SourceId,
+        message: &Message,
+    ) -> Option<Record> {
         if message.sha256() != record.message_sha256 {
-            return record.clone();
+            return None;
         }
-        self.with_shown_values(record.clone(), self.sources[src].agent.clone(), message)
+        Some(self.with_shown_values(record.clone(), self.sources[src].agent.clone(), message))
     }
 
     /// `record` with what its cards show of the message and whose it is,

@@ -427,6 +427,15 @@ impl<S: Sender> OutboxService<S> {
             content,
             record: drawn,
         } = approval::drawn_notification(&record, |name| entry.text(name));
+        // A card that cannot be drawn from a record that no longer binds it
+        // (an edit landed between the claim and the read of the record: its
+        // preview is the new version's) is superseded, not unshowable: the
+        // edit writes the new version's card, which must not be rejected.
+        if framed.is_none() && card.sha256 != digest {
+            return Ok(Err(format!(
+                "approval `{id}` changed after this notification was claimed (it binds another now); not shown"
+            )));
+        }
         let refused = if !self.bridge.allows_destination(&channel) {
             Some(format!(
                 "notify_channel `{channel}` of approval `{id}` is not on this bridge's `destinations` allow-list"

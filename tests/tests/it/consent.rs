@@ -408,6 +408,54 @@ async fn forged_outcomes_change_nothing() {
     }
 }
 
+/// An approver's edit asks again with cards that show the reply-to the
+/// message is sent with (the agent's entry), not the record's copy, which
+/// any surface's outbox can rewrite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edits_card_shows_the_entrys_reply_to_not_the_records() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@example.org" as &[u8]),
+                ("content", b"helo wrold"),
+                ("reply_to", b"<thread-1@example.org>"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (id, _) = notification(&d, 0).await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg("reply_to")
+        .arg("<forged@example.org>")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    crate::ledger::edit_as(&d, &id, "hello world", "console:boss").await;
+    let card = wait_until("the edited version's card", SOON, || async {
+        d.delivered("desk.out").get(1).cloned()
+    })
+    .await
+    .content;
+    assert!(card.contains("| hello world"), "{card}");
+    assert!(
+        card.contains("\nReply to:  <thread-1@example.org>\n"),
+        "{card}"
+    );
+    assert!(!card.contains("forged"), "{card}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// `subject` and `reply_to` are shown on the notification, kept in the record,
 /// covered by the whole-message digest and sent as approved; a subject over the
 /// limit or with a line break is refused before anyone is asked.
@@ -830,6 +878,59 @@ async fn a_trimmed_notification_is_written_again() {
         s.stop().await.unwrap();
     }
     assert_eq!(d.delivered("desk.out").len(), 1, "asked once");
+}
+
+/// A card written again is drawn from the message the requesting service
+/// reads, never from a record whose digest a writer of the record changed
+/// together with the values a card shows (here the destination and agent):
+/// no card is drawn from such a record, the agent hears that its message
+/// was not sent, and nothing is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_card_is_written_again_from_a_record_whose_digest_was_changed() {
+    let d = Deployment::new(&approval_config(3600));
+    let outbox = d.spawn("outbox", "mail");
+    agent_sends(&d, "ask me", "r").await;
+    let mut store = d.store().await;
+    let written = wait_until("the notification written", SOON, || {
+        let mut store = store.clone();
+        async move { stream(&mut store, "desk:outbox").await.into_iter().next() }
+    })
+    .await;
+    outbox.stop().await.unwrap();
+    let id = written["approval_id"].clone();
+    let _: i64 = redis::cmd("XTRIM")
+        .arg(&["desk:outbox", "MAXLEN", "0"])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg(&[
+            ("message_sha256", "0".repeat(64)),
+            ("channel_id", "eve@example.org".into()),
+            ("agent", "the-ceo".into()),
+        ])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    let notice = wait_until("the agent's notice", SOON, || async {
+        inbox_notices(&d, "ann:mail:inbox").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(notice["status"], "failed", "{notice:?}");
+    assert!(notice["reason"].contains("does not bind"), "{notice:?}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+    let cards: Vec<_> = stream(&mut store, "desk:outbox")
+        .await
+        .into_iter()
+        .filter(|e| e.contains_key("approval_frame"))
+        .collect();
+    assert!(cards.is_empty(), "no card written again: {cards:?}");
+    assert!(d.delivered("desk.out").is_empty());
+    assert!(d.delivered("mail.out").is_empty());
 }
 
 /// The same when a notify worker had taken the notification (claimed it on
