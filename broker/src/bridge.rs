@@ -65,7 +65,7 @@ pub struct Outgoing<'a> {
     pub retry: bool,
     /// On an approval notification: the record it asks about, with the values
     /// that say what the message is and whose laid over from the
-    /// notification (`approval::with_frame_values`): draw the card from this,
+    /// notification (`approval::drawn_notification`): draw the card from this,
     /// never from a fresh read of the record.
     pub approval: Option<&'a Record>,
 }

@@ -276,16 +276,11 @@ pub fn frame_values(record: &Record) -> String {
     format!("{{{}}}", values.join(","))
 }
 
-/// `record` with the values that say what the message is and whose replaced
-/// by a notification's own (`values`, its `approval_frame`: what the
-/// requesting service wrote, bound by the notification's digest), for
-/// surfaces that lay out their own card from a record (Discord, Slack, the
-/// approval email): their header then names what the console's frame names,
-/// whatever the record holds now. The rest stays the record's: the deadline,
-/// quorum, snooze count and escalation steps (sealed by the requesting
-/// bridge, and newer than a card that waited), who snoozed and the surfaces
-/// asked (not sealed). `None` when `values` do not parse.
-pub fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
+/// [`with_told`] from a notification's `approval_frame` as written (tests:
+/// the services draw through [`drawn_notification`], which reads it once).
+/// `None` when `values` do not parse.
+#[cfg(test)]
+pub(crate) fn with_frame_values(record: &Record, values: &str) -> Option<Record> {
     Some(with_told(record, told(&record.id, values)?))
 }
 
@@ -297,10 +292,17 @@ fn told(id: &str, values: &str) -> Option<Record> {
     Some(Record::from_map(id, values))
 }
 
-/// `record` with the notified fields of `theirs` copied over (see
-/// [`with_frame_values`]): every card of a batch goes through here, and a
-/// whole record written out to pairs and read back cost more than drawing
-/// its frame.
+/// `record` with the values that say what the message is and whose replaced
+/// by a notification's own (`theirs`, its `approval_frame` read: what the
+/// requesting service wrote, bound by the notification's digest), for
+/// surfaces that lay out their own card from a record (Discord, Slack, the
+/// approval email): their header then names what the console's frame names,
+/// whatever the record holds now. The rest stays the record's: the deadline,
+/// quorum, snooze count and escalation steps (sealed by the requesting
+/// bridge, and newer than a card that waited), who snoozed and the surfaces
+/// asked (not sealed). Copied field by field: every card of a batch goes
+/// through here, and a whole record written out to pairs and read back cost
+/// more than drawing its frame.
 fn with_told(record: &Record, theirs: Record) -> Record {
     // The fields of `FRAME_FIELDS` taken from the notification, one by one
     // (`frame::tests::frame_values_replace_the_notified_fields_only` holds
@@ -330,8 +332,9 @@ pub struct Drawn {
     /// their own card: the notification's own, or the record's preview it
     /// stands for ([`previewed`]).
     pub content: Option<String>,
-    /// `record` as [`with_frame_values`] gives it (`record` itself when the
-    /// entry carries no values that parse).
+    /// `record` with the notification's values laid over it (its header
+    /// names what the frame names; `record` itself when the entry carries
+    /// no values that parse).
     pub record: Record,
 }
 

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use broker::{approval, keys, Store};
 use harness::setup::Setup;
-use harness::{hash, stream, wait_until, Deployment};
+use harness::{hash, stream, wait_until, Deployment, Running};
 use serde_json::json;
 
 use crate::approval::{
@@ -68,13 +68,28 @@ async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
 /// notification, the genuine fields plus one, the genuine fields with a frame
 /// of its own, the genuine bytes under other field names (same digest), the
 /// genuine fields with other values in `approval_frame`, the genuine fields
-/// with a content of its own (the layout of a message longer than the
-/// record's preview, whose card shows the notification's copy). Each
-/// is dead-lettered, nothing is
-/// shown, the map holds only the genuine card, and approving that card sends the
-/// real message once.
+/// with a content of their own (beside them when the genuine notification
+/// has none, the message fitting in the record's preview; in place of its
+/// copy when it has one). Each is dead-lettered, nothing is shown, the map
+/// holds only the genuine card, and approving that card sends the real
+/// message once. For both layouts of a genuine notification.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_notifications_are_refused_and_show_nothing() {
+    forgeries_are_refused("wire 50k EUR to the usual account").await;
+}
+
+/// The same for a message longer than the record's preview: its
+/// notification carries its own copy of the content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_notifications_of_a_long_message_are_refused_and_show_nothing() {
+    forgeries_are_refused(&format!(
+        "wire 50k EUR to the usual account {}",
+        "x".repeat(200)
+    ))
+    .await;
+}
+
+async fn forgeries_are_refused(content: &str) {
     let d = Deployment::new(
         &Setup::approval(3600)
             .desk_destinations(&["ops", "attacker"])
@@ -85,7 +100,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         d.spawn("outbox", "desk"),
         d.spawn("ingest", "desk"),
     ];
-    agent_sends(&d, "wire 50k EUR to the usual account", "r1").await;
+    agent_sends(&d, content, "r1").await;
     let (id, external) = notification(&d, 0).await;
     let mut store = d.store().await;
     let genuine = store
@@ -104,21 +119,37 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         b"Approval requested: Lunch at noon?".to_vec(),
     ));
     // The genuine bytes under other names: every field but the id folded
-    // into one name (its digest is the genuine one). The message fits in
-    // the record's preview, so the genuine notification carries no copy.
+    // into one name (its digest is the genuine one). A message that fits in
+    // the record's preview has no copy in its notification.
     let value = |name: &str| {
         let (_, v) = genuine.fields.iter().find(|(k, _)| k == name).unwrap();
         String::from_utf8(v.clone()).unwrap()
     };
     let names: Vec<&str> = genuine.fields.iter().map(|(k, _)| k.as_str()).collect();
-    assert_eq!(names, ["approval_id", "channel_id", "approval_frame"]);
-    let (channel, frame) = (value("channel_id"), value("approval_frame"));
+    let copied = content.chars().count() > 200;
+    match copied {
+        false => assert_eq!(names, ["approval_id", "channel_id", "approval_frame"]),
+        true => assert_eq!(
+            names,
+            [
+                "approval_id",
+                "channel_id",
+                "approval_frame",
+                "approval_content"
+            ]
+        ),
+    }
+    let frame = value("approval_frame");
+    let (last, folded_into) = genuine.fields[1..].split_last().unwrap();
+    let mut name = String::new();
+    for (k, v) in folded_into {
+        let v = String::from_utf8(v.clone()).unwrap();
+        name.push_str(&format!("{k}={}:{v}\n", v.len()));
+    }
+    name.push_str(&last.0);
     let folded = vec![
         ("approval_id".to_string(), id.clone().into_bytes()),
-        (
-            format!("channel_id={}:{channel}\napproval_frame", channel.len()),
-            frame.clone().into_bytes(),
-        ),
+        (name, last.1.clone()),
     ];
     assert_eq!(
         approval::fields_sha256(folded.iter().map(|(k, v)| (k.as_str(), Some(v.as_slice())))),
@@ -139,12 +170,14 @@ async fn forged_notifications_are_refused_and_show_nothing() {
             *v = theirs.into_bytes();
         }
     }
-    // A content of its own beside the genuine values.
+    // A content of its own beside the genuine values, or in place of the
+    // genuine copy.
     let mut recontent = genuine.fields.clone();
-    recontent.push((
-        "approval_content".into(),
-        b"wire 50k EUR to account 666".to_vec(),
-    ));
+    let theirs = b"wire 50k EUR to account 666".to_vec();
+    match copied {
+        false => recontent.push(("approval_content".into(), theirs)),
+        true => recontent[3].1 = theirs,
+    }
     // Well-formed ids of mail's that no record has, in the genuine layout:
     // they reach the claim, which finds nothing (two, so a batch's claims
     // meet them together too).
@@ -212,7 +245,7 @@ async fn forged_notifications_are_refused_and_show_nothing() {
         d.delivered("mail.out").first().cloned()
     })
     .await;
-    assert_eq!(sent.content, "wire 50k EUR to the usual account");
+    assert_eq!(sent.content, content);
     gone(&store, &id).await;
     for s in services {
         s.stop().await.unwrap();
@@ -534,6 +567,19 @@ async fn subject_and_reply_to_are_shown_and_bound() {
     }
 }
 
+/// Ann's `content`, parked by mail's outbox (running, returned) while desk
+/// is not running: the notification as written, not shown yet.
+async fn parked_unshown(d: &Deployment, content: &str) -> (Running, HashMap<String, String>) {
+    let mail = d.spawn("outbox", "mail");
+    agent_sends(d, content, "r").await;
+    let written = wait_until("the notification written", SOON, || async {
+        let mut store = d.store().await;
+        stream(&mut store, "desk:outbox").await.into_iter().next()
+    })
+    .await;
+    (mail, written)
+}
+
 /// A card's frame is what the requesting service wrote at park time: the
 /// notification carries the record's values it shows (its digest binds them),
 /// not the frame's text, and the card is drawn from those, never from the
@@ -543,14 +589,8 @@ async fn subject_and_reply_to_are_shown_and_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_card_shows_the_values_it_was_parked_with_whatever_the_record_says() {
     let d = Deployment::new(&approval_config(3600));
-    let mail = d.spawn("outbox", "mail");
-    agent_sends(&d, "Lunch at noon?", "r1").await;
+    let (mail, written) = parked_unshown(&d, "Lunch at noon?").await;
     let mut store = d.store().await;
-    let written = wait_until("the notification written", SOON, || async {
-        let mut store = d.store().await;
-        stream(&mut store, "desk:outbox").await.into_iter().next()
-    })
-    .await;
     assert!(!written.contains_key("content"), "{written:?}");
     let values: HashMap<String, String> = serde_json::from_str(&written["approval_frame"]).unwrap();
     assert_eq!(values["channel_id"], "bob@example.org");
@@ -606,14 +646,8 @@ async fn a_card_shows_the_values_it_was_parked_with_whatever_the_record_says() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewritten_preview_shows_no_card_and_sends_nothing() {
     let d = Deployment::new(&approval_config(3600));
-    let mail = d.spawn("outbox", "mail");
-    agent_sends(&d, "Lunch at noon?", "r1").await;
+    let (mail, written) = parked_unshown(&d, "Lunch at noon?").await;
     let mut store = d.store().await;
-    let written = wait_until("the notification written", SOON, || async {
-        let mut store = d.store().await;
-        stream(&mut store, "desk:outbox").await.into_iter().next()
-    })
-    .await;
     assert!(!written.contains_key("approval_content"), "{written:?}");
     let id = written["approval_id"].clone();
     let _: () = redis::cmd("HSET")
@@ -888,14 +922,8 @@ async fn a_trimmed_notification_is_written_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_card_is_written_again_from_a_record_whose_digest_was_changed() {
     let d = Deployment::new(&approval_config(3600));
-    let outbox = d.spawn("outbox", "mail");
-    agent_sends(&d, "ask me", "r").await;
+    let (outbox, written) = parked_unshown(&d, "ask me").await;
     let mut store = d.store().await;
-    let written = wait_until("the notification written", SOON, || {
-        let mut store = store.clone();
-        async move { stream(&mut store, "desk:outbox").await.into_iter().next() }
-    })
-    .await;
     outbox.stop().await.unwrap();
     let id = written["approval_id"].clone();
     let _: i64 = redis::cmd("XTRIM")
@@ -941,14 +969,8 @@ async fn no_card_is_written_again_from_a_record_whose_digest_was_changed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_trimmed_while_a_dead_worker_held_it_is_written_again() {
     let d = Deployment::new(&approval_config(3600));
-    let outbox = d.spawn("outbox", "mail");
-    agent_sends(&d, "ask me", "r").await;
+    let (outbox, taken) = parked_unshown(&d, "ask me").await;
     let mut store = d.store().await;
-    let taken = wait_until("the notification written", SOON, || {
-        let mut store = store.clone();
-        async move { stream(&mut store, "desk:outbox").await.into_iter().next() }
-    })
-    .await;
     outbox.stop().await.unwrap();
     let entry_id = store
         .range("desk:outbox", "-", "+", 1)
