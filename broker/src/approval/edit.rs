@@ -104,10 +104,20 @@ pub async fn edit(
             .version_seal
             .as_deref()
             .is_some_and(|s| super::same_secret(&key.seal_version(&record), s));
-        if !sealed {
+        // The new cards name the agent the record names: only the one whose
+        // stream and entry the id was derived from (the seal does not cover
+        // them, and a writer of the record could put a "From:" of its choosing).
+        let bound = key.id_for(&record.stream, &record.entry_id) == id
+            && keys::outbox_for(record.agent(), record.source()) == record.stream;
+        if !sealed || !bound {
+            let what = if sealed {
+                "agent or stream"
+            } else {
+                "version seal"
+            };
             tracing::error!(
                 approval = id,
-                "a record changed outside the broker (version seal); not edited"
+                "a record changed outside the broker ({what}); not edited"
             );
             return refuse(format!("{id} was changed outside the broker; not edited"));
         }

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use broker::{approval, keys, Store};
+use broker::{approval, keys, Clock, Store};
 use harness::setup::Setup;
 use harness::{hash, stream, wait_until, Deployment, Running};
 use serde_json::json;
@@ -484,6 +484,72 @@ async fn an_edits_card_shows_the_entrys_reply_to_not_the_records() {
         "{card}"
     );
     assert!(!card.contains("forged"), "{card}");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// A writer of a parked record who names another agent in it (alone, or with
+/// that agent's stream) gets no edit: the edited version's cards would say
+/// "From:" whoever the record names, so the edit checks the agent and stream
+/// against the approval id (derived from them with the bridge's key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_a_record_naming_another_agent_is_refused() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut store = d.store().await;
+    store
+        .xadd(
+            "ann:mail:outbox",
+            &[
+                ("channel_id", b"bob@example.org" as &[u8]),
+                ("content", b"helo wrold"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (id, _) = notification(&d, 0).await;
+    let record = keys::approval(&id);
+    let forgeries: [&[(&str, &str)]; 2] = [
+        &[("agent", "the-ceo")],
+        &[("agent", "the-ceo"), ("stream", "the-ceo:mail:outbox")],
+    ];
+    for forged in forgeries {
+        let _: () = redis::cmd("HSET")
+            .arg(&record)
+            .arg(forged)
+            .query_async(&mut store.conn)
+            .await
+            .unwrap();
+        let digest = hash(&mut store, &record).await["message_sha256"].clone();
+        let change = approval::edit::Change {
+            content: Some("hello world".into()),
+            seen: Some(digest.clone()),
+            ..Default::default()
+        };
+        let refused = approval::edit::edit(
+            &mut store,
+            &d.config,
+            &Clock::system(),
+            &id,
+            &change,
+            "console:boss",
+        )
+        .await
+        .expect_err("an edit of a record naming another agent");
+        assert!(
+            refused.to_string().contains("changed outside the broker"),
+            "{forged:?}: {refused}"
+        );
+        let after = hash(&mut store, &record).await;
+        assert_eq!(after["message_sha256"], digest, "{forged:?}");
+        assert_eq!(after.get("revision"), None, "{forged:?}");
+    }
+    assert_eq!(d.delivered("desk.out").len(), 1, "no card for an edit");
     for s in services {
         s.stop().await.unwrap();
     }
