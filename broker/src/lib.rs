@@ -14,6 +14,8 @@
 //! - [`keys`]: the Redis key schema, the only place that formats key names.
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
 //! - [`store`]: connections and stream primitives.
+//! - [`gauges`]: the counts the operator's views read of each bridge.
+//! - [`sessions`]: the approval page's login sessions.
 //! - [`entry`]: outbox entry validation and notices to agents.
 //! - [`identity`]: approver identities (`KIND:ID`) in one canonical form.
 //! - [`fields`]: field names of the entries the broker writes besides the agent's.
@@ -50,6 +52,7 @@ pub mod deliveries;
 pub mod entry;
 pub mod error;
 pub mod fields;
+pub mod gauges;
 pub mod identity;
 pub mod ingest;
 pub mod keys;
@@ -59,6 +62,7 @@ pub mod request;
 pub mod retry;
 pub mod schema;
 pub mod service;
+pub mod sessions;
 pub mod shutdown;
 pub mod store;
 pub mod systemd;

@@ -1,9 +1,14 @@
 //! Connections to Redis and the few stream primitives every service uses.
 //!
-//! Two kinds of connection: [`Store::conn`] for ordinary commands (it reconnects
+//! Two kinds of connection: the store's own for ordinary commands (it reconnects
 //! by itself and times out slow replies), and [`Store::blocking`] for `XREADGROUP
 //! BLOCK`, which must not share a pipeline with other commands nor time out
 //! before the server answers.
+//!
+//! The connection is the broker's: bridges, the page and the MCP server reach
+//! Redis only through typed calls (these, the ingest context, the approval
+//! repository), so every key they touch is named in [`crate::keys`] and every
+//! command is one the ACL of `crate::acl::rules` grants.
 //!
 //! Stream entries are kept as raw bytes ([`Entry`]): whether a value is valid
 //! UTF-8 is a validation question for the caller, not a parse failure here.
@@ -72,6 +77,9 @@ pub struct Group {
     pub last_delivered: String,
     /// How many entries the group has been handed in all (`entries-read`).
     pub entries_read: u64,
+    /// Entries of the stream the group has not been handed yet (`lag`); none
+    /// when Redis cannot tell (after deletions in the unread part).
+    pub lag: Option<u64>,
 }
 
 /// One entry of a group's pending list.
@@ -89,7 +97,7 @@ pub struct Pending {
 pub struct Store {
     /// The general-purpose connection (multiplexed, reconnecting, following
     /// a failover; see [`crate::topology`]).
-    pub conn: Conn,
+    pub(crate) conn: Conn,
 }
 
 impl Store {
@@ -185,6 +193,28 @@ impl Store {
             .collect())
     }
 
+    /// At most `count` entries of a stream from `end` back, newest first.
+    pub async fn newest(&mut self, stream: &str, end: &str, count: usize) -> Result<Vec<RawEntry>> {
+        let v: Value = redis::cmd("XREVRANGE")
+            .arg(stream)
+            .arg(end)
+            .arg("-")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
+        Ok(parse_entries(v))
+    }
+
+    /// The length of a stream (`XLEN`; 0 when it does not exist).
+    pub async fn len(&mut self, stream: &str) -> Result<u64> {
+        self.conn
+            .xlen(stream)
+            .await
+            .map_err(|e| Error::from_redis(&format!("XLEN {stream}"), e))
+    }
+
     /// The consumers of a group on one stream (`XINFO CONSUMERS`).
     pub async fn consumers(&mut self, stream: &str, group: &str) -> Result<Vec<Consumer>> {
         let v: Vec<HashMap<String, Value>> = redis::cmd("XINFO")
@@ -231,6 +261,10 @@ impl Store {
                     pending: int(m, "pending"),
                     last_delivered: m.get("last-delivered-id").and_then(text)?,
                     entries_read: int(m, "entries-read"),
+                    lag: match m.get("lag") {
+                        Some(Value::Int(i)) => Some((*i).max(0) as u64),
+                        _ => None,
+                    },
                 })
             })
             .collect())
@@ -334,6 +368,16 @@ impl Store {
             .await
             .map_err(|e| Error::from_redis(&format!("HSET {key}"), e))?;
         Ok(())
+    }
+
+    /// The bridge's heartbeats: each service's last beat (unix seconds, as
+    /// text), as [`Store::heartbeat`] wrote them and not yet expired.
+    pub async fn heartbeats(&mut self, bridge: &str) -> Result<HashMap<String, String>> {
+        let key = crate::keys::heartbeat(bridge);
+        self.conn
+            .hgetall(&key)
+            .await
+            .map_err(|e| Error::from_redis(&format!("HGETALL {key}"), e))
     }
 }
 

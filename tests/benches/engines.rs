@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use broker::Store;
 use harness::cluster::Cluster;
+use harness::TestStore;
 use harness::{entries_read, pending, Deployment, Engine, RedisServer};
 
 const N: usize = 20_000;
@@ -48,7 +48,7 @@ fn deploy(t: Topology, body: &str) -> (Deployment, Option<Cluster>) {
     }
 }
 
-async fn fill(store: &mut Store, stream: &str, n: usize) {
+async fn fill(store: &mut TestStore, stream: &str, n: usize) {
     for chunk in 0..n.div_ceil(1000) {
         let mut pipe = redis::pipe();
         for _ in 0..1000.min(n - chunk * 1000) {

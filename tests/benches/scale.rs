@@ -11,9 +11,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use broker::Store;
 use std::collections::BTreeMap;
 
+use harness::TestStore;
 use harness::{binary, command_counts, entries_read, pending, Deployment};
 
 const CONFIG: &str = r#"
@@ -36,7 +36,7 @@ fn content() -> String {
     "m".repeat(200)
 }
 
-async fn fill(store: &mut Store, n: usize) {
+async fn fill(store: &mut TestStore, n: usize) {
     let content = content();
     for chunk in 0..n.div_ceil(10_000) {
         let mut pipe = redis::pipe();
@@ -55,7 +55,7 @@ async fn fill(store: &mut Store, n: usize) {
 }
 
 /// Waits until `n` entries are parked and each notification was shown.
-async fn parked(store: &mut Store, n: usize) {
+async fn parked(store: &mut TestStore, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         let count: usize = redis::cmd("ZCARD")
@@ -92,7 +92,7 @@ fn rss_bytes(pid: u32) -> u64 {
 }
 
 /// What the Redis allocator holds (`INFO memory`'s `used_memory`).
-async fn used_memory(store: &mut Store) -> u64 {
+async fn used_memory(store: &mut TestStore) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("memory")
         .query_async(&mut store.conn)
@@ -104,7 +104,7 @@ async fn used_memory(store: &mut Store) -> u64 {
         .unwrap()
 }
 
-async fn memory(store: &mut Store, key: &str) -> u64 {
+async fn memory(store: &mut TestStore, key: &str) -> u64 {
     let v: Option<u64> = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(key)
@@ -149,7 +149,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
 
-async fn ids(store: &mut Store, n: isize) -> Vec<String> {
+async fn ids(store: &mut TestStore, n: isize) -> Vec<String> {
     redis::cmd("ZRANGE")
         .arg("mail:pending")
         .arg(0)
@@ -159,7 +159,7 @@ async fn ids(store: &mut Store, n: isize) -> Vec<String> {
         .unwrap()
 }
 
-async fn started(store: &mut Store) {
+async fn started(store: &mut TestStore) {
     while store
         .groups("mail:outbox")
         .await
@@ -177,7 +177,7 @@ async fn started(store: &mut Store) {
 
 /// Approves `id` by a ✅ written to the desk's console input (what its ingest
 /// follows) and returns the time until mail.out grew.
-async fn react(d: &Deployment, store: &mut Store, id: &str) -> Duration {
+async fn react(d: &Deployment, store: &mut TestStore, id: &str) -> Duration {
     let external: String = redis::cmd("HGET")
         .arg(format!("approval:{id}"))
         .arg("notify_external_id")
@@ -199,7 +199,7 @@ async fn react(d: &Deployment, store: &mut Store, id: &str) -> Duration {
 
 /// Idle Redis commands per second over `secs` (the measuring command
 /// excluded), and how many of each command.
-async fn idle_rate(store: &mut Store, secs: u64) -> (f64, BTreeMap<String, u64>) {
+async fn idle_rate(store: &mut TestStore, secs: u64) -> (f64, BTreeMap<String, u64>) {
     let c0 = command_counts(store).await;
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let mut c1 = command_counts(store).await;
@@ -509,7 +509,7 @@ async fn idle_cpu() {
 /// The parked approval of the newest entry on mail's outbox: the pending
 /// index is scored in whole seconds, so the last second's are compared by
 /// their entry ids.
-async fn newest_parked(store: &mut Store) -> String {
+async fn newest_parked(store: &mut TestStore) -> String {
     let last: Vec<String> = redis::cmd("ZRANGE")
         .arg("mail:pending")
         .arg("+inf")

@@ -5,12 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use broker::Store;
+use harness::TestStore;
 use harness::{entries_read, pending, Deployment};
 
 const N: usize = 50_000;
 
-async fn fill(store: &mut Store, stream: &str, n: usize, fields: &[(&str, &[u8])]) {
+async fn fill(store: &mut TestStore, stream: &str, n: usize, fields: &[(&str, &[u8])]) {
     let mut pipe = redis::pipe();
     for _ in 0..n {
         pipe.cmd("XADD").arg(stream).arg("*").arg(fields).ignore();
@@ -20,7 +20,7 @@ async fn fill(store: &mut Store, stream: &str, n: usize, fields: &[(&str, &[u8])
 
 /// The floor: what a bare consumer must do at least. XREADGROUP 100 at a time,
 /// the same JSON line per entry appended to a file, one XACK per batch.
-async fn floor(store: &mut Store, file: &std::path::Path) -> Duration {
+async fn floor(store: &mut TestStore, file: &std::path::Path) -> Duration {
     use std::io::Write;
     store.ensure_group("floor", "g").await.unwrap();
     fill(

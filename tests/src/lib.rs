@@ -545,8 +545,8 @@ impl Deployment {
         self.dir.path().join(name)
     }
 
-    pub async fn store(&self) -> Store {
-        Store::connect(&self.config.redis)
+    pub async fn store(&self) -> TestStore {
+        TestStore::connect(&self.config.redis)
             .await
             .expect("connect to the test redis")
     }
@@ -840,7 +840,7 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// Field values of every entry of a stream, as text.
 pub async fn stream(
-    store: &mut Store,
+    store: &mut TestStore,
     key: &str,
 ) -> Vec<std::collections::HashMap<String, String>> {
     store
@@ -857,6 +857,43 @@ pub async fn stream(
         .collect()
 }
 
+/// A test's handle on its Redis: the services' [`Store`] (through `Deref`),
+/// and `conn`, a raw connection as the same user for what a test does by hand
+/// (forging a record as an attacker would, reading what no typed call reads).
+/// The services' own connection stays theirs.
+#[derive(Clone)]
+pub struct TestStore {
+    store: Store,
+    pub conn: broker::store::Conn,
+}
+
+impl TestStore {
+    pub async fn connect(config: &broker::config::RedisConfig) -> broker::Result<TestStore> {
+        Ok(TestStore {
+            store: Store::connect(config).await?,
+            conn: broker::store::Conn::connect(config).await?,
+        })
+    }
+
+    /// The services' handle alone.
+    pub fn into_store(self) -> Store {
+        self.store
+    }
+}
+
+impl std::ops::Deref for TestStore {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+impl std::ops::DerefMut for TestStore {
+    fn deref_mut(&mut self) -> &mut Store {
+        &mut self.store
+    }
+}
+
 /// How many entries `group` has been handed from `stream` in all (0 if neither exists).
 pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize {
     store
@@ -869,7 +906,7 @@ pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize
 }
 
 /// Calls per command Redis has run so far (`INFO commandstats`).
-pub async fn command_counts(store: &mut Store) -> std::collections::BTreeMap<String, u64> {
+pub async fn command_counts(store: &mut TestStore) -> std::collections::BTreeMap<String, u64> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut store.conn)
@@ -891,7 +928,7 @@ pub async fn command_counts(store: &mut Store) -> std::collections::BTreeMap<Str
 }
 
 /// Number of entries pending in a group on a stream.
-pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
+pub async fn pending(store: &mut TestStore, key: &str, group: &str) -> usize {
     let v: redis::Value = redis::cmd("XPENDING")
         .arg(key)
         .arg(group)
@@ -911,7 +948,7 @@ pub async fn pending(store: &mut Store, key: &str, group: &str) -> usize {
 /// (`cli:op`, sealed with the bridge's key), without waking its requester:
 /// with an announcement before it, what a decider that died between
 /// deciding and waking leaves behind.
-pub async fn approve_unannounced(store: &mut Store, bridge: &str, id: &str) {
+pub async fn approve_unannounced(store: &mut TestStore, bridge: &str, id: &str) {
     let key = broker::keys::approval(id);
     let digest = hash(store, &key).await["message_sha256"].clone();
     let seal = broker::approval::IdKey::existing(store, bridge)
@@ -935,6 +972,6 @@ pub async fn approve_unannounced(store: &mut Store, bridge: &str, id: &str) {
 }
 
 /// All fields of a hash.
-pub async fn hash(store: &mut Store, key: &str) -> std::collections::HashMap<String, String> {
+pub async fn hash(store: &mut TestStore, key: &str) -> std::collections::HashMap<String, String> {
     store.conn.hgetall(key).await.expect("HGETALL")
 }

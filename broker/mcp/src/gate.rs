@@ -545,16 +545,7 @@ async fn newest(
     end: &str,
     count: usize,
 ) -> Result<Vec<broker::store::RawEntry>, Refused> {
-    let v: redis::Value = redis::cmd("XREVRANGE")
-        .arg(stream)
-        .arg(end)
-        .arg("-")
-        .arg("COUNT")
-        .arg(count)
-        .query_async(&mut store.conn)
-        .await
-        .map_err(|e| Error::from_redis(&format!("XREVRANGE {stream}"), e))?;
-    Ok(broker::store::parse_entries(v))
+    Ok(store.newest(stream, end, count).await?)
 }
 
 fn with_changed(mut v: Value, changed: bool) -> Value {

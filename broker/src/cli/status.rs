@@ -3,11 +3,9 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use redis::AsyncCommands;
-
 use crate::approval::Approvals;
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::keys;
 use crate::store::Store;
 
@@ -27,24 +25,19 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
     let owners = store.conn.owners().await.ok().flatten();
     for (name, bridge) in &config.bridges {
         let _ = writeln!(out, "bridge {name} ({})", bridge.kind);
-        let mut streams = vec![(keys::outbox(name), Some(keys::outbox_group(name)))];
-        streams.push((keys::inbox(name), Some(keys::ping_group(name))));
-        for agent in config.agent_names() {
-            streams.push((
-                keys::agent_outbox(agent, name),
-                Some(keys::outbox_group(name)),
-            ));
-            streams.push((keys::agent_inbox(agent, name), Some(keys::ping_group(name))));
-        }
+        let mut streams: Vec<(String, Option<String>)> = crate::gauges::read_streams(config, name)
+            .into_iter()
+            .map(|(stream, group)| (stream, Some(group)))
+            .collect();
         streams.push((keys::dead(name), None));
         for (stream, group) in streams {
-            let len: u64 = store
-                .conn
-                .xlen(&stream)
-                .await
-                .map_err(|e| Error::from_redis("XLEN", e))?;
+            let len = store.len(&stream).await?;
             let pending = match group {
-                Some(g) => group_pending(store, &stream, &g).await?,
+                // A group that cannot be read is left off its stream's line.
+                Some(g) => crate::gauges::group(store, &stream, &g)
+                    .await
+                    .ok()
+                    .flatten(),
                 None => None,
             };
             let node = owners
@@ -58,7 +51,12 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
                 out,
                 "  {stream:<32} length {len:>6}{}{node}",
                 pending
-                    .map(|(g, p, lag)| format!("  group {g}: pending {p}, lag {lag}"))
+                    .map(|g| format!(
+                        "  group {}: pending {}, lag {}",
+                        g.name,
+                        g.pending,
+                        g.lag.map_or("?".to_string(), |l| l.to_string())
+                    ))
                     .unwrap_or_default()
             );
         }
@@ -67,11 +65,7 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
             "  parked approvals: {}",
             parked.get(name).copied().unwrap_or(0)
         );
-        let beats: HashMap<String, String> = store
-            .conn
-            .hgetall(keys::heartbeat(name))
-            .await
-            .map_err(|e| Error::from_redis("HGETALL heartbeat", e))?;
+        let beats = store.heartbeats(name).await?;
         for service in ["ingest", "outbox", "ping"] {
             let line = match beats.get(service).and_then(|t| t.parse::<u64>().ok()) {
                 Some(t) => format!("alive ({}s ago)", now.saturating_sub(t)),
@@ -84,37 +78,4 @@ pub async fn status(store: &mut Store, config: &Config) -> Result<String> {
         }
     }
     Ok(out)
-}
-
-/// (group, pending, lag) of a group on a stream, when both exist.
-async fn group_pending(
-    store: &mut Store,
-    stream: &str,
-    group: &str,
-) -> Result<Option<(String, u64, String)>> {
-    let reply: redis::RedisResult<Vec<HashMap<String, redis::Value>>> = redis::cmd("XINFO")
-        .arg("GROUPS")
-        .arg(stream)
-        .query_async(&mut store.conn)
-        .await;
-    let Ok(groups) = reply else {
-        return Ok(None); // no such stream yet
-    };
-    for g in groups {
-        let name = g
-            .get("name")
-            .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok());
-        if name.as_deref() == Some(group) {
-            let pending = g
-                .get("pending")
-                .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok());
-            let lag = g
-                .get("lag")
-                .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
-                .map(|l| l.to_string())
-                .unwrap_or_else(|| "?".into());
-            return Ok(Some((group.to_string(), pending.unwrap_or(0), lag)));
-        }
-    }
-    Ok(None)
 }

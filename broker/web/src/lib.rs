@@ -208,10 +208,7 @@ impl App {
         // A user removed from the config is logged out.
         let fingerprint = self.users.fingerprint(&s.user)?;
         let mut store = self.store.clone();
-        let record: Option<String> =
-            redis::AsyncCommands::get(&mut store.conn, keys::web_session(&s.nonce))
-                .await
-                .ok()?;
+        let record = store.session_record(&s.nonce).await.ok()?;
         (record? == session_record(&s.user, &fingerprint)).then_some(s)
     }
 

@@ -255,50 +255,25 @@ pub async fn render(
     counters: &Counters,
     now: f64,
 ) -> Result<String, String> {
-    let names: Vec<&String> = config.bridges.keys().collect();
-    let mut pipe = redis::pipe();
-    for b in &names {
-        pipe.zcard(keys::pending(b));
-        pipe.cmd("ZRANGE")
-            .arg(keys::pending(b))
-            .arg(0)
-            .arg(0)
-            .arg("WITHSCORES");
-        pipe.xlen(keys::dead(b));
-        pipe.hlen(keys::uncertain(b));
-        pipe.hgetall(keys::heartbeat(b));
-    }
-    type PerBridge = (u64, Vec<(String, f64)>, u64, u64, HashMap<String, String>);
-    let flat: Vec<redis::Value> = pipe
-        .query_async(&mut store.conn)
+    let names: Vec<&str> = config.bridges.keys().map(String::as_str).collect();
+    let per = broker::gauges::read(store, &names)
         .await
         .map_err(|e| format!("metrics: {e}"))?;
-    let mut per: Vec<PerBridge> = Vec::new();
-    for chunk in flat.chunks(5) {
-        let v = |i: usize| chunk.get(i).cloned().unwrap_or(redis::Value::Nil);
-        per.push((
-            redis::from_redis_value(v(0)).unwrap_or(0),
-            redis::from_redis_value(v(1)).unwrap_or_default(),
-            redis::from_redis_value(v(2)).unwrap_or(0),
-            redis::from_redis_value(v(3)).unwrap_or(0),
-            redis::from_redis_value(v(4)).unwrap_or_default(),
-        ));
-    }
     let mut r = Registry::default();
     let (mut pending, mut oldest, mut dead, mut uncertain, mut up, mut beat_age) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
-    for (b, (count, first, d, u, beats)) in names.iter().zip(per) {
-        pending.push((bridge(b), count as f64));
-        let age = first
-            .first()
-            .map_or(0.0, |(_, created)| (now - created).max(0.0));
+    for (b, g) in names.iter().zip(per) {
+        pending.push((bridge(b), g.parked as f64));
+        let age = g
+            .oldest_parked_at
+            .map_or(0.0, |created| (now - created).max(0.0));
         oldest.push((bridge(b), age));
-        dead.push((bridge(b), d as f64));
-        uncertain.push((bridge(b), u as f64));
+        dead.push((bridge(b), g.dead as f64));
+        uncertain.push((bridge(b), g.uncertain as f64));
         for service in ["ingest", "outbox", "ping"] {
             let mut labels = bridge(b);
             labels.push(("service".into(), service.into()));
-            let at = beats.get(service).and_then(|t| t.parse::<f64>().ok());
+            let at = g.beats.get(service).and_then(|t| t.parse::<f64>().ok());
             let alive =
                 at.is_some_and(|t| now - t < (broker::timing::HEARTBEAT_EVERY * 3).as_secs_f64());
             up.push((labels.clone(), if alive { 1.0 } else { 0.0 }));
@@ -346,42 +321,19 @@ pub async fn render(
 
     let (mut lag, mut held) = (vec![], vec![]);
     for b in &names {
-        let mut streams = vec![
-            (keys::outbox(b), keys::outbox_group(b)),
-            (keys::inbox(b), keys::ping_group(b)),
-        ];
-        for a in config.agent_names() {
-            streams.push((keys::agent_outbox(a, b), keys::outbox_group(b)));
-            streams.push((keys::agent_inbox(a, b), keys::ping_group(b)));
-        }
-        for (stream, group) in streams {
-            let groups: redis::RedisResult<Vec<HashMap<String, redis::Value>>> =
-                redis::cmd("XINFO")
-                    .arg("GROUPS")
-                    .arg(&stream)
-                    .query_async(&mut store.conn)
-                    .await;
-            let Ok(groups) = groups else { continue };
-            for g in groups {
-                let name: Option<String> = g
-                    .get("name")
-                    .and_then(|v| redis::from_redis_value(v.clone()).ok());
-                if name.as_deref() != Some(group.as_str()) {
-                    continue;
-                }
-                let labels = vec![
-                    ("stream".to_string(), stream.clone()),
-                    ("group".to_string(), group.clone()),
-                ];
-                let num = |k: &str| {
-                    g.get(k)
-                        .and_then(|v| redis::from_redis_value::<u64>(v.clone()).ok())
-                };
-                if let Some(l) = num("lag") {
-                    lag.push((labels.clone(), l as f64));
-                }
-                held.push((labels, num("pending").unwrap_or(0) as f64));
+        for (stream, group) in broker::gauges::read_streams(config, b) {
+            // A group that cannot be read (yet) has no gauge.
+            let Ok(Some(g)) = broker::gauges::group(store, &stream, &group).await else {
+                continue;
+            };
+            let labels = vec![
+                ("stream".to_string(), stream.clone()),
+                ("group".to_string(), group.clone()),
+            ];
+            if let Some(l) = g.lag {
+                lag.push((labels.clone(), l as f64));
             }
+            held.push((labels, g.pending as f64));
         }
     }
     gauge(

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use broker::acl::{self, Expect};
 use broker::config::Service;
-use broker::{keys, Config, Store};
+use broker::{keys, Config};
+use harness::TestStore;
 use harness::{binary, stream, wait_until, Deployment, Engine, RedisServer};
 use serde_json::json;
 
@@ -186,7 +187,7 @@ async fn notice_for_ann(ann: &redis::aio::MultiplexedConnection, what: &str) -> 
 }
 
 /// Every key and its serialized value, for "state unchanged" assertions.
-async fn snapshot(admin: &mut Store, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Vec<u8>> {
+async fn snapshot(admin: &mut TestStore, skip: &dyn Fn(&str) -> bool) -> BTreeMap<String, Vec<u8>> {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut admin.conn)
@@ -204,7 +205,7 @@ async fn snapshot(admin: &mut Store, skip: &dyn Fn(&str) -> bool) -> BTreeMap<St
     out
 }
 
-async fn seed_state(admin: &mut Store) {
+async fn seed_state(admin: &mut TestStore) {
     let _: () = redis::AsyncCommands::hset_multiple(
         &mut admin.conn,
         keys::approval("00000000-0000-4000-8000-000000000000"),
@@ -1774,7 +1775,7 @@ identities = ["cli:eve"]
 
 /// Waits for an event of the `mail` audit trail that `want` picks.
 async fn audited(
-    admin: &Store,
+    admin: &TestStore,
     what: &str,
     want: impl Fn(&std::collections::HashMap<String, String>) -> bool,
 ) -> std::collections::HashMap<String, String> {

@@ -3,6 +3,7 @@
 use std::process::{Command, Stdio};
 
 use broker::keys;
+use harness::TestStore;
 use harness::{binary, wait_until, Deployment};
 use serde_json::json;
 
@@ -60,7 +61,7 @@ async fn the_loop_runs_with_real_processes() {
             .unwrap_or(0)
     };
     let mut store = d.store().await;
-    let info = |store: &mut broker::Store| {
+    let info = |store: &mut TestStore| {
         let mut conn = store.conn.clone();
         async move {
             redis::cmd("INFO")

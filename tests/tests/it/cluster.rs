@@ -464,10 +464,7 @@ async fn a_cluster_failover_loses_and_doubles_nothing() {
 async fn commands_for_several_nodes_reach_every_master() {
     let (d, cluster) = on_a_cluster(&Setup::approval(3600).toml());
     let mut store = d.store().await;
-    async fn ask<T: redis::FromRedisValue>(
-        store: &mut broker::store::Store,
-        cmd: &redis::Cmd,
-    ) -> T {
+    async fn ask<T: redis::FromRedisValue>(store: &mut harness::TestStore, cmd: &redis::Cmd) -> T {
         tokio::time::timeout(
             std::time::Duration::from_secs(5),
             cmd.query_async(&mut store.conn),

@@ -5,8 +5,9 @@
 
 use std::collections::HashMap;
 
-use broker::{approval, keys, Clock, Store};
+use broker::{approval, keys, Clock};
 use harness::setup::Setup;
+use harness::TestStore;
 use harness::{hash, stream, wait_until, Deployment, Running};
 use serde_json::json;
 
@@ -16,7 +17,7 @@ use crate::approval::{
 };
 use crate::{approval_config, SOON};
 
-async fn dead(store: &mut Store, bridge: &str, n: usize) -> Vec<HashMap<String, String>> {
+async fn dead(store: &mut TestStore, bridge: &str, n: usize) -> Vec<HashMap<String, String>> {
     let key = keys::dead(bridge);
     wait_until(&format!("{n} dead letters on {key}"), SOON, || {
         let mut store = store.clone();
@@ -30,7 +31,7 @@ async fn dead(store: &mut Store, bridge: &str, n: usize) -> Vec<HashMap<String, 
 }
 
 /// Agent `agent` asks bridge `mail` to send `text` to x@example.org.
-async fn mail_from(store: &Store, agent: &str, text: String) -> String {
+async fn mail_from(store: &TestStore, agent: &str, text: String) -> String {
     let fields = [
         ("channel_id", b"x@example.org".as_slice()),
         ("content", text.as_bytes()),
@@ -42,7 +43,7 @@ async fn mail_from(store: &Store, agent: &str, text: String) -> String {
         .unwrap()
 }
 
-async fn gone(store: &Store, id: &str) {
+async fn gone(store: &TestStore, id: &str) {
     wait_until("the record is deleted", SOON, || {
         let mut store = store.clone();
         let key = keys::approval(id);
@@ -57,7 +58,7 @@ fn fields(map: &[(&str, String)]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-async fn xadd(store: &mut Store, key: &str, f: &[(String, Vec<u8>)]) -> String {
+async fn xadd(store: &mut TestStore, key: &str, f: &[(String, Vec<u8>)]) -> String {
     let f: Vec<(&str, &[u8])> = f.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
     store.xadd(key, &f).await.unwrap()
 }

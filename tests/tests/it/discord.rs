@@ -7,6 +7,7 @@ use broker::outbox::delivery_key;
 use broker::{approval, keys};
 use discord::render;
 use harness::discord::{contents, FakeDiscord, BOT_ID, TOKEN};
+use harness::TestStore;
 use harness::{inbox, stream, wait_until, Deployment, Process};
 
 /// Bounded wait on the local Discord: a gateway round trip and serenity's own
@@ -997,7 +998,7 @@ async fn a_waiting_card_is_reminded_once_and_a_decided_one_never() {
 }
 
 /// Ann writes each of `contents` to TALK through dc, in order.
-async fn ann_posts(store: &mut broker::Store, contents: &[&str]) {
+async fn ann_posts(store: &mut TestStore, contents: &[&str]) {
     for content in contents {
         store
             .xadd(
@@ -1140,7 +1141,7 @@ async fn messages_written_while_the_ingest_was_away_are_carried_once() {
 }
 
 /// The notify side deletes a settled record once the card shows its outcome.
-async fn no_records_left(store: &broker::Store) {
+async fn no_records_left(store: &TestStore) {
     wait_until("every approval record deleted", PLATFORM_SOON, || {
         let mut store = store.clone();
         async move {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use broker::outbox::delivery_key;
 use broker::{approval, keys};
 use harness::mail::MailStack;
+use harness::TestStore;
 use harness::{inbox, stream, wait_until, Deployment, Process};
 use mail_parser::MessageParser;
 
@@ -701,7 +702,7 @@ fn desk_asking_by_email(stack: &MailStack, approval: &str) -> (Deployment, [Proc
 }
 
 /// Ann writes `content` to desk (to `ops`); returns the store.
-async fn desk_gets(d: &Deployment, content: &str) -> broker::Store {
+async fn desk_gets(d: &Deployment, content: &str) -> TestStore {
     let mut store = d.store().await;
     store
         .xadd(

@@ -325,7 +325,7 @@ async fn a_surface_cannot_send_another_surfaces_card_elsewhere() {
 }
 
 /// The ids of every entry of stream `key`, in order.
-async fn stream_ids(store: &mut broker::store::Store, key: &str) -> Vec<String> {
+async fn stream_ids(store: &mut harness::TestStore, key: &str) -> Vec<String> {
     let reply: redis::streams::StreamRangeReply =
         redis::AsyncCommands::xrange_all(&mut store.conn, key)
             .await

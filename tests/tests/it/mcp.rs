@@ -9,6 +9,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use harness::TestStore;
 use harness::{binary, stream, wait_until, Deployment};
 use serde_json::{json, Value};
 
@@ -491,7 +492,7 @@ async fn an_agent_sends_follows_and_reads_through_the_mcp_sdk() {
 /// What was written, key by key: each stream's length and last id (its
 /// groups' read positions move as services poll), every other key's value;
 /// heartbeats left out.
-async fn written(admin: &mut broker::Store) -> BTreeMap<String, String> {
+async fn written(admin: &mut TestStore) -> BTreeMap<String, String> {
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("*")
         .query_async(&mut admin.conn)

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use broker::config::RedisConfig;
-use broker::{keys, Error, Store};
+use broker::{keys, Error};
 use harness::sentinel::Sentinels;
+use harness::TestStore;
 use harness::{wait_until, Deployment, RedisServer};
 
 use crate::approval::{
@@ -45,7 +46,7 @@ async fn redis_over_tls_with_a_private_ca() {
         ca_file: None,
         ..d.config.redis.clone()
     };
-    match Store::connect(&plain).await {
+    match TestStore::connect(&plain).await {
         Err(Error::Config(e)) => assert!(e.to_string().contains("redis.url"), "{e}"),
         Err(e) => panic!("not a configuration error: {e}"),
         Ok(_) => panic!("plain TCP to another host was allowed"),
@@ -59,7 +60,7 @@ pub(crate) async fn refused_under(d: &Deployment, ca: std::path::PathBuf) {
         ca_file: Some(ca),
         ..d.config.redis.clone()
     };
-    match Store::connect(&wrong).await {
+    match TestStore::connect(&wrong).await {
         Err(Error::Config(e)) => {
             let text = e.to_string();
             assert!(
@@ -112,7 +113,7 @@ pub(crate) async fn agent_sends_through(d: &Deployment, content: &str, request_i
         &format!("the master taking {content:?}"),
         FAILOVER,
         || async {
-            let mut store = Store::connect(&d.config.redis).await.ok()?;
+            let mut store = TestStore::connect(&d.config.redis).await.ok()?;
             store
                 .xadd(
                     &keys::agent_outbox("ann", "mail"),
@@ -308,7 +309,7 @@ async fn acknowledged_writes_survive_three_failovers() {
         let sent: Vec<String> = (0..2).map(|n| format!("round-{round}-{n}")).collect();
         for text in &sent {
             agent_sends_through(&d, text, text).await;
-            let mut store = Store::connect(&d.config.redis).await.unwrap();
+            let mut store = TestStore::connect(&d.config.redis).await.unwrap();
             let replicas: i64 = redis::cmd("WAIT")
                 .arg(1)
                 .arg(5000)
@@ -395,7 +396,7 @@ async fn connections_carry_tcp_keepalive() {
         url: redis.url(),
         ..RedisConfig::default()
     };
-    let store = Store::connect(&config).await.unwrap();
+    let store = TestStore::connect(&config).await.unwrap();
     let _blocking = store.blocking().await.unwrap();
     let out = std::process::Command::new("ss")
         .args(["-tnoH", "state", "established"])
@@ -426,7 +427,7 @@ async fn redis_verifying_client_certificates() {
         ..RedisConfig::default()
     };
     assert!(
-        Store::connect(&anonymous).await.is_err(),
+        TestStore::connect(&anonymous).await.is_err(),
         "a client without a certificate was let in"
     );
     let known = RedisConfig {
@@ -434,7 +435,7 @@ async fn redis_verifying_client_certificates() {
         client_key_file: Some(key),
         ..anonymous.clone()
     };
-    let mut store = Store::connect(&known).await.unwrap();
+    let mut store = TestStore::connect(&known).await.unwrap();
     let id = store.xadd("s", &[("k", b"v".as_slice())]).await.unwrap();
     let mut blocking = store.blocking().await.unwrap();
     let len: u64 = redis::cmd("XLEN")

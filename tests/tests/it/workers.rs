@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use broker::{keys, Store};
+use broker::keys;
+use harness::TestStore;
 use harness::{hash, stream, wait_until, Deployment};
 
 use crate::SOON;
@@ -51,7 +52,7 @@ destinations = ["ops"]
     .to_string()
 }
 
-async fn send(store: &mut Store, bridge: &str, to: &str, content: &str) {
+async fn send(store: &mut TestStore, bridge: &str, to: &str, content: &str) {
     store
         .xadd(
             &keys::agent_outbox("ann", bridge),
@@ -94,7 +95,7 @@ async fn group_exists(d: &Deployment, bridge: &str) {
 
 /// The in-flight marks of stream `outbox` by delivery, as a taker reads
 /// them (a run's mark counts for each send it lists).
-async fn marks(s: &mut Store, outbox: &str) -> std::collections::BTreeMap<String, String> {
+async fn marks(s: &mut TestStore, outbox: &str) -> std::collections::BTreeMap<String, String> {
     let marks = hash(s, &keys::in_flight_marks(outbox)).await;
     let runs = hash(s, &keys::in_flight_runs(outbox)).await;
     broker::outbox::marks_by_delivery(outbox, &marks, &runs)
@@ -117,7 +118,7 @@ async fn marks_and_held(
 }
 
 /// How many entries of `stream` each consumer of the outbox group holds.
-async fn holders(store: &mut Store, stream: &str, group: &str) -> HashMap<String, u64> {
+async fn holders(store: &mut TestStore, stream: &str, group: &str) -> HashMap<String, u64> {
     store
         .consumers(stream, group)
         .await
@@ -548,7 +549,7 @@ async fn a_worker_paused_mid_send_never_sends_twice() {
 /// it and pass their gate as one run.
 async fn worker_a_sending(
     d: &Deployment,
-    store: &mut Store,
+    store: &mut TestStore,
     contents: &[&str],
 ) -> harness::Process {
     let a = d.process_with("cowboy-console-outbox", "slow", &["--worker", "a"]);
@@ -692,7 +693,7 @@ async fn a_send_refused_in_a_run_keeps_its_place() {
 
 /// A card bridge `cards` whose sends take 3 s, asked by console `mail`
 /// (agent `ann`), with `extra` in its table; its notify stream's group made.
-async fn slow_cards(extra: &str) -> (Deployment, Store) {
+async fn slow_cards(extra: &str) -> (Deployment, TestStore) {
     let d = Deployment::new(&format!(
         r#"
 [agents.ann]
@@ -823,7 +824,14 @@ async fn a_paused_worker_shows_nothing_more_of_a_run_of_cards() {
 
 /// Hands entry `id` of `stream` to consumer `ghost` `times` times (a worker
 /// that took it and died, again and again, as the pending list records it).
-async fn haunt(store: &mut Store, stream: &str, group: &str, ghost: &str, id: &str, times: u64) {
+async fn haunt(
+    store: &mut TestStore,
+    stream: &str,
+    group: &str,
+    ghost: &str,
+    id: &str,
+    times: u64,
+) {
     let _: redis::Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(group)
@@ -1143,7 +1151,7 @@ async fn decisions_on_entries_read_ahead_are_each_acted_on() {
 }
 
 /// Writes `n` entries to ann's outbox of mail in one round trip.
-async fn ann_sends_many(store: &mut Store, n: usize) {
+async fn ann_sends_many(store: &mut TestStore, n: usize) {
     let mut pipe = redis::pipe();
     for i in 0..n {
         pipe.cmd("XADD")
@@ -1159,7 +1167,7 @@ async fn ann_sends_many(store: &mut Store, n: usize) {
 }
 
 /// Approves `id` as `cli:op`, as the CLI would, and checks it was decided.
-async fn approve_as_op(store: &Store, d: &Deployment, id: &str) {
+async fn approve_as_op(store: &TestStore, d: &Deployment, id: &str) {
     let answer = broker::approval::Answer::new(
         &broker::Clock::system(),
         broker::approval::Verdict::Approved,

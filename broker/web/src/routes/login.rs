@@ -7,8 +7,6 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 
-use broker::keys;
-
 use crate::session::{LOGIN_COOKIE, SESSION_COOKIE};
 
 use crate::*;
@@ -105,15 +103,15 @@ pub(crate) async fn login(
             };
             let fingerprint = app.users.fingerprint(&f.user).unwrap_or_default();
             let mut store = app.store.clone();
-            let recorded: redis::RedisResult<()> = redis::AsyncCommands::set_ex(
-                &mut store.conn,
-                keys::web_session(&s.nonce),
-                session_record(&f.user, &fingerprint),
-                app.session_secs.max(1),
-            )
-            .await;
+            let recorded = store
+                .open_session(
+                    &s.nonce,
+                    &session_record(&f.user, &fingerprint),
+                    app.session_secs,
+                )
+                .await;
             if let Err(e) = recorded {
-                return failed(broker::Error::from_redis("SET web session", e));
+                return failed(e);
             }
             let mut r = Redirect::to("/").into_response();
             r.headers_mut().append(
@@ -161,10 +159,8 @@ pub(crate) async fn logout(
     }
     // The cookie may have been copied: the session ends here, not in the browser.
     let mut store = app.store.clone();
-    let revoked: redis::RedisResult<()> =
-        redis::AsyncCommands::del(&mut store.conn, keys::web_session(&s.nonce)).await;
-    if let Err(e) = revoked {
-        return failed(broker::Error::from_redis("DEL web session", e));
+    if let Err(e) = store.end_session(&s.nonce).await {
+        return failed(e);
     }
     let mut r = Redirect::to("/login").into_response();
     r.headers_mut()

@@ -98,18 +98,17 @@ pub(crate) async fn events(State(app): State<Shared>, headers: HeaderMap) -> Res
     let start = vec!["$".to_string(); streams.len()];
     // Checked again before every read (at least every 10 s): a logged-out or
     // changed-password session loses its stream too.
-    let record_key = keys::web_session(&s.nonce);
+    let nonce = s.nonce.clone();
     let record = session_record(&s.user, &app.users.fingerprint(&s.user).unwrap_or_default());
     // The permit rides with the stream: dropped when the client goes.
     let stream = futures::stream::unfold(
         (store, reader, start, permit),
         move |(mut store, mut reader, mut last, permit)| {
             let streams = streams.clone();
-            let (record_key, record) = (record_key.clone(), record.clone());
+            let (nonce, record) = (nonce.clone(), record.clone());
             async move {
                 loop {
-                    let still: redis::RedisResult<Option<String>> =
-                        redis::AsyncCommands::get(&mut store.conn, &record_key).await;
+                    let still = store.session_record(&nonce).await;
                     if still.ok().flatten().as_deref() != Some(record.as_str()) {
                         return None;
                     }
