@@ -5,7 +5,8 @@
 //! Redis memory per approval, idle Redis commands against an outbox with none
 //! parked, and the time a restart takes to serve again. Each figure is printed
 //! beside its target; the floor of `throughput` is measured in that bench.
-//! Run with `cargo bench -p cowboy-tests --bench scale`.
+//! Run with `cargo bench -p cowboy-tests --bench scale`; `COWBOY_BENCH_ONLY=park`
+//! stops after the park part (to profile it).
 
 use std::path::Path;
 use std::process::Command;
@@ -257,6 +258,10 @@ async fn main() {
         "park linearity: 20,000 took {:.2} x the time of 10,000 (target <= 2.2)",
         park_times[1].1.as_secs_f64() / park_times[0].1.as_secs_f64()
     );
+    // The park part alone, to profile it (`perf record` around the bench).
+    if std::env::var("COWBOY_BENCH_ONLY").as_deref() == Ok("park") {
+        return;
+    }
 
     // Idle commands with nothing parked, and with a thousand (more than a
     // sweep's slice: the sweep then costs what it will cost at any number).

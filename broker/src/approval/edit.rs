@@ -97,30 +97,35 @@ pub async fn edit(
     }
     // The edit seals what it keeps of the record: only a record the bridge
     // sealed (version, quorum, deadline, escalation steps), so an edit never
-    // launders a field written outside the broker.
-    let key = super::IdKey::existing(store, record.source()).await?;
-    if let Some(key) = &key {
-        let sealed = record
-            .version_seal
-            .as_deref()
-            .is_some_and(|s| super::same_secret(&key.seal_version(&record), s));
-        // The new cards name the agent the record names: only the one whose
-        // stream and entry the id was derived from (the seal does not cover
-        // them, and a writer of the record could put a "From:" of its choosing).
-        let bound = key.id_for(&record.stream, &record.entry_id) == id
-            && keys::outbox_for(record.agent(), record.source()) == record.stream;
-        if !sealed || !bound {
-            let what = if sealed {
-                "agent or stream"
-            } else {
-                "version seal"
-            };
-            tracing::error!(
-                approval = id,
-                "a record changed outside the broker ({what}); not edited"
-            );
-            return refuse(format!("{id} was changed outside the broker; not edited"));
-        }
+    // launders a field written outside the broker. A bridge without a key
+    // parked nothing (its outbox makes the key before its first park): a
+    // record naming it was written outside the broker.
+    let Some(key) = super::IdKey::existing(store, record.source()).await? else {
+        return refuse(format!(
+            "{id} names bridge `{}`, which has parked nothing; not edited",
+            record.source()
+        ));
+    };
+    let sealed = record
+        .version_seal
+        .as_deref()
+        .is_some_and(|s| super::same_secret(&key.seal_version(&record), s));
+    // The new cards name the agent the record names: only the one whose
+    // stream and entry the id was derived from (the seal does not cover
+    // them, and a writer of the record could put a "From:" of its choosing).
+    let bound = key.id_for(&record.stream, &record.entry_id) == id
+        && keys::outbox_for(record.agent(), record.source()) == record.stream;
+    if !sealed || !bound {
+        let what = if sealed {
+            "agent or stream"
+        } else {
+            "version seal"
+        };
+        tracing::error!(
+            approval = id,
+            "a record changed outside the broker ({what}); not edited"
+        );
+        return refuse(format!("{id} was changed outside the broker; not edited"));
     }
     if !bridge.approval.allows_at(editor, record.escalated) {
         return refuse(format!(
@@ -260,9 +265,7 @@ pub async fn edit(
     }
     // The new version is sealed like a parked one (only the asking bridge's
     // services and the administrator hold the key).
-    if let Some(key) = &key {
-        pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
-    }
+    pairs.push((field::VERSION_SEAL, key.seal_version(&next)));
     let mut pairs: Vec<(String, String)> =
         pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     for (card, _, digest) in &notifications {

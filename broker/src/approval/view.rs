@@ -9,10 +9,17 @@
 //!   applied), parsed by the same rules the outbox parks with, with whether it
 //!   still has the digest the approval binds. An entry that no longer parses,
 //!   or no longer exists, is said to be so: it will not be sent.
+//! - What a surface says of the message (its destination, subject, reply-to,
+//!   size and agent: [`View::header`]) comes from the entry read, never from
+//!   the record, which every surface of the approval can write. The record
+//!   chooses which entry is read, so its bridge must be the one the id's tag
+//!   names and its stream one that bridge reads (the shared outbox or a
+//!   configured agent's); the agent shown is the one whose stream it is.
 
 use crate::config::Config;
 use crate::entry::Message;
 use crate::error::Result;
+use crate::keys;
 use crate::store::Store;
 
 use super::Record;
@@ -23,6 +30,9 @@ pub struct View {
     pub record: Record,
     /// Whether the approval asks to run a declared action (see [`Record::gated`]).
     pub gated: bool,
+    /// The agent whose outbox the entry is read from (`None`: the bridge's
+    /// shared outbox, or a record that names no stream of its bridge).
+    pub agent: Option<String>,
     pub shown: Shown,
 }
 
@@ -45,6 +55,17 @@ impl View {
     /// Reads what `record` would send or run.
     pub async fn load(store: &mut Store, config: &Config, record: Record) -> Result<View> {
         let gated = record.is_gated(config);
+        let agent = match origin(config, &record) {
+            Ok(agent) => agent,
+            Err(why) => {
+                return Ok(View {
+                    record,
+                    gated,
+                    agent: None,
+                    shown: Shown::Unreadable(why),
+                })
+            }
+        };
         let entry = store.entry(&record.stream, &record.entry_id).await?;
         let shown = match entry {
             None => Shown::Gone,
@@ -75,8 +96,35 @@ impl View {
         Ok(View {
             record,
             gated,
+            agent,
             shown,
         })
+    }
+
+    /// The record as a header of what is shown says it: destination,
+    /// subject, reply-to and size of the message read, the agent whose
+    /// stream it was read from, and who edited only for an edited version
+    /// (`revision`, which the bridge seals); everything else (deadline,
+    /// quorum, the digest bound) the record's. Of an entry that will not be
+    /// sent (gone, unreadable), the record's values, as the record says them.
+    pub fn header(&self) -> Record {
+        let mut r = self.record.clone();
+        match &self.shown {
+            Shown::Message { message, .. } => {
+                r.channel_id = message.channel_id.clone();
+                r.subject = message.subject.clone();
+                r.reply_to = message.reply_to.clone();
+                r.content_bytes = message.content.len() as u64;
+                r.agent = self.agent.clone();
+            }
+            Shown::Card(_) => r.agent = self.agent.clone(),
+            Shown::Unreadable(_) | Shown::Gone => {}
+        }
+        if r.revision == 0 {
+            r.edited_by = None;
+            r.original_sha256 = None;
+        }
+        r
     }
 
     /// Whether what is shown is what the approval binds.
@@ -87,4 +135,29 @@ impl View {
             Shown::Unreadable(_) | Shown::Gone => false,
         }
     }
+}
+
+/// The agent whose outbox `record` names (`None`: the shared one), or why the
+/// record names no entry of its bridge: its bridge is not the one its id's
+/// tag names, or its stream is no outbox that bridge reads.
+fn origin(config: &Config, record: &Record) -> std::result::Result<Option<String>, String> {
+    let source = record.source();
+    if !super::is_id_of(&record.id, source) {
+        return Err(format!(
+            "the record names bridge `{source}`, which is not the one its id is of"
+        ));
+    }
+    if record.stream == keys::outbox(source) {
+        return Ok(None);
+    }
+    config
+        .agent_names()
+        .find(|a| keys::agent_outbox(a, source) == record.stream)
+        .map(|a| Some(a.to_string()))
+        .ok_or_else(|| {
+            format!(
+                "the record names stream `{}`, which is no outbox of bridge `{source}`",
+                record.stream
+            )
+        })
 }

@@ -111,8 +111,9 @@ pub async fn approvals_show(store: &mut Store, config: &Config, prefix: &str) ->
         // The version that will be sent: an approver's edit, if any.
         approval::Shown::Message { message, matches } => {
             let how = format!("run `cowboy approvals approve {id}` or `cowboy approvals reject {id} --reason ...`");
+            // Headed by what the entry says, not the record's copies.
             out.push_str(&approval::render_notification(
-                r,
+                &view.header(),
                 &message.content,
                 &how,
                 None,

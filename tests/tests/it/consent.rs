@@ -442,30 +442,36 @@ async fn forged_outcomes_change_nothing() {
     }
 }
 
+/// Ann's message to bob (with `extra` fields) parked on `mail` and shown on
+/// `desk`, for an edit: the services, and its approval id.
+async fn parked_for_an_edit(d: &Deployment, extra: &[(&str, &[u8])]) -> ([Running; 3], String) {
+    let services = [
+        d.spawn("outbox", "mail"),
+        d.spawn("outbox", "desk"),
+        d.spawn("ingest", "desk"),
+    ];
+    let mut fields: Vec<(&str, &[u8])> = vec![
+        ("channel_id", b"bob@example.org"),
+        ("content", b"helo wrold"),
+    ];
+    fields.extend_from_slice(extra);
+    d.store()
+        .await
+        .xadd("ann:mail:outbox", &fields)
+        .await
+        .unwrap();
+    let (id, _) = notification(d, 0).await;
+    (services, id)
+}
+
 /// An approver's edit asks again with cards that show the reply-to the
 /// message is sent with (the agent's entry), not the record's copy, which
 /// any surface's outbox can rewrite.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edits_card_shows_the_entrys_reply_to_not_the_records() {
     let d = Deployment::new(&approval_config(3600));
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let (services, id) = parked_for_an_edit(&d, &[("reply_to", b"<thread-1@example.org>")]).await;
     let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:mail:outbox",
-            &[
-                ("channel_id", b"bob@example.org" as &[u8]),
-                ("content", b"helo wrold"),
-                ("reply_to", b"<thread-1@example.org>"),
-            ],
-        )
-        .await
-        .unwrap();
-    let (id, _) = notification(&d, 0).await;
     let _: () = redis::cmd("HSET")
         .arg(keys::approval(&id))
         .arg("reply_to")
@@ -491,33 +497,22 @@ async fn an_edits_card_shows_the_entrys_reply_to_not_the_records() {
 }
 
 /// A writer of a parked record who names another agent in it (alone, or with
-/// that agent's stream) gets no edit: the edited version's cards would say
-/// "From:" whoever the record names, so the edit checks the agent and stream
-/// against the approval id (derived from them with the bridge's key).
+/// that agent's stream, or a bridge that parks nothing) gets no edit: the
+/// edited version's cards would say "From:" and "Via:" whoever the record
+/// names, so the edit checks the agent and stream against the approval id
+/// (derived from them with the bridge's key), and refuses a bridge without one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_of_a_record_naming_another_agent_is_refused() {
     let d = Deployment::new(&approval_config(3600));
-    let services = [
-        d.spawn("outbox", "mail"),
-        d.spawn("outbox", "desk"),
-        d.spawn("ingest", "desk"),
-    ];
+    let (services, id) = parked_for_an_edit(&d, &[]).await;
     let mut store = d.store().await;
-    store
-        .xadd(
-            "ann:mail:outbox",
-            &[
-                ("channel_id", b"bob@example.org" as &[u8]),
-                ("content", b"helo wrold"),
-            ],
-        )
-        .await
-        .unwrap();
-    let (id, _) = notification(&d, 0).await;
     let record = keys::approval(&id);
-    let forgeries: [&[(&str, &str)]; 2] = [
+    // Each on top of the one before; the last names a bridge that parks
+    // nothing (it has no key: nothing to check the record against).
+    let forgeries: [&[(&str, &str)]; 3] = [
         &[("agent", "the-ceo")],
         &[("agent", "the-ceo"), ("stream", "the-ceo:mail:outbox")],
+        &[("source", "desk")],
     ];
     for forged in forgeries {
         let _: () = redis::cmd("HSET")
@@ -542,15 +537,81 @@ async fn an_edit_of_a_record_naming_another_agent_is_refused() {
         )
         .await
         .expect_err("an edit of a record naming another agent");
+        let why = refused.to_string();
         assert!(
-            refused.to_string().contains("changed outside the broker"),
-            "{forged:?}: {refused}"
+            why.contains("not edited") || why.contains("no approval"),
+            "{forged:?}: {why}"
         );
         let after = hash(&mut store, &record).await;
         assert_eq!(after["message_sha256"], digest, "{forged:?}");
         assert_eq!(after.get("revision"), None, "{forged:?}");
     }
     assert_eq!(d.delivered("desk.out").len(), 1, "no card for an edit");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
+/// The values a writer of the record may set for the header it hopes
+/// approvers read (destination, subject, reply-to, agent).
+pub(crate) const FORGED_HEADER: [(&str, &str); 4] = [
+    ("channel_id", "eve@example.org"),
+    ("subject", "URGENT from the CEO"),
+    ("reply_to", "<forged@example.org>"),
+    ("agent", "the-ceo"),
+];
+
+/// `cowboy approvals show` heads the message with what the entry says
+/// (destination, subject, reply-to, size, and the agent whose stream it is
+/// read from), not with the record's copies, which a writer of the record
+/// can change; the record's own fields are listed below it as stored. A
+/// record naming a stream its bridge does not read shows no message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvals_show_heads_the_message_with_the_entrys_values() {
+    let d = Deployment::new(&approval_config(3600));
+    let (services, id) = parked_for_an_edit(&d, &[]).await;
+    let mut store = d.store().await;
+    let record = keys::approval(&id);
+    let _: () = redis::cmd("HSET")
+        .arg(&record)
+        .arg(&FORGED_HEADER[..])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let shown = broker::cli::approvals_show(&mut store, &d.config, &id)
+        .await
+        .unwrap();
+    let (head, stored) = shown.split_once("\nrecord:\n").expect("a record part");
+    for line in [
+        "From:      ann\n",
+        "To:        bob@example.org\n",
+        "Subject:   (none)\n",
+        "Reply to:  (none)\n",
+        "Size:      10 bytes\n",
+        "| helo wrold\n",
+    ] {
+        assert!(head.contains(line), "{line:?} in\n{head}");
+    }
+    for (_, forged) in FORGED_HEADER {
+        assert!(!head.contains(forged), "{forged:?} in\n{head}");
+        assert!(
+            stored.contains(forged),
+            "the record as stored lists {forged:?}"
+        );
+    }
+    let _: () = redis::cmd("HSET")
+        .arg(&record)
+        .arg("stream")
+        .arg("the-ceo:mail:outbox")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let shown = broker::cli::approvals_show(&mut store, &d.config, &id)
+        .await
+        .unwrap();
+    let head = shown.split_once("\nrecord:\n").unwrap().0;
+    assert!(head.contains("no outbox of bridge `mail`"), "{head}");
+    assert!(!head.contains("helo wrold"), "{head}");
     for s in services {
         s.stop().await.unwrap();
     }

@@ -110,6 +110,43 @@ async fn an_unanswered_approval_climbs_the_ladder_and_is_decided_there() {
     assert_eq!(d.delivered("mail.out").len(), 1);
 }
 
+/// A writer of an unedited record who names an editor in it (and an
+/// "agent's version") does not get a step's card to claim an edit: who
+/// edited is shown only for an edited version, which the bridge seals.
+#[tokio::test(start_paused = true)]
+async fn a_steps_card_claims_no_edit_a_writer_put_in_the_record() {
+    let time = harness::Frozen::hold();
+    let d = ladder();
+    let services = paused_services(&d);
+    agent_sends(&d, "deploy friday", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg("edited_by")
+        .arg("cli:ceo")
+        .arg("original_sha256")
+        .arg("0".repeat(64))
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let hall = time
+        .advance_until("hall asked", Duration::from_secs(10), || async {
+            d.delivered("hall.out").first().cloned()
+        })
+        .await;
+    assert!(
+        hall.content
+            .contains("\nEdited:    no (as the agent wrote it)\n"),
+        "{}",
+        hall.content
+    );
+    assert!(!hall.content.contains("cli:ceo"), "{}", hall.content);
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// carol's ✅ on hall's card `external`, once it is answerable: the message
 /// `content` is sent.
 async fn carol_approves_on_hall(

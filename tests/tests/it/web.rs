@@ -126,6 +126,47 @@ async fn post(
         .unwrap()
 }
 
+/// The page heads an approval with what the entry says (the agent whose
+/// stream it is read from, its destination, subject and size), and its edit
+/// form starts from the entry's destination and subject: a writer of the
+/// record who changes its copies neither misleads the approver nor gets an
+/// edit that quietly sends elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_record_neither_heads_the_page_nor_fills_its_edit_form() {
+    let (d, web) = deployment().await;
+    let services = [d.spawn("outbox", "mail"), d.spawn("outbox", "desk")];
+    agent_sends(&d, "helo wrold", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg(&crate::consent::FORGED_HEADER[..])
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let (_, session) = login(&web, "boss", "correct horse").await;
+    let html = get(&web, &session.unwrap(), &format!("/approval/{id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    for shown in [
+        "<th>from</th><td>ann</td>",
+        "<th>to</th><td>bob@example.org</td>",
+        "<th>size</th><td>10 bytes</td>",
+        r#"name="channel" value="bob@example.org""#,
+        r#"name="subject" value="""#,
+    ] {
+        assert!(html.contains(shown), "{shown:?} in\n{html}");
+    }
+    for (_, forged) in crate::consent::FORGED_HEADER {
+        assert!(!html.contains(forged), "{forged:?} in\n{html}");
+    }
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// Every key and its serialized value: the whole dataset, to compare.
 async fn snapshot(d: &Deployment) -> BTreeMap<String, Vec<u8>> {
     let mut store = d.store().await;

@@ -72,6 +72,9 @@ pub(crate) async fn render_detail(
         Err(e) => return failed(e),
     };
     let gated = view.gated;
+    // Headed by what the entry says (the edit form starts from it too), not
+    // by the record's copies, which any surface of the approval can write.
+    let r = view.header();
     let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
     match view.shown {
         approval::Shown::Gone => {}
@@ -100,7 +103,6 @@ pub(crate) async fn render_detail(
         }
         approval::Shown::Unreadable(_) => matches = Some(false),
     }
-    let r = view.record;
     let identity = Identity::web(&session.user);
     let cannot_decide = match bridge {
         _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
