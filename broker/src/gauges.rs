@@ -1,12 +1,13 @@
-//! What the operator's views count of each bridge (the page's `/metrics`,
-//! `cowboy status`): parked approvals and the oldest one's age, dead letters,
-//! uncertain deliveries, heartbeats, and the streams a bridge reads with the
-//! group that reads each.
+//! What the operator's views read of each bridge: the page's `/metrics` its
+//! counts ([`read`]: parked approvals and the oldest one's age, dead letters,
+//! uncertain deliveries, heartbeats), and both it and `cowboy status` the
+//! streams a bridge reads with the group that reads each ([`read_streams`],
+//! [`group`]).
 //!
 //! Invariants:
 //! - Read only: nothing here writes, so the page's read-only user can serve it.
 //! - Every bridge's counts come back in one pipeline (one round trip, however
-//!   many bridges), so a scrape costs the same few commands per bridge.
+//!   many bridges); each stream's group is one `XINFO GROUPS` more.
 
 use std::collections::HashMap;
 

@@ -49,6 +49,22 @@ pub fn outbox_for(agent: Option<&str>, bridge: &str) -> String {
     }
 }
 
+/// Whose outbox of `bridge` `stream` is, the inverse of [`outbox_for`]:
+/// `Some(None)` for the flat one, `Some(Some(agent))` for an agent's (a
+/// name of letters, digits, `-` and `_`, as the config allows), `None` for
+/// any other key.
+pub fn outbox_owner<'a>(stream: &'a str, bridge: &str) -> Option<Option<&'a str>> {
+    if stream == outbox(bridge) {
+        return Some(None);
+    }
+    let agent = stream.strip_suffix(&format!(":{bridge}:outbox"))?;
+    let named = !agent.is_empty()
+        && agent
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    named.then_some(Some(agent))
+}
+
 /// Dead letters: entries refused as invalid, with the reason.
 pub fn dead(bridge: &str) -> String {
     format!("{bridge}:dead")

@@ -14,6 +14,9 @@
 //! - [`keys`]: the Redis key schema, the only place that formats key names.
 //! - [`config`]: the deployment TOML, validated at start-up with keys named.
 //! - [`store`]: connections and stream primitives.
+//! - [`topology`]: where Redis is (a server, Sentinels, a cluster), and the connection that keeps reaching it.
+//! - [`cluster`]: the connection to a Redis Cluster.
+//! - [`blocking`]: connections for blocking group reads.
 //! - [`gauges`]: the counts the operator's views read of each bridge.
 //! - [`sessions`]: the approval page's login sessions.
 //! - [`entry`]: outbox entry validation and notices to agents.
@@ -25,6 +28,8 @@
 //! - [`approval`]: records, lazy expiry, `resolve_approval`, notification text.
 //! - [`outbox`]: the outbox service (park, notify, settle, deliver).
 //! - [`ingest`]: what a bridge's ingest uses: inbox writes and answers.
+//! - [`carried`]: what an ingest carried to the inbox, and its position per channel.
+//! - [`text`]: text rules every chat surface shares (cutting long content, typed answers).
 //! - [`ping`]: the inbox-side wake-up service and liveness.
 //! - [`retry`]: back-off, and the retry policy of deliveries.
 //! - [`request`]: decisions and edits asked by the operators and the page, applied by the outbox.

@@ -18,28 +18,26 @@ use crate::store::Store;
 impl Store {
     /// The record of session `nonce`, while it is neither expired nor ended.
     pub async fn session_record(&mut self, nonce: &str) -> Result<Option<String>> {
-        let key = keys::web_session(nonce);
+        // The key holds the nonce: it stays out of errors (and so of logs).
         self.conn
-            .get(&key)
+            .get(keys::web_session(nonce))
             .await
-            .map_err(|e| Error::from_redis(&format!("GET {key}"), e))
+            .map_err(|e| Error::from_redis("GET web session", e))
     }
 
     /// Issues session `nonce` with `record` for `secs` seconds (at least one).
     pub async fn open_session(&mut self, nonce: &str, record: &str, secs: u64) -> Result<()> {
-        let key = keys::web_session(nonce);
         self.conn
-            .set_ex(&key, record, secs.max(1))
+            .set_ex(keys::web_session(nonce), record, secs.max(1))
             .await
-            .map_err(|e| Error::from_redis(&format!("SET {key}"), e))
+            .map_err(|e| Error::from_redis("SET web session", e))
     }
 
     /// Ends session `nonce` (logout): every copy of its cookie stops working.
     pub async fn end_session(&mut self, nonce: &str) -> Result<()> {
-        let key = keys::web_session(nonce);
         self.conn
-            .del(&key)
+            .del(keys::web_session(nonce))
             .await
-            .map_err(|e| Error::from_redis(&format!("DEL {key}"), e))
+            .map_err(|e| Error::from_redis("DEL web session", e))
     }
 }

@@ -5,10 +5,12 @@
 //! BLOCK`, which must not share a pipeline with other commands nor time out
 //! before the server answers.
 //!
-//! The connection is the broker's: bridges, the page and the MCP server reach
-//! Redis only through typed calls (these, the ingest context, the approval
-//! repository), so every key they touch is named in [`crate::keys`] and every
-//! command is one the ACL of `crate::acl::rules` grants.
+//! The store's connection is the broker's own: bridges, the page and the MCP
+//! server reach Redis through typed calls (these, the ingest context, the
+//! approval repository), so every key they touch is named in [`crate::keys`]
+//! and every command is one the ACL of `crate::acl::rules` grants. That
+//! holds by convention beyond the store: [`Conn`] and [`Blocking`] are
+//! public (the tests' raw connection is one).
 //!
 //! Stream entries are kept as raw bytes ([`Entry`]): whether a value is valid
 //! UTF-8 is a validation question for the caller, not a parse failure here.
@@ -78,7 +80,8 @@ pub struct Group {
     /// How many entries the group has been handed in all (`entries-read`).
     pub entries_read: u64,
     /// Entries of the stream the group has not been handed yet (`lag`); none
-    /// when Redis cannot tell (after deletions in the unread part).
+    /// when Redis cannot tell (after deletions in the unread part; before
+    /// Redis 7, which does not report it).
     pub lag: Option<u64>,
 }
 

@@ -404,11 +404,20 @@ async fn decide_once(
 /// Who approved is not told (that is for the trail).
 async fn tell_counted(store: &mut Store, record: &Record, have: usize, need: usize) -> Result<()> {
     let n = crate::entry::Notice::parked(record, Some((have, need)));
-    let inbox = crate::keys::inbox_for(record.agent.as_deref(), record.source());
+    let inbox = notice_inbox(record)?;
     store
         .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
         .await?;
     Ok(())
+}
+
+/// The inbox of the agent whose outbox the record's entry is in: taken from
+/// the record's stream, which must be one its bridge reads (see
+/// [`view::origin`]), not from its `agent` field, so a writer of the record
+/// cannot send an approval's progress to another agent by naming it.
+pub(crate) fn notice_inbox(record: &Record) -> Result<String> {
+    let agent = view::origin(record).map_err(Error::internal)?;
+    Ok(crate::keys::inbox_for(agent.as_deref(), record.source()))
 }
 
 /// A count of approvals as the record stores it: who approved, the people

@@ -712,6 +712,17 @@ impl Record {
         &self.source
     }
 
+    /// Drops who edited, and the agent's version's digest, from a record
+    /// whose `revision` (which the bridge seals) says it was never edited: a
+    /// writer of an unedited record must not get a card or a view to claim an
+    /// edit, an endorsement the approvers did not see.
+    pub fn forget_edit_unless_edited(&mut self) {
+        if self.revision == 0 {
+            self.edited_by = None;
+            self.original_sha256 = None;
+        }
+    }
+
     /// The agent whose entry this is, if it came from a per-agent stream.
     pub fn agent(&self) -> Option<&str> {
         self.agent.as_deref()

@@ -229,11 +229,15 @@ async fn show(store: &mut Store, config: &Config, record: &Record) {
         let count =
             (record.quorum() > 1).then(|| (record.approvals.len(), record.quorum() as usize));
         let n = crate::entry::Notice::parked(record, count);
-        let inbox = keys::inbox_for(record.agent.as_deref(), record.source());
-        if let Err(e) = store
-            .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
-            .await
-        {
+        let told = match super::notice_inbox(record) {
+            Ok(inbox) => {
+                store
+                    .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = told {
             tracing::warn!(approval = %record.id, error = %e, "the agent was not told of the snooze");
         }
     }

@@ -10,11 +10,15 @@
 //!   still has the digest the approval binds. An entry that no longer parses,
 //!   or no longer exists, is said to be so: it will not be sent.
 //! - What a surface says of the message (its destination, subject, reply-to,
-//!   size and agent: [`View::header`]) comes from the entry read, never from
-//!   the record, which every surface of the approval can write. The record
-//!   chooses which entry is read, so its bridge must be the one the id's tag
-//!   names and its stream one that bridge reads (the shared outbox or a
-//!   configured agent's); the agent shown is the one whose stream it is.
+//!   size and agent: [`View::header`]) comes from the version shown, not from
+//!   the record's copies, which every surface of the approval can write. The
+//!   record chooses which entry is read, so its bridge must be the one the
+//!   id's tag names and its stream an outbox of that bridge (the shared one or
+//!   an agent's); the agent shown is the one whose stream it is.
+//! - Not covered here: an edited version is the record's `edited_message`,
+//!   and the views hold no key to check the bridge's seal over it. A writer
+//!   of the record who rewrites it (with the digest and revision) is shown;
+//!   the send verifies the seal and refuses it.
 
 use crate::config::Config;
 use crate::entry::Message;
@@ -55,7 +59,7 @@ impl View {
     /// Reads what `record` would send or run.
     pub async fn load(store: &mut Store, config: &Config, record: Record) -> Result<View> {
         let gated = record.is_gated(config);
-        let agent = match origin(config, &record) {
+        let agent = match origin(&record) {
             Ok(agent) => agent,
             Err(why) => {
                 return Ok(View {
@@ -102,9 +106,9 @@ impl View {
     }
 
     /// The record as a header of what is shown says it: destination,
-    /// subject, reply-to and size of the message read, the agent whose
+    /// subject, reply-to and size of the version shown, the agent whose
     /// stream it was read from, and who edited only for an edited version
-    /// (`revision`, which the bridge seals); everything else (deadline,
+    /// ([`Record::forget_edit_unless_edited`]); everything else (deadline,
     /// quorum, the digest bound) the record's. Of an entry that will not be
     /// sent (gone, unreadable), the record's values, as the record says them.
     pub fn header(&self) -> Record {
@@ -120,10 +124,7 @@ impl View {
             Shown::Card(_) => r.agent = self.agent.clone(),
             Shown::Unreadable(_) | Shown::Gone => {}
         }
-        if r.revision == 0 {
-            r.edited_by = None;
-            r.original_sha256 = None;
-        }
+        r.forget_edit_unless_edited();
         r
     }
 
@@ -139,21 +140,18 @@ impl View {
 
 /// The agent whose outbox `record` names (`None`: the shared one), or why the
 /// record names no entry of its bridge: its bridge is not the one its id's
-/// tag names, or its stream is no outbox that bridge reads.
-fn origin(config: &Config, record: &Record) -> std::result::Result<Option<String>, String> {
+/// tag names, or its stream is no outbox of that bridge. Read from the
+/// stream's name, not the config (a page started before an agent was added
+/// still shows that agent's messages).
+pub(super) fn origin(record: &Record) -> std::result::Result<Option<String>, String> {
     let source = record.source();
     if !super::is_id_of(&record.id, source) {
         return Err(format!(
             "the record names bridge `{source}`, which is not the one its id is of"
         ));
     }
-    if record.stream == keys::outbox(source) {
-        return Ok(None);
-    }
-    config
-        .agent_names()
-        .find(|a| keys::agent_outbox(a, source) == record.stream)
-        .map(|a| Some(a.to_string()))
+    keys::outbox_owner(&record.stream, source)
+        .map(|agent| agent.map(str::to_string))
         .ok_or_else(|| {
             format!(
                 "the record names stream `{}`, which is no outbox of bridge `{source}`",

@@ -620,13 +620,7 @@ impl<S: Sender> OutboxService<S> {
         }
         let mut framed =
             self.with_shown_values(record.clone(), self.sources[src].agent.clone(), message);
-        // "Edited" only on an edited version (`revision`, which the bridge
-        // seals): who edited is the record's to say, and a writer of an
-        // unedited record must not make a step's card claim an endorsement.
-        if framed.revision == 0 {
-            framed.edited_by = None;
-            framed.original_sha256 = None;
-        }
+        framed.forget_edit_unless_edited();
         Some(framed)
     }
 

@@ -230,6 +230,53 @@ fn quorum_of_two(approvers: &[&str]) -> (Deployment, [harness::Running; 3]) {
     (d, services)
 }
 
+/// A count of approvals is told to the agent whose outbox the entry is in
+/// (taken from the record's stream, one its bridge reads), not to an agent
+/// a writer of the record names in its `agent` field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_is_told_to_the_agent_whose_entry_it_is() {
+    let (d, services) = quorum_of_two(&["console:boss", "console:amy"]);
+    let mut store = d.store().await;
+    store
+        .xadd(
+            &keys::agent_outbox("ann", "mail"),
+            &[
+                ("channel_id", b"bob@example.org".as_slice()),
+                ("content", b"after lunch"),
+                ("notices", b"all"),
+            ],
+        )
+        .await
+        .unwrap();
+    let (id, external) = notification(&d, 0).await;
+    let _: () = redis::cmd("HSET")
+        .arg(keys::approval(&id))
+        .arg("agent")
+        .arg("bea")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    react(&d, &external, "✅", "boss", "");
+    let ann = keys::agent_inbox("ann", "mail");
+    wait_until("ann told of one approval of two", SOON, || async {
+        inbox_notices(&d, &ann)
+            .await
+            .iter()
+            .any(|n| n.get("reason").is_some_and(|r| r.contains("1 of 2")))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        inbox_notices(&d, &keys::agent_inbox("bea", "mail"))
+            .await
+            .is_empty(),
+        "nothing for the agent the record names"
+    );
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// The last card shown for approval `id` (a new one after each edit), once
 /// there are `n` cards for it.
 async fn card_of(d: &Deployment, id: &str, n: usize) -> String {

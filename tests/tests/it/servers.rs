@@ -46,7 +46,7 @@ async fn redis_over_tls_with_a_private_ca() {
         ca_file: None,
         ..d.config.redis.clone()
     };
-    match TestStore::connect(&plain).await {
+    match broker::Store::connect(&plain).await {
         Err(Error::Config(e)) => assert!(e.to_string().contains("redis.url"), "{e}"),
         Err(e) => panic!("not a configuration error: {e}"),
         Ok(_) => panic!("plain TCP to another host was allowed"),
@@ -60,7 +60,7 @@ pub(crate) async fn refused_under(d: &Deployment, ca: std::path::PathBuf) {
         ca_file: Some(ca),
         ..d.config.redis.clone()
     };
-    match TestStore::connect(&wrong).await {
+    match broker::Store::connect(&wrong).await {
         Err(Error::Config(e)) => {
             let text = e.to_string();
             assert!(
@@ -113,7 +113,7 @@ pub(crate) async fn agent_sends_through(d: &Deployment, content: &str, request_i
         &format!("the master taking {content:?}"),
         FAILOVER,
         || async {
-            let mut store = TestStore::connect(&d.config.redis).await.ok()?;
+            let mut store = broker::Store::connect(&d.config.redis).await.ok()?;
             store
                 .xadd(
                     &keys::agent_outbox("ann", "mail"),
@@ -396,7 +396,7 @@ async fn connections_carry_tcp_keepalive() {
         url: redis.url(),
         ..RedisConfig::default()
     };
-    let store = TestStore::connect(&config).await.unwrap();
+    let store = broker::Store::connect(&config).await.unwrap();
     let _blocking = store.blocking().await.unwrap();
     let out = std::process::Command::new("ss")
         .args(["-tnoH", "state", "established"])
@@ -427,7 +427,7 @@ async fn redis_verifying_client_certificates() {
         ..RedisConfig::default()
     };
     assert!(
-        TestStore::connect(&anonymous).await.is_err(),
+        broker::Store::connect(&anonymous).await.is_err(),
         "a client without a certificate was let in"
     );
     let known = RedisConfig {
@@ -435,7 +435,7 @@ async fn redis_verifying_client_certificates() {
         client_key_file: Some(key),
         ..anonymous.clone()
     };
-    let mut store = TestStore::connect(&known).await.unwrap();
+    let mut store = broker::Store::connect(&known).await.unwrap();
     let id = store.xadd("s", &[("k", b"v".as_slice())]).await.unwrap();
     let mut blocking = store.blocking().await.unwrap();
     let len: u64 = redis::cmd("XLEN")

@@ -76,6 +76,7 @@ pub(crate) async fn render_detail(
     // by the record's copies, which any surface of the approval can write.
     let r = view.header();
     let (mut fields, mut content, mut matches) = (Vec::new(), None, None);
+    let mut unreadable = None;
     match view.shown {
         approval::Shown::Gone => {}
         // A declared action: the card approvers were shown, which holds
@@ -101,10 +102,14 @@ pub(crate) async fn render_detail(
             ));
             content = Some(m.content);
         }
-        approval::Shown::Unreadable(_) => matches = Some(false),
+        approval::Shown::Unreadable(why) => {
+            matches = Some(false);
+            unreadable = Some(why);
+        }
     }
     let identity = Identity::web(&session.user);
     let cannot_decide = match bridge {
+        _ if unreadable.is_some() => unreadable.map(|why| format!("What this approval would send cannot be read ({why}): it will not be sent; reject it and ask the agent again.")),
         _ if gated && content.is_none() => Some("The card approvers were shown is no longer kept, so this page cannot show what would run: reject it from the CLI and ask the agent again.".to_string()),
         Some(b) if b.approval.allows_at(&identity, r.escalated) => None,
         _ => Some(format!("You ({identity}) are not on the approvers of bridge `{}`: you can see this approval but not decide it.", r.source())),
