@@ -412,9 +412,9 @@ async fn tell_counted(store: &mut Store, record: &Record, have: usize, need: usi
 }
 
 /// The inbox of the agent whose outbox the record's entry is in: taken from
-/// the record's stream, which must be one its bridge reads (see
+/// the record's stream, which must be an outbox of its bridge (see
 /// [`view::origin`]), not from its `agent` field, so a writer of the record
-/// cannot send an approval's progress to another agent by naming it.
+/// cannot send an approval's progress to another agent by naming it alone.
 pub(crate) fn notice_inbox(record: &Record) -> Result<String> {
     let agent = view::origin(record).map_err(Error::internal)?;
     Ok(crate::keys::inbox_for(agent.as_deref(), record.source()))
