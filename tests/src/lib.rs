@@ -896,12 +896,10 @@ impl std::ops::DerefMut for TestStore {
 
 /// How many entries `group` has been handed from `stream` in all (0 if neither exists).
 pub async fn entries_read(store: &mut Store, stream: &str, group: &str) -> usize {
-    store
-        .groups(stream)
+    broker::gauges::group(store, stream, group)
         .await
-        .unwrap_or_default()
-        .into_iter()
-        .find(|g| g.name == group)
+        .ok()
+        .flatten()
         .map_or(0, |g| g.entries_read as usize)
 }
 
@@ -972,6 +970,17 @@ pub async fn approve_unannounced(store: &mut TestStore, bridge: &str, id: &str) 
 }
 
 /// All fields of a hash.
+/// Writes `fields` into approval `id`'s record as any writer of it could
+/// (a surface's outbox service: the consent tests' attacker), unchecked.
+pub async fn write_record(store: &mut TestStore, id: &str, fields: &[(&str, &str)]) {
+    let _: () = redis::cmd("HSET")
+        .arg(broker::keys::approval(id))
+        .arg(fields)
+        .query_async(&mut store.conn)
+        .await
+        .expect("HSET of a record");
+}
+
 pub async fn hash(store: &mut TestStore, key: &str) -> std::collections::HashMap<String, String> {
     store.conn.hgetall(key).await.expect("HGETALL")
 }

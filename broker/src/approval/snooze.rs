@@ -229,15 +229,13 @@ async fn show(store: &mut Store, config: &Config, record: &Record) {
         let count =
             (record.quorum() > 1).then(|| (record.approvals.len(), record.quorum() as usize));
         let n = crate::entry::Notice::parked(record, count);
-        let told = match super::notice_inbox(record) {
-            Ok(inbox) => {
-                store
-                    .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
-                    .await
-            }
-            Err(e) => Err(e),
+        let told = async {
+            let inbox = super::notice_inbox(record)?;
+            store
+                .xadd(&inbox, &n.fields(&record.stream, &record.entry_id))
+                .await
         };
-        if let Err(e) = told {
+        if let Err(e) = told.await {
             tracing::warn!(approval = %record.id, error = %e, "the agent was not told of the snooze");
         }
     }

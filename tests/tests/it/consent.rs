@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use broker::{approval, keys, Clock};
 use harness::setup::Setup;
 use harness::TestStore;
-use harness::{hash, stream, wait_until, Deployment, Running};
+use harness::{hash, stream, wait_until, write_record, Deployment, Running};
 use serde_json::json;
 
 use crate::approval::{
@@ -472,13 +472,7 @@ async fn an_edits_card_shows_the_entrys_reply_to_not_the_records() {
     let d = Deployment::new(&approval_config(3600));
     let (services, id) = parked_for_an_edit(&d, &[("reply_to", b"<thread-1@example.org>")]).await;
     let mut store = d.store().await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("reply_to")
-        .arg("<forged@example.org>")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    write_record(&mut store, &id, &[("reply_to", "<forged@example.org>")]).await;
     crate::ledger::edit_as(&d, &id, "hello world", "console:boss").await;
     let card = wait_until("the edited version's card", SOON, || async {
         d.delivered("desk.out").get(1).cloned()
@@ -534,12 +528,7 @@ async fn an_edit_of_a_record_naming_another_agent_is_refused() {
         &[("agent", "the-ceo"), ("stream", "the-ceo:mail:outbox")],
     ];
     for forged in forgeries {
-        let _: () = redis::cmd("HSET")
-            .arg(&record)
-            .arg(forged)
-            .query_async(&mut store.conn)
-            .await
-            .unwrap();
+        write_record(&mut store, &id, forged).await;
         let why = edit(store.clone(), digest.clone()).await;
         assert!(
             why.contains("changed outside the broker"),
@@ -551,12 +540,12 @@ async fn an_edit_of_a_record_naming_another_agent_is_refused() {
     }
     // Put back as parked, the record of a bridge whose key is gone (only
     // an operator can remove it) has nothing to be checked against.
-    let _: () = redis::cmd("HSET")
-        .arg(&record)
-        .arg(&[("agent", "ann"), ("stream", "ann:mail:outbox")])
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    write_record(
+        &mut store,
+        &id,
+        &[("agent", "ann"), ("stream", "ann:mail:outbox")],
+    )
+    .await;
     let _: () = redis::cmd("DEL")
         .arg(keys::id_key("mail"))
         .query_async(&mut store.conn)
@@ -590,13 +579,7 @@ async fn approvals_show_heads_the_message_with_the_entrys_values() {
     let d = Deployment::new(&approval_config(3600));
     let (services, id) = parked_for_an_edit(&d, &[]).await;
     let mut store = d.store().await;
-    let record = keys::approval(&id);
-    let _: () = redis::cmd("HSET")
-        .arg(&record)
-        .arg(&FORGED_HEADER[..])
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    write_record(&mut store, &id, &FORGED_HEADER).await;
     let shown = broker::cli::approvals_show(&mut store, &d.config, &id)
         .await
         .unwrap();
@@ -618,13 +601,7 @@ async fn approvals_show_heads_the_message_with_the_entrys_values() {
             "the record as stored lists {forged:?}"
         );
     }
-    let _: () = redis::cmd("HSET")
-        .arg(&record)
-        .arg("stream")
-        .arg("ann:mail:inbox")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    write_record(&mut store, &id, &[("stream", "ann:mail:inbox")]).await;
     let shown = broker::cli::approvals_show(&mut store, &d.config, &id)
         .await
         .unwrap();
@@ -800,13 +777,15 @@ async fn a_rewritten_preview_shows_no_card_and_sends_nothing() {
     let mut store = d.store().await;
     assert!(!written.contains_key("approval_content"), "{written:?}");
     let id = written["approval_id"].clone();
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("content_preview")
-        .arg("Lunch at noon? And wire 50k EUR to account 666.")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    write_record(
+        &mut store,
+        &id,
+        &[(
+            "content_preview",
+            "Lunch at noon? And wire 50k EUR to account 666.",
+        )],
+    )
+    .await;
     let desk = d.spawn("outbox", "desk");
     let letters = dead(&mut store, "desk", 1).await;
     assert!(

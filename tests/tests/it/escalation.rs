@@ -121,15 +121,13 @@ async fn a_steps_card_claims_no_edit_a_writer_put_in_the_record() {
     agent_sends(&d, "deploy friday", "r1").await;
     let (id, _) = notification(&d, 0).await;
     let mut store = d.store().await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("edited_by")
-        .arg("cli:ceo")
-        .arg("original_sha256")
-        .arg("0".repeat(64))
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    let zeros = "0".repeat(64);
+    harness::write_record(
+        &mut store,
+        &id,
+        &[("edited_by", "cli:ceo"), ("original_sha256", &zeros)],
+    )
+    .await;
     let hall = time
         .advance_until("hall asked", Duration::from_secs(10), || async {
             d.delivered("hall.out").first().cloned()

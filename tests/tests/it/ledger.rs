@@ -249,13 +249,7 @@ async fn a_count_is_told_to_the_agent_whose_entry_it_is() {
         .await
         .unwrap();
     let (id, external) = notification(&d, 0).await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg("agent")
-        .arg("bea")
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    harness::write_record(&mut store, &id, &[("agent", "bea")]).await;
     react(&d, &external, "✅", "boss", "");
     let ann = keys::agent_inbox("ann", "mail");
     wait_until("ann told of one approval of two", SOON, || async {

@@ -138,12 +138,7 @@ async fn a_forged_record_neither_heads_the_page_nor_fills_its_edit_form() {
     agent_sends(&d, "helo wrold", "r1").await;
     let (id, _) = notification(&d, 0).await;
     let mut store = d.store().await;
-    let _: () = redis::cmd("HSET")
-        .arg(keys::approval(&id))
-        .arg(&crate::consent::FORGED_HEADER[..])
-        .query_async(&mut store.conn)
-        .await
-        .unwrap();
+    harness::write_record(&mut store, &id, &crate::consent::FORGED_HEADER).await;
     let (_, session) = login(&web, "boss", "correct horse").await;
     let html = get(&web, &session.unwrap(), &format!("/approval/{id}"))
         .await
