@@ -246,15 +246,36 @@ pub fn prepare(pipe: &mut redis::Pipeline) {
 
 /// Appends events, in order, in one round trip.
 pub async fn append(store: &mut Store, config: &Config, events: &[Event]) -> Result<()> {
-    if events.is_empty() {
+    append_then(store, config, events, None).await
+}
+
+/// Appends events, in order, then runs `then` (a wake-up), all in one
+/// round trip: `then` runs after the events are appended, and runs even if
+/// an append failed (the step they record happened).
+pub async fn append_then(
+    store: &mut Store,
+    config: &Config,
+    events: &[Event],
+    then: Option<redis::Cmd>,
+) -> Result<()> {
+    if events.is_empty() && then.is_none() {
         return Ok(());
     }
     let mut pipe = redis::pipe();
-    prepare(&mut pipe);
-    add_all_to(&mut pipe, events, config.audit.retention_days);
+    if !events.is_empty() {
+        prepare(&mut pipe);
+        add_all_to(&mut pipe, events, config.audit.retention_days);
+    }
+    let what = match then {
+        Some(cmd) => {
+            pipe.add_command(cmd).ignore();
+            "XADD audit, then the wake-up"
+        }
+        None => "XADD audit",
+    };
     pipe.query_async::<()>(&mut store.conn)
         .await
-        .map_err(|e| Error::from_redis("XADD audit", e))
+        .map_err(|e| Error::from_redis(what, e))
 }
 
 /// An entry read back.

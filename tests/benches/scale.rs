@@ -217,6 +217,38 @@ async fn idle_rate(store: &mut TestStore, secs: u64) -> (f64, BTreeMap<String, u
     (total as f64 / secs as f64, c1)
 }
 
+/// Every command's calls and time (`INFO commandstats`, all since the
+/// server started) per card, as `name calls (µs), …`, the most costly first.
+async fn command_costs(store: &mut TestStore, cards: usize) -> String {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut store.conn)
+        .await
+        .unwrap();
+    let mut each: Vec<(String, f64, f64)> = info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let value = |key: &str| -> Option<f64> {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))?
+                    .parse()
+                    .ok()
+            };
+            let n = cards as f64;
+            Some((name.to_string(), value("calls")? / n, value("usec")? / n))
+        })
+        .filter(|(_, calls, _)| *calls >= 0.05)
+        .collect();
+    each.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let total: f64 = each.iter().map(|(_, _, us)| us).sum();
+    let list: Vec<String> = each
+        .iter()
+        .map(|(name, calls, us)| format!("{name} {calls:.2} ({us:.1} µs)"))
+        .collect();
+    format!("{total:.1} µs of commands: {}", list.join(", "))
+}
+
 /// `by_name` as `name n, …`.
 fn counts(by_name: &BTreeMap<String, u64>) -> String {
     let each: Vec<String> = by_name.iter().map(|(k, n)| format!("{k} {n}")).collect();
@@ -247,6 +279,12 @@ async fn main() {
         let start = Instant::now();
         parked(&mut store, n).await;
         park_times.push((n, start.elapsed()));
+        if n == 10_000 {
+            println!(
+                "park {n}, Redis per card: {}",
+                command_costs(&mut store, n).await
+            );
+        }
     }
     for (n, t) in &park_times {
         println!(

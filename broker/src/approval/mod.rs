@@ -294,10 +294,29 @@ pub async fn decide(
     id: &str,
     answer: Answer<'_>,
 ) -> Result<Outcome> {
+    decide_read(store, config, id, None, answer).await
+}
+
+/// [`decide`], its first attempt on `read` when the caller has just read the
+/// record (`Some(None)`: it found none) rather than reading it again: one
+/// round trip less between a human's answer and the send. An attempt that
+/// finds the record changed since reads it afresh, as always.
+pub async fn decide_read(
+    store: &mut Store,
+    config: &Config,
+    id: &str,
+    read: Option<Option<Record>>,
+    answer: Answer<'_>,
+) -> Result<Outcome> {
+    let mut read = read;
     // Another decider's count landed between this one's read and its write:
     // read again (a few times; then it is reported as busy).
     for _ in 0..3 {
-        match decide_once(store, config, id, answer).await? {
+        let record = match read.take() {
+            Some(record) => record,
+            None => Approvals::on(store).load(id).await?,
+        };
+        match decide_once(store, config, record, answer).await? {
             Applied::Stale => continue,
             Applied::Done(outcome) => return Ok(outcome),
         }
@@ -315,10 +334,10 @@ enum Applied {
 async fn decide_once(
     store: &mut Store,
     config: &Config,
-    id: &str,
+    record: Option<Record>,
     answer: Answer<'_>,
 ) -> Result<Applied> {
-    let Some(record) = Approvals::on(store).load(id).await? else {
+    let Some(record) = record else {
         return Ok(Applied::Done(Outcome::Late(Late::Missing)));
     };
     // Email addresses compare without case: one person is one identity.
@@ -386,7 +405,7 @@ async fn decide_once(
     };
     if !allowed && delegation.is_none() {
         tracing::warn!(
-            approval = id,
+            approval = %record.id,
             approver = answer.approver,
             "answer from someone not on approval.approvers ignored"
         );
@@ -715,7 +734,15 @@ async fn apply(
             (vec![event], Outcome::Late(late), None)
         }
     };
-    audit::append(store, config, &events).await?;
+    // Wake the requesting worker (the one the record names, read in the same
+    // step as the decision), right after the trail in the same round trip:
+    // the send waits for the wake-up, and nothing for the trail's answer. If
+    // the wake-up is lost (the decider died in between), the announcement
+    // above has the requester's next sweep read the record; if the cap
+    // trimmed both unread, answering again through the CLI wakes it again, a
+    // restart re-reads every record, and the blind slice reaches it in the end.
+    let wake = woken.map(|status| wake_cmd(record.source(), &d.worker, id, Wake::Decided(status)));
+    audit::append_then(store, config, &events, wake).await?;
     // After the trail: the count is what matters; telling the agent is
     // informational, and a failure to is logged, not retried.
     if let Outcome::Counted {
@@ -729,15 +756,6 @@ async fn apply(
                 tracing::warn!(approval = %record.id, error = %e, "the agent was not told of the count");
             }
         }
-    }
-    if let Some(status) = woken {
-        // Wake the requesting worker (the one the record names, read in the same
-        // step as the decision). If this is lost (the decider died in between),
-        // the announcement above has the requester's next sweep read the record;
-        // if the cap trimmed both unread, answering again through the CLI wakes
-        // it again, a restart re-reads every record, and the blind slice
-        // reaches it in the end.
-        wake(store, record.source(), &d.worker, id, Wake::Decided(status)).await?;
     }
     // Told to the human only once a failover cannot lose it (after its audit
     // event and wake-up, so a shortfall retried finds it decided, not undone).
