@@ -250,8 +250,9 @@ pub async fn append(store: &mut Store, config: &Config, events: &[Event]) -> Res
 }
 
 /// Appends events, in order, then runs `then` (a wake-up), all in one
-/// round trip: `then` runs after the events are appended, and runs even if
-/// an append failed (the step they record happened).
+/// round trip: `then` runs after the events are appended, and even if Redis
+/// refused an append (the step they record happened). On a Cluster the
+/// two go to their own nodes, `then` after the appends' answer.
 pub async fn append_then(
     store: &mut Store,
     config: &Config,
@@ -269,7 +270,7 @@ pub async fn append_then(
     let what = match then {
         Some(cmd) => {
             pipe.add_command(cmd).ignore();
-            "XADD audit, then the wake-up"
+            "XADD audit, then XADD the wake-up"
         }
         None => "XADD audit",
     };

@@ -25,9 +25,10 @@
 //!   rejects. The card stays armed while approvals are counted.
 //! - Every answer to an existing record is appended to its requesting
 //!   bridge's audit trail: counted (`answered`) or ignored, with why.
-//! - A decision is followed by an entry on the deciding worker's wake-up stream
-//!   (`{bridge}:decisions`, or `{bridge}:decisions:{worker}`), named by the
-//!   record and read in the decision's own step.
+//! - A decision is followed by an entry on the requesting worker's wake-up
+//!   stream (`{bridge}:decisions`, or `{bridge}:decisions:{worker}`), named
+//!   by the record and read in the decision's own step; it goes in the same
+//!   round trip as the decision's audit events, after them.
 
 pub mod delegation;
 pub mod edit;
@@ -294,21 +295,27 @@ pub async fn decide(
     id: &str,
     answer: Answer<'_>,
 ) -> Result<Outcome> {
-    decide_read(store, config, id, None, answer).await
+    let record = Approvals::on(store).load(id).await?;
+    decide_on(store, config, id, record, answer).await
 }
 
-/// [`decide`], its first attempt on `read` when the caller has just read the
-/// record (`Some(None)`: it found none) rather than reading it again: one
-/// round trip less between a human's answer and the send. An attempt that
-/// finds the record changed since reads it afresh, as always.
-pub async fn decide_read(
+/// [`decide`] on record `id` as the caller has just read it (`None`: it
+/// found none), rather than reading it again: one round trip less between
+/// a human's answer and the send. Every check is made on that read, and the
+/// script decides only on exactly that state; an attempt that finds the
+/// record changed since reads it afresh.
+pub(crate) async fn decide_on(
     store: &mut Store,
     config: &Config,
     id: &str,
-    read: Option<Option<Record>>,
+    record: Option<Record>,
     answer: Answer<'_>,
 ) -> Result<Outcome> {
-    let mut read = read;
+    let mut read = match record {
+        // Read under another id: not this one's read; read again below.
+        Some(r) if r.id != id => None,
+        r => Some(r),
+    };
     // Another decider's count landed between this one's read and its write:
     // read again (a few times; then it is reported as busy).
     for _ in 0..3 {
@@ -735,8 +742,8 @@ async fn apply(
         }
     };
     // Wake the requesting worker (the one the record names, read in the same
-    // step as the decision), right after the trail in the same round trip:
-    // the send waits for the wake-up, and nothing for the trail's answer. If
+    // step as the decision), right after the trail in the same round trip
+    // (on a Cluster, the wake-up's run follows the trail's answer). If
     // the wake-up is lost (the decider died in between), the announcement
     // above has the requester's next sweep read the record; if the cap
     // trimmed both unread, answering again through the CLI wakes it again, a

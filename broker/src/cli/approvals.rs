@@ -230,7 +230,7 @@ pub async fn approvals_decide(
         answer = answer.seeing(digest);
     }
     let outcome = if config.operators.is_empty() {
-        approval::decide_read(store, config, &id, Some(record), answer).await?
+        approval::decide_on(store, config, &id, record, answer).await?
     } else {
         let requester = crate::request::Requester::Operator(operator.to_string());
         crate::request::decide(store, &requester, &id, answer).await?
