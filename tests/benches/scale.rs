@@ -219,6 +219,8 @@ async fn idle_rate(store: &mut TestStore, secs: u64) -> (f64, BTreeMap<String, u
 
 /// Every command's calls and time (`INFO commandstats`, all since the
 /// server started) per card, as `name calls (µs), …`, the most costly first.
+/// A script's time includes the commands it runs, and those are counted
+/// again under their own names: the list is not summed.
 async fn command_costs(store: &mut TestStore, cards: usize) -> String {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -241,12 +243,14 @@ async fn command_costs(store: &mut TestStore, cards: usize) -> String {
         .filter(|(_, calls, _)| *calls >= 0.05)
         .collect();
     each.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let total: f64 = each.iter().map(|(_, _, us)| us).sum();
     let list: Vec<String> = each
         .iter()
         .map(|(name, calls, us)| format!("{name} {calls:.2} ({us:.1} µs)"))
         .collect();
-    format!("{total:.1} µs of commands: {}", list.join(", "))
+    format!(
+        "{} (a script's time includes its commands, counted again)",
+        list.join(", ")
+    )
 }
 
 /// `by_name` as `name n, …`.

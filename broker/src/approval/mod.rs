@@ -301,9 +301,10 @@ pub async fn decide(
 
 /// [`decide`] on record `id` as the caller has just read it (`None`: it
 /// found none), rather than reading it again: one round trip less between
-/// a human's answer and the send. Every check is made on that read, and the
-/// script decides only on exactly that state; an attempt that finds the
-/// record changed since reads it afresh.
+/// a human's answer and the send. Every check is made on that read; the
+/// script refuses the answer as late if the version it binds changed since,
+/// and an approval as stale if anything it counts with changed (then the
+/// record is read afresh and the answer tried again).
 pub(crate) async fn decide_on(
     store: &mut Store,
     config: &Config,
