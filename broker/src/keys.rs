@@ -58,11 +58,17 @@ pub fn outbox_owner<'a>(stream: &'a str, bridge: &str) -> Option<Option<&'a str>
         return Some(None);
     }
     let agent = stream.strip_suffix(&format!(":{bridge}:outbox"))?;
-    let named = !agent.is_empty()
-        && agent
+    is_name(agent).then_some(Some(agent))
+}
+
+/// Whether `name` is one the config allows for an agent (or a Redis user
+/// it renders): ASCII letters, digits, `-` and `_`, not empty. Key names
+/// built from such a name parse back unambiguously.
+pub fn is_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
             .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    named.then_some(Some(agent))
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 /// Dead letters: entries refused as invalid, with the reason.

@@ -566,11 +566,7 @@ fn check_name(key: &str, name: &str) -> Result<(), ConfigError> {
             "`default` is Redis's own user (turned off by the rendered ACL): choose another name",
         ));
     }
-    let ok = !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    if ok {
+    if crate::keys::is_name(name) {
         Ok(())
     } else {
         Err(ConfigError::invalid(
