@@ -6,7 +6,10 @@
 //! parked, and the time a restart takes to serve again. Each figure is printed
 //! beside its target; the floor of `throughput` is measured in that bench.
 //! Run with `cargo bench -p cowboy-tests --bench scale`; `COWBOY_BENCH_ONLY=park`
-//! stops after the park part (to profile it).
+//! stops after the park part (to profile it); `COWBOY_BENCH_ONLY=parked` runs only
+//! the K parked part (without the idle counts), and `COWBOY_BENCH_HOLD=1` then
+//! keeps its deployment up after the restart, printing its config, to probe by
+//! hand (`perf`, the CLI) until the bench is stopped.
 
 use std::path::Path;
 use std::process::Command;
@@ -270,10 +273,13 @@ async fn main() {
     // holds as many of each whatever their phase. Only retention (every 5
     // minutes) may fall in one window and not another.
     let idle_secs = 60;
+    let only = std::env::var("COWBOY_BENCH_ONLY").unwrap_or_default();
+    let only_parked = only == "parked";
 
     // Parking linearity: 10,000 and 20,000 entries, each in a fresh deployment.
     let mut park_times = Vec::new();
-    for n in [10_000, 20_000] {
+    let linearity: &[usize] = if only_parked { &[] } else { &[10_000, 20_000] };
+    for &n in linearity {
         let d = Deployment::new(CONFIG);
         let mut store = d.store().await;
         let _desk = d.spawn("outbox", "desk");
@@ -296,19 +302,22 @@ async fn main() {
             *n as f64 / t.as_secs_f64()
         );
     }
-    println!(
-        "park linearity: 20,000 took {:.2} x the time of 10,000 (target <= 2.2)",
-        park_times[1].1.as_secs_f64() / park_times[0].1.as_secs_f64()
-    );
+    if let [(_, t10), (_, t20)] = park_times[..] {
+        println!(
+            "park linearity: 20,000 took {:.2} x the time of 10,000 (target <= 2.2)",
+            t20.as_secs_f64() / t10.as_secs_f64()
+        );
+    }
     // The park part alone, to profile it (`perf record` around the bench).
-    if std::env::var("COWBOY_BENCH_ONLY").as_deref() == Ok("park") {
+    if only == "park" {
         return;
     }
 
     // Idle commands with nothing parked, and with a thousand (more than a
     // sweep's slice: the sweep then costs what it will cost at any number).
-    let mut idle_at = Vec::new();
-    for n in [0, 1_000] {
+    let mut idle_at = vec![(0.0, BTreeMap::new()); 2];
+    let idle_parts: &[usize] = if only_parked { &[] } else { &[0, 1_000] };
+    for (i, &n) in idle_parts.iter().enumerate() {
         let d = Deployment::new(CONFIG);
         let mut store = d.store().await;
         let _desk = d.spawn("outbox", "desk");
@@ -317,7 +326,7 @@ async fn main() {
         fill(&mut store, n).await;
         parked(&mut store, n).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        idle_at.push(idle_rate(&mut store, idle_secs).await);
+        idle_at[i] = idle_rate(&mut store, idle_secs).await;
     }
     let [(idle0, by_name0), (idle1k, _)] = [idle_at[0].clone(), idle_at[1].clone()];
 
@@ -454,7 +463,10 @@ async fn main() {
         percentile(&latencies, 0.99).as_secs_f64() * 1e3
     );
 
-    let (idle_k, by_name_k) = idle_rate(&mut store, idle_secs).await;
+    let (idle_k, by_name_k) = match only_parked {
+        true => (0.0, BTreeMap::new()),
+        false => idle_rate(&mut store, idle_secs).await,
+    };
     println!(
         "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle1k:.2} with 1,000: {:.2} x; {idle0:.2} with none: {:.2} x (target <= 1.1)",
         idle_k / idle1k.max(0.01),
@@ -515,8 +527,18 @@ async fn main() {
         "process memory after the restart: {:.0} bytes per parked entry above the idle process (target <= 200)",
         rss_restarted.saturating_sub(rss_idle) as f64 / k as f64
     );
+    if std::env::var("COWBOY_BENCH_HOLD").is_ok() {
+        println!(
+            "holding the deployment: cowboy --config {} (Redis on port {}); stop the bench to end it",
+            d.config_path.display(),
+            d.redis.port
+        );
+        std::future::pending::<()>().await;
+    }
     drop(mail);
-    idle_cpu().await;
+    if !only_parked {
+        idle_cpu().await;
+    }
 }
 
 /// CPU time of every idle service (outbox, ingest and ping of both bridges,

@@ -16,7 +16,7 @@
 //!   (the pending index and the maps are written beside, never inside, a script).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::AsyncCommands;
 
@@ -24,6 +24,7 @@ use super::record::{field, Card, Record, Status};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::store::Store;
+use crate::topology::Conn;
 
 /// Creates the record unless it exists. Returns whether it was created.
 const CREATE: &str = r#"
@@ -353,6 +354,10 @@ static START_SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::n
 /// Records handled per pipelined round trip when many are read at once.
 const CHUNK: usize = 1000;
 
+/// Chunks in flight when many records are read at once: Redis serves the
+/// next while this process decodes the one before.
+const AHEAD: usize = 3;
+
 /// A settled record's Redis TTL: a safety net should the notify side never
 /// delete it (its bridge removed from the config, say).
 pub const SETTLED_TTL_SECS: i64 = 7 * 24 * 3600;
@@ -585,6 +590,43 @@ fn lossy(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
+/// `read` of each [`CHUNK`] of `ids`, each chunk's answers given to `each` in
+/// the order of `ids`. One chunk is read in place; more are read [`AHEAD`] at
+/// a time, each in a task of its own on a clone of the connection
+/// (multiplexed), so Redis's work, the connection's parsing and the decoding
+/// overlap instead of taking turns, and only the chunks in flight are held.
+/// On an error the reads still in flight finish on their own and are dropped.
+async fn chunked<T, F>(
+    conn: &Conn,
+    ids: &[String],
+    read: impl Fn(Conn, Vec<String>) -> F,
+    mut each: impl FnMut(Vec<T>),
+) -> Result<()>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<Vec<T>>> + Send + 'static,
+{
+    if ids.len() <= CHUNK {
+        each(read(conn.clone(), ids.to_vec()).await?);
+        return Ok(());
+    }
+    let mut chunks = ids.chunks(CHUNK);
+    let mut in_flight = std::collections::VecDeque::new();
+    loop {
+        while in_flight.len() < AHEAD {
+            let Some(chunk) = chunks.next() else { break };
+            in_flight.push_back(tokio::spawn(read(conn.clone(), chunk.to_vec())));
+        }
+        let Some(next) = in_flight.pop_front() else {
+            return Ok(());
+        };
+        let part = next
+            .await
+            .map_err(|e| Error::internal(format!("a chunked read stopped: {e}")))??;
+        each(part);
+    }
+}
+
 fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
     (!map.is_empty()).then(|| Record::from_map(id, map))
 }
@@ -634,17 +676,22 @@ impl<'a> Approvals<'a> {
     /// Loads many records, a thousand per pipelined round trip; `None` for each gone.
     pub async fn load_many(&mut self, ids: &[String]) -> Result<Vec<Option<Record>>> {
         let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(CHUNK) {
+        let read = |mut conn: Conn, chunk: Vec<String>| async move {
             let mut pipe = redis::pipe();
-            for id in chunk {
+            for id in &chunk {
                 pipe.hgetall(keys::approval(id));
             }
             let all: Vec<RawHash> = pipe
-                .query_async(&mut self.store.conn)
+                .query_async(&mut conn)
                 .await
                 .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
-            out.extend(chunk.iter().zip(all).map(|(id, map)| whole_record(id, map)));
-        }
+            Ok(chunk
+                .iter()
+                .zip(all)
+                .map(|(id, map)| whole_record(id, map))
+                .collect())
+        };
+        chunked(&self.store.conn, ids, read, |part| out.extend(part)).await?;
         Ok(out)
     }
 
@@ -659,25 +706,53 @@ impl<'a> Approvals<'a> {
         fields: &[&str],
     ) -> Result<Vec<Option<Record>>> {
         let mut out = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(CHUNK) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
-            }
-            let all: Vec<Vec<Option<Vec<u8>>>> = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis("HMGET approvals", e))?;
-            out.extend(chunk.iter().zip(all).map(|(id, values)| {
-                let map: HashMap<String, String> = fields
-                    .iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| Some((k.to_string(), lossy(v?))))
-                    .collect();
-                record_or_none(id, map)
-            }));
-        }
+        self.fields_of_each(ids, fields, |_, r| out.push(r)).await?;
         Ok(out)
+    }
+
+    /// [`Self::load_fields_many`] handing each record to `each` with its id,
+    /// in the order of `ids`, without holding them all: a list of many
+    /// approvals holds a line for each, not a record.
+    pub async fn fields_of_each(
+        &mut self,
+        ids: &[String],
+        fields: &[&str],
+        mut each: impl FnMut(&str, Option<Record>),
+    ) -> Result<()> {
+        let fields: Arc<[String]> = fields.iter().map(|f| f.to_string()).collect();
+        let read = move |mut conn: Conn, chunk: Vec<String>| {
+            let fields = fields.clone();
+            async move {
+                let mut pipe = redis::pipe();
+                for id in &chunk {
+                    pipe.cmd("HMGET").arg(keys::approval(id)).arg(&fields[..]);
+                }
+                let all: Vec<Vec<Option<Vec<u8>>>> = pipe
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+                Ok(chunk
+                    .iter()
+                    .zip(all)
+                    .map(|(id, values)| {
+                        let map: HashMap<String, String> = fields
+                            .iter()
+                            .zip(values)
+                            .filter_map(|(k, v)| Some((k.clone(), lossy(v?))))
+                            .collect();
+                        record_or_none(id, map)
+                    })
+                    .collect())
+            }
+        };
+        let mut at = ids.iter();
+        chunked(&self.store.conn, ids, read, |part| {
+            // The chunk first: a zip ending on it takes no id from the next.
+            for (r, id) in part.into_iter().zip(at.by_ref()) {
+                each(id, r);
+            }
+        })
+        .await
     }
 
     /// Creates each record unless it exists and puts it in its requesting

@@ -619,6 +619,80 @@ async fn a_decision_wakes_the_requesting_service() {
     }
 }
 
+/// Reads of many records (`approvals list`, the page's queue, reviews) go a
+/// thousand per round trip, several at once: each record comes back under its
+/// own id, in order across the chunks' edges, and a gone one as none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_records_read_at_once_each_come_back_under_their_own_id() {
+    records_read_at_once(&Deployment::new(&approval_config(0))).await;
+}
+
+/// The check of [`many_records_read_at_once_each_come_back_under_their_own_id`]
+/// on deployment `d` (approval required on `mail`, nothing parked yet).
+pub(crate) async fn records_read_at_once(d: &Deployment) {
+    let mut store = d.store().await;
+    let key = approval::IdKey::from_bytes([7; 32], "mail");
+    let ids: Vec<String> = (0..2_500)
+        .map(|i| key.id_for("mail:outbox", &format!("{i}-0")))
+        .collect();
+    let mut pipe = redis::pipe();
+    // Every seventh is gone (settled and deleted, say), the last one too.
+    for (i, id) in ids.iter().enumerate() {
+        if i % 7 == 3 || i == ids.len() - 1 {
+            continue;
+        }
+        pipe.hset_multiple(
+            keys::approval(id),
+            &[
+                ("status", "pending".to_string()),
+                ("source", "mail".to_string()),
+                ("channel_id", format!("to-{i}")),
+                ("created_at", "1".to_string()),
+                ("expires_at", "0".to_string()),
+            ],
+        )
+        .ignore()
+        .zadd("mail:pending", id, i)
+        .ignore();
+    }
+    let () = pipe.query_async(&mut store.conn).await.unwrap();
+    let here = |i: usize| i % 7 != 3 && i != ids.len() - 1;
+    let expect = |i: usize, r: Option<&approval::Record>| match (here(i), r) {
+        (true, Some(r)) => assert_eq!(r.channel_id, format!("to-{i}"), "record {i}"),
+        (false, None) => {}
+        (_, r) => panic!("record {i}: {:?}", r.map(|r| &r.channel_id)),
+    };
+    let some = approval::Approvals::on(&mut store)
+        .load_fields_many(&ids, &[approval::field::CHANNEL_ID])
+        .await
+        .unwrap();
+    assert_eq!(some.len(), ids.len());
+    for (i, r) in some.iter().enumerate() {
+        expect(i, r.as_ref());
+    }
+    let whole = approval::Approvals::on(&mut store)
+        .load_many(&ids)
+        .await
+        .unwrap();
+    assert_eq!(whole.len(), ids.len());
+    for (i, r) in whole.iter().enumerate() {
+        expect(i, r.as_ref());
+    }
+    // The CLI's list: one line per record there, each under its own id.
+    let out = d.cowboy(&["approvals", "list"]);
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = listed.lines().collect();
+    let there: Vec<usize> = (0..ids.len()).filter(|&i| here(i)).collect();
+    assert_eq!(lines.len(), there.len(), "{listed}");
+    for (line, i) in lines.iter().zip(there) {
+        assert!(
+            line.starts_with(&ids[i]) && line.contains(&format!(" -> to-{i} ")),
+            "line for record {i}: {line}"
+        );
+    }
+}
+
 /// The message sent must be the message approved: a record whose whole-message
 /// digest does not match the entry refuses the send with a notice and a dead letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

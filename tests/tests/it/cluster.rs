@@ -651,6 +651,14 @@ async fn a_key_in_a_slot_in_migration_is_served_where_it_went() {
     assert_eq!(count, 3, "each command ran once");
 }
 
+/// Reads of many records, several chunks in flight at once, each chunk's
+/// keys on every master: each comes back under its own id, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_records_read_at_once_come_back_in_order_from_every_master() {
+    let (d, _cluster) = on_a_cluster(&Setup::approval(0).toml());
+    crate::approval::records_read_at_once(&d).await;
+}
+
 /// The listing of every approval record by `SCAN` (a test helper; operators
 /// list from the pending index) visits every master: records on each of the
 /// three nodes are all found.
