@@ -8,8 +8,9 @@
 //! Run with `cargo bench -p cowboy-tests --bench scale`; `COWBOY_BENCH_ONLY=park`
 //! stops after the park part (to profile it); `COWBOY_BENCH_ONLY=parked` runs only
 //! the K parked part (without the idle counts), and `COWBOY_BENCH_HOLD=1` then
-//! keeps its deployment up after the restart, printing its config, to probe by
-//! hand (`perf`, the CLI) until the bench is stopped.
+//! keeps its deployment up after the restart, printing its config file's path
+//! and Redis's port, to probe by hand (`perf`, the CLI) until the bench is
+//! stopped (its process group: Redis and the services with it).
 
 use std::path::Path;
 use std::process::Command;
@@ -463,17 +464,16 @@ async fn main() {
         percentile(&latencies, 0.99).as_secs_f64() * 1e3
     );
 
-    let (idle_k, by_name_k) = match only_parked {
-        true => (0.0, BTreeMap::new()),
-        false => idle_rate(&mut store, idle_secs).await,
-    };
-    println!(
-        "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle1k:.2} with 1,000: {:.2} x; {idle0:.2} with none: {:.2} x (target <= 1.1)",
-        idle_k / idle1k.max(0.01),
-        idle_k / idle0.max(0.01)
-    );
-    println!("  with none: {}", counts(&by_name0));
-    println!("  with {k}: {}", counts(&by_name_k));
+    if !only_parked {
+        let (idle_k, by_name_k) = idle_rate(&mut store, idle_secs).await;
+        println!(
+            "idle Redis commands/s over {idle_secs} s: {idle_k:.2} with {k} parked, {idle1k:.2} with 1,000: {:.2} x; {idle0:.2} with none: {:.2} x (target <= 1.1)",
+            idle_k / idle1k.max(0.01),
+            idle_k / idle0.max(0.01)
+        );
+        println!("  with none: {}", counts(&by_name0));
+        println!("  with {k}: {}", counts(&by_name_k));
+    }
 
     // Restart: a new process, timed to READY=1 (recovered, blocked in its
     // read); a decision made at once on the newest parked entry (the last one
@@ -527,7 +527,7 @@ async fn main() {
         "process memory after the restart: {:.0} bytes per parked entry above the idle process (target <= 200)",
         rss_restarted.saturating_sub(rss_idle) as f64 / k as f64
     );
-    if std::env::var("COWBOY_BENCH_HOLD").is_ok() {
+    if std::env::var("COWBOY_BENCH_HOLD").as_deref() == Ok("1") {
         println!(
             "holding the deployment: cowboy --config {} (Redis on port {}); stop the bench to end it",
             d.config_path.display(),

@@ -595,7 +595,8 @@ fn lossy(bytes: Vec<u8>) -> String {
 /// a time, each in a task of its own on a clone of the connection
 /// (multiplexed), so Redis's work, the connection's parsing and the decoding
 /// overlap instead of taking turns, and only the chunks in flight are held.
-/// On an error the reads still in flight finish on their own and are dropped.
+/// On an error the reads still in flight finish on their own and are
+/// dropped; a read that panicked panics here.
 async fn chunked<T, F>(
     conn: &Conn,
     ids: &[String],
@@ -606,6 +607,11 @@ where
     T: Send + 'static,
     F: std::future::Future<Output = Result<Vec<T>>> + Send + 'static,
 {
+    // An empty pipeline is a client error in redis-rs: nothing to read is
+    // nothing read.
+    if ids.is_empty() {
+        return Ok(());
+    }
     if ids.len() <= CHUNK {
         each(read(conn.clone(), ids.to_vec()).await?);
         return Ok(());
@@ -620,11 +626,38 @@ where
         let Some(next) = in_flight.pop_front() else {
             return Ok(());
         };
-        let part = next
-            .await
-            .map_err(|e| Error::internal(format!("a chunked read stopped: {e}")))??;
+        let part = match next.await {
+            Ok(part) => part?,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => return Err(Error::internal(format!("a chunked read stopped: {e}"))),
+        };
         each(part);
     }
+}
+
+/// Redis's answers to a chunk's pipeline, one per id, or an error: records
+/// are paired with ids by position, so one answer missing would put every
+/// later record under the wrong id.
+fn one_each<A>(chunk: &[String], all: Vec<A>) -> Result<Vec<A>> {
+    match all.len() == chunk.len() {
+        true => Ok(all),
+        false => Err(Error::internal(format!(
+            "{} answers to a read of {} records",
+            all.len(),
+            chunk.len()
+        ))),
+    }
+}
+
+/// A record of the `fields` read of it (`values`, in their order); `None`
+/// when none is there.
+fn fields_record<F: AsRef<str>>(id: &str, fields: &[F], values: Vec<RawField>) -> Option<Record> {
+    let map: HashMap<String, String> = fields
+        .iter()
+        .zip(values)
+        .filter_map(|(k, v)| Some((k.as_ref().to_string(), lossy(v?))))
+        .collect();
+    record_or_none(id, map)
 }
 
 fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
@@ -685,6 +718,7 @@ impl<'a> Approvals<'a> {
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| Error::from_redis("HGETALL approvals", e))?;
+            let all = one_each(&chunk, all)?;
             Ok(chunk
                 .iter()
                 .zip(all)
@@ -705,14 +739,33 @@ impl<'a> Approvals<'a> {
         ids: &[String],
         fields: &[&str],
     ) -> Result<Vec<Option<Record>>> {
+        // Read in turn: recovery reads a page's records (one chunk) with it,
+        // and a restart measured no faster with its reads in a task of their
+        // own; the page's queue keeps its records all the same.
         let mut out = Vec::with_capacity(ids.len());
-        self.fields_of_each(ids, fields, |_, r| out.push(r)).await?;
+        for chunk in ids.chunks(CHUNK) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
+            }
+            let all: Vec<Vec<Option<Vec<u8>>>> = pipe
+                .query_async(&mut self.store.conn)
+                .await
+                .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+            out.extend(
+                chunk
+                    .iter()
+                    .zip(all)
+                    .map(|(id, values)| fields_record(id, fields, values)),
+            );
+        }
         Ok(out)
     }
 
     /// [`Self::load_fields_many`] handing each record to `each` with its id,
     /// in the order of `ids`, without holding them all: a list of many
-    /// approvals holds a line for each, not a record.
+    /// approvals holds a line for each, not a record. On an error, `each`
+    /// may have had the records of the chunks before it.
     pub async fn fields_of_each(
         &mut self,
         ids: &[String],
@@ -731,17 +784,11 @@ impl<'a> Approvals<'a> {
                     .query_async(&mut conn)
                     .await
                     .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+                let all = one_each(&chunk, all)?;
                 Ok(chunk
                     .iter()
                     .zip(all)
-                    .map(|(id, values)| {
-                        let map: HashMap<String, String> = fields
-                            .iter()
-                            .zip(values)
-                            .filter_map(|(k, v)| Some((k.clone(), lossy(v?))))
-                            .collect();
-                        record_or_none(id, map)
-                    })
+                    .map(|(id, values)| fields_record(id, &fields[..], values))
                     .collect())
             }
         };

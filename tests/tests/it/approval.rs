@@ -631,6 +631,16 @@ async fn many_records_read_at_once_each_come_back_under_their_own_id() {
 /// on deployment `d` (approval required on `mail`, nothing parked yet).
 pub(crate) async fn records_read_at_once(d: &Deployment) {
     let mut store = d.store().await;
+    // Nothing pending: nothing read, no error.
+    let none = approval::Approvals::on(&mut store)
+        .load_many(&[])
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    let out = d.cowboy(&["approvals", "list"]);
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    let out = d.cowboy_with_input(&["approvals", "review", "--as", "op"], "");
+    assert!(out.status.success(), "{out:?}");
     let key = approval::IdKey::from_bytes([7; 32], "mail");
     let ids: Vec<String> = (0..2_500)
         .map(|i| key.id_for("mail:outbox", &format!("{i}-0")))
