@@ -305,7 +305,7 @@ pub async fn decide(
 /// script refuses the answer as late if the version it binds changed since,
 /// and an approval as stale if anything it counts with changed (then the
 /// record is read afresh and the answer tried again).
-pub(crate) async fn decide_on(
+pub async fn decide_on(
     store: &mut Store,
     config: &Config,
     id: &str,

@@ -981,6 +981,61 @@ async fn uncertain_deliveries_wait_for_an_operator() {
     assert_eq!(d.delivered("mail.out").len(), 1, "sent once");
 }
 
+/// `cowboy approvals approve` decides on the record it has just read: an
+/// edit landing between that read and the decision makes the answer late,
+/// whether or not it names the digest it saw, and nothing is sent until the
+/// edited version is approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_on_a_read_made_before_an_edit_is_late() {
+    let d = Deployment::new(&approval_config(3600));
+    let services = [d.spawn("outbox", "desk"), d.spawn("outbox", "mail")];
+    agent_sends(&d, "helo wrold", "r1").await;
+    let (id, _) = notification(&d, 0).await;
+    let mut store = d.store().await;
+    let before = approval::Approvals::on(&mut store)
+        .load(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    let out = d.cowboy(&[
+        "approvals",
+        "edit",
+        &id,
+        "--content",
+        "hello world",
+        "--as",
+        "op",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    for seen in [Some(before.message_sha256.as_str()), None] {
+        let mut answer = approval::Answer::new(
+            &Clock::system(),
+            approval::Verdict::Approved,
+            "console:boss",
+            "",
+        );
+        answer.seen = seen;
+        let outcome = approval::decide_on(&mut store, &d.config, &id, Some(before.clone()), answer)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            approval::Outcome::Late(approval::Late::Superseded),
+            "seen {seen:?}"
+        );
+    }
+    let record = hash(&mut store, &keys::approval(&id)).await;
+    assert_eq!(record["status"], "pending", "{record:?}");
+    assert!(!record.contains_key("approver"), "{record:?}");
+    assert!(d.delivered("mail.out").is_empty(), "nothing sent");
+    approve_directly(&d, &id, "console:boss").await;
+    let sent = first_sent(&d).await;
+    assert_eq!(sent.content, "hello world");
+    for s in services {
+        s.stop().await.unwrap();
+    }
+}
+
 /// Approved, then edited: nothing goes out until the edited version is
 /// approved; an answer to the old card is late; what is sent is the edit, the
 /// agent's version is kept beside it, and the agent hears both digests. An edit
