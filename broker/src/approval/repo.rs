@@ -649,15 +649,34 @@ fn one_each<A>(chunk: &[String], all: Vec<A>) -> Result<Vec<A>> {
     }
 }
 
-/// A record of the `fields` read of it (`values`, in their order); `None`
-/// when none is there.
-fn fields_record<F: AsRef<str>>(id: &str, fields: &[F], values: Vec<RawField>) -> Option<Record> {
-    let map: HashMap<String, String> = fields
+/// `fields` of each record of `chunk` (the rest left at their defaults),
+/// in one round trip, in order; `None` for each gone.
+async fn fields_chunk<F: AsRef<str> + redis::ToRedisArgs>(
+    conn: &mut Conn,
+    chunk: &[String],
+    fields: &[F],
+) -> Result<Vec<Option<Record>>> {
+    let mut pipe = redis::pipe();
+    for id in chunk {
+        pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
+    }
+    let all: Vec<Vec<RawField>> = pipe
+        .query_async(conn)
+        .await
+        .map_err(|e| Error::from_redis("HMGET approvals", e))?;
+    let all = one_each(chunk, all)?;
+    Ok(chunk
         .iter()
-        .zip(values)
-        .filter_map(|(k, v)| Some((k.as_ref().to_string(), lossy(v?))))
-        .collect();
-    record_or_none(id, map)
+        .zip(all)
+        .map(|(id, values)| {
+            let map: HashMap<String, String> = fields
+                .iter()
+                .zip(values)
+                .filter_map(|(k, v)| Some((k.as_ref().to_string(), lossy(v?))))
+                .collect();
+            record_or_none(id, map)
+        })
+        .collect())
 }
 
 fn record_or_none(id: &str, map: HashMap<String, String>) -> Option<Record> {
@@ -744,20 +763,7 @@ impl<'a> Approvals<'a> {
         // own; the page's queue keeps its records all the same.
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
-            let mut pipe = redis::pipe();
-            for id in chunk {
-                pipe.cmd("HMGET").arg(keys::approval(id)).arg(fields);
-            }
-            let all: Vec<Vec<Option<Vec<u8>>>> = pipe
-                .query_async(&mut self.store.conn)
-                .await
-                .map_err(|e| Error::from_redis("HMGET approvals", e))?;
-            out.extend(
-                chunk
-                    .iter()
-                    .zip(all)
-                    .map(|(id, values)| fields_record(id, fields, values)),
-            );
+            out.extend(fields_chunk(&mut self.store.conn, chunk, fields).await?);
         }
         Ok(out)
     }
@@ -776,27 +782,13 @@ impl<'a> Approvals<'a> {
         let read = move |mut conn: Conn, chunk: Vec<String>| {
             let fields = fields.clone();
             async move {
-                let mut pipe = redis::pipe();
-                for id in &chunk {
-                    pipe.cmd("HMGET").arg(keys::approval(id)).arg(&fields[..]);
-                }
-                let all: Vec<Vec<Option<Vec<u8>>>> = pipe
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(|e| Error::from_redis("HMGET approvals", e))?;
-                let all = one_each(&chunk, all)?;
-                Ok(chunk
-                    .iter()
-                    .zip(all)
-                    .map(|(id, values)| fields_record(id, &fields[..], values))
-                    .collect())
+                let records = fields_chunk(&mut conn, &chunk, &fields).await?;
+                Ok(chunk.into_iter().zip(records).collect::<Vec<_>>())
             }
         };
-        let mut at = ids.iter();
         chunked(&self.store.conn, ids, read, |part| {
-            // The chunk first: a zip ending on it takes no id from the next.
-            for (r, id) in part.into_iter().zip(at.by_ref()) {
-                each(id, r);
+            for (id, r) in part {
+                each(&id, r);
             }
         })
         .await
